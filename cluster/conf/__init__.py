@@ -1,0 +1,199 @@
+"""Configuration: one YAML file with Flink's key names, validated key by key.
+
+Every key the cluster understands is declared in OPTIONS with its type and default. An unknown
+key or a value of the wrong kind is a ConfigError that names the key and where it came from,
+never a silent no-op.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional
+
+import yaml
+
+DEFAULTS_FILE = Path(__file__).with_name("config.yaml")
+
+
+class ConfigError(ValueError):
+    pass
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|milli|millis|s|sec|secs|second|seconds|min|m|minute|minutes|h|hour|hours)?\s*$")
+_UNIT_MS = {None: 1, "ms": 1, "milli": 1, "millis": 1, "s": 1000, "sec": 1000, "secs": 1000,
+            "second": 1000, "seconds": 1000, "m": 60000, "min": 60000, "minute": 60000,
+            "minutes": 60000, "h": 3600000, "hour": 3600000, "hours": 3600000}
+
+
+def parse_duration_ms(value: Any) -> int:
+    """Flink's duration notation ("500 ms", "10 s", "1 min") or a plain number of milliseconds."""
+    if isinstance(value, bool):
+        raise ValueError("a duration, not a boolean")
+    if isinstance(value, (int, float)):
+        return int(value)
+    m = _DURATION.match(str(value))
+    if not m:
+        raise ValueError('a duration such as "500 ms", "10 s" or "1 min"')
+    return int(float(m.group(1)) * _UNIT_MS[m.group(2)])
+
+
+def _int(minimum: Optional[int] = None, maximum: Optional[int] = None) -> Callable[[Any], int]:
+    def parse(value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise ValueError("an integer")
+        try:
+            number = int(value)
+        except ValueError:
+            raise ValueError("an integer") from None
+        if (minimum is not None and number < minimum) or (maximum is not None and number > maximum):
+            raise ValueError(f"an integer in [{minimum}, {maximum if maximum is not None else '...'}]")
+        return number
+    return parse
+
+
+def _str(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError("a non-empty string")
+    return value
+
+
+def _bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if str(value).lower() in ("true", "false"):
+        return str(value).lower() == "true"
+    raise ValueError("true or false")
+
+
+def _enum(*choices: str) -> Callable[[Any], str]:
+    def parse(value: Any) -> str:
+        text = str(value).lower() if not isinstance(value, bool) else ""
+        if text not in choices:
+            raise ValueError("one of " + ", ".join(choices))
+        return text
+    return parse
+
+
+@dataclass(frozen=True)
+class ConfigOption:
+    key: str
+    parse: Callable[[Any], Any]
+    description: str
+
+
+OPTIONS: dict[str, ConfigOption] = {
+    o.key: o
+    for o in [
+        ConfigOption("jobmanager.rpc.address", _str, "Host the JobManager binds and is reached at."),
+        ConfigOption("jobmanager.rpc.port", _int(0, 65535), "JobManager control port (0: any free port)."),
+        ConfigOption("rest.address", _str, "Host the REST API binds to."),
+        ConfigOption("rest.port", _int(0, 65535), "REST API port (0: any free port)."),
+        ConfigOption("taskmanager.host", _str, "Host TaskManagers bind their data port on."),
+        ConfigOption("taskmanager.data.port", _int(0, 65535), "TaskManager data port (0: any free port)."),
+        ConfigOption("taskmanager.numberOfTaskSlots", _int(1, 1024), "Slots per TaskManager."),
+        ConfigOption("taskmanager.network.memory.buffers-per-channel", _int(1, 1024),
+                     "Credits a consumer grants each input channel."),
+        ConfigOption("parallelism.default", _int(1, 32768), "Parallelism of operators that set none."),
+        ConfigOption("pipeline.max-parallelism", _int(1, 32768), "Number of key groups."),
+        ConfigOption("heartbeat.interval", parse_duration_ms, "TaskManager heartbeat interval."),
+        ConfigOption("heartbeat.timeout", parse_duration_ms, "A TaskManager silent this long is lost."),
+        ConfigOption("slot.request.timeout", parse_duration_ms,
+                     "How long a job waits for enough free slots before it fails."),
+        ConfigOption("restart-strategy.type", _enum("none", "fixed-delay", "exponential-delay"),
+                     "What a job does after a failure."),
+        ConfigOption("restart-strategy.fixed-delay.attempts", _int(0), "Restarts before the job fails."),
+        ConfigOption("restart-strategy.fixed-delay.delay", parse_duration_ms, "Delay before each restart."),
+        ConfigOption("restart-strategy.exponential-delay.initial-backoff", parse_duration_ms, "First delay."),
+        ConfigOption("restart-strategy.exponential-delay.max-backoff", parse_duration_ms, "Largest delay."),
+        ConfigOption("restart-strategy.exponential-delay.backoff-multiplier",
+                     lambda v: float(_float(v, 1.0)), "Delay growth per restart."),
+        ConfigOption("restart-strategy.exponential-delay.attempts-before-reset-backoff", _int(0),
+                     "Restarts before the job fails."),
+        ConfigOption("execution.buffer-timeout", parse_duration_ms,
+                     "Longest a partly filled batch waits before it is sent."),
+        ConfigOption("execution.batch-size", _int(1), "Rows at which a batch is sent at once."),
+    ]
+}
+
+
+def _float(value: Any, minimum: float) -> float:
+    if isinstance(value, bool):
+        raise ValueError("a number")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError("a number") from None
+    if number < minimum:
+        raise ValueError(f"a number >= {minimum}")
+    return number
+
+
+def _flatten(data: Mapping, prefix: str = "") -> dict[str, Any]:
+    # Flink accepts both "a.b.c: v" and nested maps; so do we.
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        full = f"{prefix}{key}"
+        if isinstance(value, Mapping) and full not in OPTIONS:
+            flat.update(_flatten(value, full + "."))
+        else:
+            flat[full] = value
+    return flat
+
+
+class Configuration:
+    def __init__(self, values: Optional[Mapping[str, Any]] = None, source: str = "configuration"):
+        self._values: dict[str, Any] = {}
+        self.update(_load_yaml(DEFAULTS_FILE), str(DEFAULTS_FILE))
+        if values:
+            self.update(values, source)
+
+    @classmethod
+    def from_file(cls, path: Path, overrides: Optional[Mapping[str, Any]] = None) -> "Configuration":
+        conf = cls()
+        conf.update(_load_yaml(Path(path)), str(path))
+        if overrides:
+            conf.update(overrides, "overrides")
+        return conf
+
+    def update(self, values: Mapping[str, Any], source: str = "configuration") -> "Configuration":
+        for key, raw in _flatten(values).items():
+            option = OPTIONS.get(key)
+            if option is None:
+                close = [k for k in OPTIONS if k.split(".")[-1] == key.split(".")[-1]]
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ConfigError(f"unknown configuration key {key!r} in {source}{hint}")
+            try:
+                self._values[key] = option.parse(raw)
+            except ValueError as exc:
+                raise ConfigError(f"invalid value {raw!r} for {key!r} in {source}: expected {exc}") from None
+        return self
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in OPTIONS:
+            raise KeyError(f"unknown configuration key {key!r}")
+        return self._values[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._values.get(key, default)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self._values)
+
+    def copy(self) -> "Configuration":
+        conf = Configuration.__new__(Configuration)
+        conf._values = dict(self._values)
+        return conf
+
+    def write(self, path: Path) -> None:
+        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=True))
+
+
+def _load_yaml(path: Path) -> Mapping[str, Any]:
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{path} must be a map of configuration keys")
+    return data

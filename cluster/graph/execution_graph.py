@@ -1,0 +1,154 @@
+"""The ExecutionGraph: the JobGraph expanded to one ExecutionVertex per parallel subtask.
+
+A pure state machine (no sockets, no clocks of its own): the JobMaster feeds it events and reads
+back what follows. Job and task states are Flink's names.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from .job_graph import JobGraph, JobVertex, new_id
+
+
+class JobState:
+    CREATED = "CREATED"
+    RUNNING = "RUNNING"
+    FAILING = "FAILING"
+    FAILED = "FAILED"
+    CANCELLING = "CANCELLING"
+    CANCELED = "CANCELED"
+    FINISHED = "FINISHED"
+    RESTARTING = "RESTARTING"
+
+    ALL = (CREATED, RUNNING, FAILING, FAILED, CANCELLING, CANCELED, FINISHED, RESTARTING)
+    GLOBALLY_TERMINAL = (FAILED, CANCELED, FINISHED)
+
+
+_JOB_TRANSITIONS = {
+    JobState.CREATED: {JobState.RUNNING, JobState.FAILING, JobState.FAILED, JobState.CANCELLING,
+                       JobState.CANCELED},
+    JobState.RUNNING: {JobState.FINISHED, JobState.FAILING, JobState.CANCELLING, JobState.RESTARTING},
+    JobState.FAILING: {JobState.FAILED, JobState.RESTARTING, JobState.CANCELLING},
+    JobState.RESTARTING: {JobState.CREATED, JobState.CANCELLING, JobState.CANCELED, JobState.FAILED},
+    JobState.CANCELLING: {JobState.CANCELED},
+}
+
+
+class ExecutionState:
+    CREATED = "CREATED"
+    SCHEDULED = "SCHEDULED"
+    DEPLOYING = "DEPLOYING"
+    INITIALIZING = "INITIALIZING"
+    RUNNING = "RUNNING"
+    FINISHED = "FINISHED"
+    CANCELING = "CANCELING"
+    CANCELED = "CANCELED"
+    FAILED = "FAILED"
+
+    ALL = (CREATED, SCHEDULED, DEPLOYING, INITIALIZING, RUNNING, FINISHED, CANCELING, CANCELED, FAILED)
+    TERMINAL = (FINISHED, CANCELED, FAILED)
+
+
+class IllegalStateTransition(RuntimeError):
+    pass
+
+
+@dataclass
+class Execution:
+    """One attempt to run one subtask."""
+
+    execution_id: str
+    vertex: JobVertex
+    subtask: int
+    attempt: int
+    state: str = ExecutionState.CREATED
+    task_manager_id: Optional[str] = None
+    allocation_id: Optional[str] = None
+    error: Optional[str] = None
+    metrics: dict = field(default_factory=dict)
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.state in ExecutionState.TERMINAL
+
+    @property
+    def name(self) -> str:
+        return f"{self.vertex.name} ({self.subtask + 1}/{self.vertex.parallelism})"
+
+
+class ExecutionGraph:
+    def __init__(self, job_graph: JobGraph, now_ms: int):
+        self.job_graph = job_graph
+        self.state = JobState.CREATED
+        self.attempt = 0
+        self.timestamps = {s: 0 for s in JobState.ALL}
+        self.timestamps[JobState.CREATED] = now_ms
+        self.failure: Optional[str] = None
+        self.executions: dict[str, Execution] = {}
+        self.reset_executions()
+
+    # ------------------------------------------------------------------ job state
+    def transition(self, new_state: str, now_ms: int) -> None:
+        if new_state not in _JOB_TRANSITIONS.get(self.state, ()):
+            raise IllegalStateTransition(f"job {self.job_graph.job_id}: {self.state} -> {new_state}")
+        self.state = new_state
+        self.timestamps[new_state] = now_ms
+
+    @property
+    def is_globally_terminal(self) -> bool:
+        return self.state in JobState.GLOBALLY_TERMINAL
+
+    def reset_executions(self) -> None:
+        """Fresh executions for a (re)start; the attempt number tells stale reports apart."""
+        self.attempt += 1
+        self.executions = {}
+        for vertex in self.job_graph.topological_order():
+            for subtask in range(vertex.parallelism):
+                eid = new_id()
+                self.executions[eid] = Execution(eid, vertex, subtask, self.attempt)
+
+    @property
+    def required_slots(self) -> int:
+        # Slot sharing: one slot holds one subtask of every vertex.
+        return max(v.parallelism for v in self.job_graph.vertices)
+
+    # ------------------------------------------------------------------ tasks
+    def update_execution(self, execution_id: str, state: str, error: Optional[str] = None) -> Optional[Execution]:
+        """Apply a task's reported state; None for a report about an unknown or stale execution."""
+        execution = self.executions.get(execution_id)
+        if execution is None or execution.is_terminal or state not in ExecutionState.ALL:
+            return None
+        execution.state = state
+        if error:
+            execution.error = error
+        return execution
+
+    def non_terminal(self) -> list[Execution]:
+        return [e for e in self.executions.values() if not e.is_terminal]
+
+    def all_finished(self) -> bool:
+        return all(e.state == ExecutionState.FINISHED for e in self.executions.values())
+
+    def all_terminal(self) -> bool:
+        return all(e.is_terminal for e in self.executions.values())
+
+    def executions_of(self, vertex_id: str) -> list[Execution]:
+        return sorted((e for e in self.executions.values() if e.vertex.id == vertex_id),
+                      key=lambda e: e.subtask)
+
+    def status_counts(self, vertex_id: Optional[str] = None) -> dict[str, int]:
+        counts = {s: 0 for s in ExecutionState.ALL}
+        for e in self.executions.values():
+            if vertex_id is None or e.vertex.id == vertex_id:
+                counts[e.state] += 1
+        return counts
+
+    def vertex_state(self, vertex_id: str) -> str:
+        counts = self.status_counts(vertex_id)
+        for state in (ExecutionState.FAILED, ExecutionState.CANCELING, ExecutionState.CANCELED,
+                      ExecutionState.RUNNING, ExecutionState.INITIALIZING, ExecutionState.DEPLOYING,
+                      ExecutionState.SCHEDULED, ExecutionState.CREATED):
+            if counts[state]:
+                return state
+        return ExecutionState.FINISHED

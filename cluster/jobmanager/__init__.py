@@ -1,0 +1,1 @@
+"""The JobManager process: Dispatcher, ResourceManager and one JobMaster per job."""

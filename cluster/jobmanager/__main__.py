@@ -1,0 +1,3 @@
+from .entrypoint import main
+
+main()

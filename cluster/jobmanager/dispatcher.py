@@ -1,0 +1,123 @@
+"""Dispatcher: accepts jobs, starts one JobMaster each, lists and cancels them.
+
+It also routes the JobMaster's own messages (slot offers, task states) to the JobMaster of the
+job they name, and keeps finished jobs with their final status.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable, Optional
+
+from cluster.conf import ConfigError
+from cluster.graph.job_graph import GraphValidationError, JobGraph
+from cluster.protocol import messages as m
+from cluster.protocol.endpoint import Peer, RpcEndpoint, RpcError
+
+from .job_master import JobMaster
+from .resource_manager import ResourceManager
+
+log = logging.getLogger(__name__)
+
+# Keys a job may set for itself; the rest are the cluster's.
+JOB_SCOPED_PREFIXES = ("restart-strategy.", "slot.request.timeout", "execution.", "parallelism.default",
+                       "pipeline.")
+
+
+class Dispatcher:
+    def __init__(self, endpoint: RpcEndpoint, resource_manager: ResourceManager, conf,
+                 on_shutdown: Callable[[], None]):
+        self.endpoint = endpoint
+        self.rm = resource_manager
+        self.conf = conf
+        self.on_shutdown = on_shutdown
+        self.started_at_ms = int(time.time() * 1000)
+        self.jobs: dict[str, JobMaster] = {}
+        resource_manager.task_manager_lost_listeners.append(self._task_manager_lost)
+        resource_manager.task_metrics_listeners.append(self._task_metrics)
+        self.handlers = {
+            m.SubmitJob: self.submit_job,
+            m.RequestJobStatus: self.request_job_status,
+            m.ListJobs: self.list_jobs,
+            m.CancelJob: self.cancel_job,
+            m.RequestClusterOverview: self.request_cluster_overview,
+            m.ShutdownCluster: self.shutdown_cluster,
+        }
+        for op in (m.OfferSlots, m.UpdateTaskExecutionState):
+            self.handlers[op] = self._route_to_job_master
+
+    # ------------------------------------------------------------------ client handlers
+    def submit_job(self, msg: m.SubmitJob, peer: Peer) -> m.JobSubmitted:
+        try:
+            graph = JobGraph.from_dict(msg.job_graph)
+        except GraphValidationError as exc:
+            raise RpcError(f"job rejected: {exc}") from None
+        if graph.job_id in self.jobs:
+            raise RpcError(f"job rejected: a job with id {graph.job_id} exists already")
+        bad = [k for k in graph.config if not k.startswith(JOB_SCOPED_PREFIXES)]
+        if bad:
+            raise RpcError(f"job rejected: configuration key {bad[0]!r} is cluster-wide and cannot be set per job")
+        try:
+            conf = self.conf.copy().update(graph.config, f"the configuration of job '{graph.name}'")
+        except ConfigError as exc:
+            raise RpcError(f"job rejected: {exc}") from None
+        master = JobMaster(graph, conf, self.endpoint, self.rm, msg.result_address, self._job_reached_terminal)
+        self.jobs[graph.job_id] = master
+        log.info("job %s (%s) submitted", graph.job_id, graph.name)
+        master.start()
+        return m.JobSubmitted(graph.job_id)
+
+    def request_job_status(self, msg: m.RequestJobStatus, peer: Peer) -> m.JobStatus:
+        return self.job(msg.job_id).status()
+
+    def list_jobs(self, msg: m.ListJobs, peer: Peer) -> m.JobList:
+        return m.JobList([
+            {"jid": j.job_id, "name": j.job_graph.name, "state": j.state,
+             "start-time": j.graph.timestamps["CREATED"], "reason": j.reason}
+            for j in self.jobs.values()])
+
+    def cancel_job(self, msg: m.CancelJob, peer: Peer) -> m.Acknowledge:
+        self.job(msg.job_id).cancel()
+        return m.Acknowledge()
+
+    def request_cluster_overview(self, msg: m.RequestClusterOverview, peer: Peer) -> m.ClusterOverview:
+        from .rest import overview_json, taskmanagers_json  # one definition of the JSON, shared
+        return m.ClusterOverview(overview_json(self), taskmanagers_json(self)["taskmanagers"])
+
+    def shutdown_cluster(self, msg: m.ShutdownCluster, peer: Peer) -> m.Acknowledge:
+        log.info("shutdown requested")
+        for job in self.jobs.values():
+            job.cancel()
+        self.rm.shutdown_task_managers()
+        self.endpoint.call_later(0.3, self.on_shutdown)
+        return m.Acknowledge()
+
+    # ------------------------------------------------------------------ routing
+    def job(self, job_id: str) -> JobMaster:
+        master = self.jobs.get(job_id)
+        if master is None:
+            raise RpcError(f"no job with id {job_id!r}")
+        return master
+
+    def _route_to_job_master(self, msg, peer: Peer) -> Optional[m.Message]:
+        master = self.jobs.get(msg.job_id)
+        if master is None:
+            log.warning("%s for unknown job %s dropped", msg.op, msg.job_id)
+            return None
+        return master.handlers[type(msg)](msg, peer)
+
+    def _task_manager_lost(self, tm_id: str, reason: str) -> None:
+        for master in list(self.jobs.values()):
+            master.on_task_manager_lost(tm_id, reason)
+
+    def _task_metrics(self, tasks: list[dict]) -> None:
+        by_job: dict[str, list[dict]] = {}
+        for task in tasks:
+            by_job.setdefault(task.get("job_id"), []).append(task)
+        for job_id, job_tasks in by_job.items():
+            master = self.jobs.get(job_id)
+            if master is not None:
+                master.on_task_metrics(job_tasks)
+
+    def _job_reached_terminal(self, master: JobMaster) -> None:
+        pass  # finished jobs stay in self.jobs with their final status (Flink's archived job)

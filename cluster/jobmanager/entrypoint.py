@@ -1,0 +1,76 @@
+"""The JobManager process: one control socket, one loop thread, three kinds of components.
+
+Dispatcher, ResourceManager and JobMasters are separate classes with separate handler tables;
+this entry point binds the socket, merges their tables into the endpoint's (a message type
+belongs to exactly one component), starts the REST server and publishes the bound addresses in
+``<cluster-dir>/jobmanager.json`` for launchers and clients.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import threading
+from pathlib import Path
+
+from cluster.conf import Configuration
+from cluster.protocol.auth import load_secret
+from cluster.protocol.codec import Codec
+from cluster.protocol.endpoint import RpcEndpoint
+
+from .dispatcher import Dispatcher
+from .resource_manager import ResourceManager
+from .rest import RestServer
+
+log = logging.getLogger("streamlab.jobmanager")
+
+
+class JobManager:
+    def __init__(self, conf: Configuration, secret: bytes):
+        self.conf = conf
+        self.endpoint = RpcEndpoint("jobmanager", Codec(secret))
+        self.rpc_address = self.endpoint.bind_router(
+            f"tcp://{conf['jobmanager.rpc.address']}:{conf['jobmanager.rpc.port']}")
+        self.resource_manager = ResourceManager(self.endpoint, conf)
+        self.dispatcher = Dispatcher(self.endpoint, self.resource_manager, conf, self.stop)
+        for component in (self.dispatcher, self.resource_manager):
+            clash = set(component.handlers) & set(self.endpoint.handlers)
+            if clash:
+                raise RuntimeError(f"message types handled twice: {clash}")
+            self.endpoint.handlers.update(component.handlers)
+        self.rest = RestServer(self.dispatcher, conf["rest.address"], conf["rest.port"])
+        self.rest_address = f"http://{conf['rest.address']}:{self.rest.port}"
+        self.stopped = threading.Event()
+
+    def start(self) -> None:
+        self.endpoint.start()
+        self.rest.start()
+        log.info("JobManager at %s, REST at %s", self.rpc_address, self.rest_address)
+
+    def stop(self) -> None:
+        if self.stopped.is_set():
+            return
+        self.stopped.set()
+        self.rest.stop()
+        self.endpoint.stop()
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m cluster.jobmanager")
+    parser.add_argument("--cluster-dir", required=True, type=Path)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    conf = Configuration.from_file(args.cluster_dir / "config.yaml")
+    jm = JobManager(conf, load_secret(args.cluster_dir / "secret"))
+    jm.start()
+    info = {"rpc": jm.rpc_address, "rest": jm.rest_address, "pid": os.getpid()}
+    tmp = args.cluster_dir / "jobmanager.json.tmp"
+    tmp.write_text(json.dumps(info))
+    tmp.replace(args.cluster_dir / "jobmanager.json")  # readers never see half a file
+    signal.signal(signal.SIGTERM, lambda *_: jm.stop())
+    signal.signal(signal.SIGINT, lambda *_: jm.stop())
+    while not jm.stopped.wait(0.5):
+        pass
+    log.info("JobManager stopped")

@@ -1,0 +1,130 @@
+"""The ResourceManager's slot table: which TaskManagers exist, their slots, who holds each.
+
+Pure bookkeeping, tested without sockets. Requests are all-or-nothing (a job gets every slot it
+needs or none), so two jobs can never deadlock each holding part of what both need.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Optional
+
+from cluster.graph.job_graph import new_id
+
+
+@dataclass
+class TaskManagerRegistration:
+    task_manager_id: str
+    data_address: str
+    number_of_slots: int
+    pid: int
+    registered_at: float
+    last_heartbeat: float
+    hardware: dict = field(default_factory=dict)
+    tasks: list = field(default_factory=list)  # latest per-task metrics from its heartbeat
+
+
+@dataclass(frozen=True)
+class SlotAllocation:
+    task_manager_id: str
+    slot_index: int
+    job_id: str
+    allocation_id: str
+
+
+class SlotManager:
+    def __init__(self):
+        self.task_managers: dict[str, TaskManagerRegistration] = {}
+        self._slots: dict[tuple[str, int], Optional[SlotAllocation]] = {}
+        self._pending: OrderedDict[str, int] = OrderedDict()
+
+    # ------------------------------------------------------------------ TaskManagers
+    def register(self, reg: TaskManagerRegistration) -> bool:
+        """Add a TaskManager; False if it was known already (its slots are kept as they are)."""
+        known = reg.task_manager_id in self.task_managers
+        if known:
+            old = self.task_managers[reg.task_manager_id]
+            reg.tasks = old.tasks
+        self.task_managers[reg.task_manager_id] = reg
+        for i in range(reg.number_of_slots):
+            self._slots.setdefault((reg.task_manager_id, i), None)
+        return not known
+
+    def unregister(self, tm_id: str) -> list[SlotAllocation]:
+        """Remove a TaskManager and its slots; returns the allocations that were lost with it."""
+        reg = self.task_managers.pop(tm_id, None)
+        if reg is None:
+            return []
+        lost = []
+        for i in range(reg.number_of_slots):
+            alloc = self._slots.pop((tm_id, i), None)
+            if alloc is not None:
+                lost.append(alloc)
+        return lost
+
+    def heartbeat(self, tm_id: str, now: float, tasks: list) -> bool:
+        reg = self.task_managers.get(tm_id)
+        if reg is None:
+            return False
+        reg.last_heartbeat = now
+        reg.tasks = tasks
+        return True
+
+    def expired(self, now: float, timeout: float) -> list[str]:
+        return [t for t, reg in self.task_managers.items() if now - reg.last_heartbeat > timeout]
+
+    # ------------------------------------------------------------------ slots
+    @property
+    def total_slots(self) -> int:
+        return len(self._slots)
+
+    @property
+    def free_slots(self) -> int:
+        return sum(1 for a in self._slots.values() if a is None)
+
+    def free_slots_of(self, tm_id: str) -> int:
+        return sum(1 for (t, _), a in self._slots.items() if t == tm_id and a is None)
+
+    def allocations_of(self, job_id: str) -> list[SlotAllocation]:
+        return [a for a in self._slots.values() if a is not None and a.job_id == job_id]
+
+    def request(self, job_id: str, count: int) -> None:
+        self._pending[job_id] = count
+
+    def cancel_request(self, job_id: str) -> None:
+        self._pending.pop(job_id, None)
+
+    def pending(self) -> dict[str, int]:
+        return dict(self._pending)
+
+    def allocate_pending(self) -> list[list[SlotAllocation]]:
+        """Serve waiting requests in arrival order, each only if it fits whole."""
+        granted = []
+        for job_id, count in list(self._pending.items()):
+            if count <= self.free_slots:
+                granted.append(self._allocate(job_id, count))
+                del self._pending[job_id]
+        return granted
+
+    def _allocate(self, job_id: str, count: int) -> list[SlotAllocation]:
+        # Spread evenly: each slot goes to the TaskManager with the most free slots.
+        allocations = []
+        for _ in range(count):
+            tm_id = max(sorted(self.task_managers), key=self.free_slots_of)
+            index = next(i for (t, i), a in sorted(self._slots.items()) if t == tm_id and a is None)
+            alloc = SlotAllocation(tm_id, index, job_id, new_id())
+            self._slots[(tm_id, index)] = alloc
+            allocations.append(alloc)
+        return allocations
+
+    def free(self, job_id: str) -> list[SlotAllocation]:
+        freed = []
+        for key, alloc in self._slots.items():
+            if alloc is not None and alloc.job_id == job_id:
+                self._slots[key] = None
+                freed.append(alloc)
+        return freed
+
+    def slot_report(self, tm_id: str) -> list[Optional[SlotAllocation]]:
+        reg = self.task_managers[tm_id]
+        return [self._slots.get((tm_id, i)) for i in range(reg.number_of_slots)]

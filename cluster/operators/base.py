@@ -1,0 +1,81 @@
+"""What every operator is: a small object a task drives batch by batch.
+
+Batches are ``pyarrow.Table``s. ``process`` returns the tables to pass on (possibly none);
+``finish`` runs once when every input has ended and may flush what it held back. A source
+instead answers ``poll``: a table, an empty table when nothing is ready yet, or None at its end.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import cloudpickle
+import pyarrow as pa
+
+from cluster.graph.job_graph import OperatorSpec
+
+
+class TaskCancelled(Exception):
+    """Raised inside a task thread when its task was cancelled; not a failure."""
+
+
+class UserFunctionError(Exception):
+    """A user's function raised or returned the wrong thing; the message names the operator."""
+
+
+@dataclass
+class OperatorContext:
+    job_id: str
+    job_name: str
+    attempt: int
+    subtask: int
+    parallelism: int
+    max_parallelism: int
+    config: dict
+    result_address: Optional[str]
+    cancelled: threading.Event
+    sender: Any  # the task's ChannelSender, for operators that talk to the outside (collect sink)
+
+    def check_cancelled(self) -> None:
+        if self.cancelled.is_set():
+            raise TaskCancelled()
+
+
+class Operator:
+    def __init__(self, spec: OperatorSpec, ctx: OperatorContext):
+        self.spec = spec
+        self.ctx = ctx
+        self.params = spec.params
+        self.udf: Optional[Callable] = cloudpickle.loads(spec.udf) if spec.udf is not None else None
+
+    def open(self) -> None:
+        pass
+
+    def process(self, table: pa.Table) -> list[pa.Table]:
+        return [table]
+
+    def finish(self) -> list[pa.Table]:
+        return []
+
+    def close(self) -> None:
+        pass
+
+    def call_user(self, *args):
+        """Call the user's function; its exception is re-raised naming this operator."""
+        try:
+            return self.udf(*args)
+        except TaskCancelled:
+            raise
+        except Exception as exc:
+            raise UserFunctionError(
+                f"{self.spec.where()} raised {type(exc).__name__}: {exc}") from exc
+
+
+class SourceOperator(Operator):
+    def poll(self) -> Optional[pa.Table]:
+        raise NotImplementedError
+
+    @property
+    def is_bounded(self) -> bool:
+        return True

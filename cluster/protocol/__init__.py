@@ -1,0 +1,1 @@
+"""Wire protocol shared by every streamlab process: messages, codec, endpoints, auth."""

@@ -1,0 +1,49 @@
+"""The cluster's shared secret.
+
+A JobGraph carries pickled user code, so a message that anyone on the machine could forge would
+be remote code execution. Every frame is signed with this secret (see codec.py); the secret is
+made once per cluster and readable by its owner only.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+SECRET_BYTES = 32
+
+
+def create_secret(path: Path) -> bytes:
+    """Write a new random secret to ``path`` with mode 0600 and return it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    secret = secrets.token_bytes(SECRET_BYTES)
+    # O_EXCL-free but mode-first: the file never exists with wider permissions.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, secret.hex().encode())
+    finally:
+        os.close(fd)
+    return secret
+
+
+def load_secret(path: Path) -> bytes:
+    path = Path(path)
+    try:
+        text = path.read_text().strip()
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"cluster secret not found at {path}: start the cluster first "
+            "(streamlab cluster start) or pass --cluster-dir"
+        ) from None
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:
+        raise PermissionError(f"cluster secret {path} has mode {oct(mode)}; it must be 0600")
+    try:
+        secret = bytes.fromhex(text)
+    except ValueError:
+        raise ValueError(f"cluster secret {path} is not a hex string") from None
+    if len(secret) < 16:
+        raise ValueError(f"cluster secret {path} is too short")
+    return secret

@@ -1,0 +1,307 @@
+"""RpcEndpoint: one loop thread that owns a component's sockets and all of its state changes.
+
+As Flink's RpcEndpoint promises, every handler of an endpoint runs on the same thread, so the
+components behind it need no locks. Other threads (the REST server, task threads, executors)
+hand work to the loop with ``call_soon``/``call`` instead of touching state themselves.
+
+Handlers are looked up in ``self.handlers`` (message class -> callable(msg, peer)); a handler
+may return a reply, which goes back to the sender with the request's correlation id. A frame
+that fails authentication or decoding, or a handler that raises, is logged and dropped: the loop
+never dies of its input.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import os
+import threading
+import time
+import traceback
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import zmq
+
+from .codec import Codec
+from .messages import ErrorResponse, MalformedMessage, Message
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 512 * 1024 * 1024
+
+
+class RpcError(Exception):
+    """An expected failure of a request (unknown job, bad argument): answered, not logged as a bug."""
+
+
+@dataclass(frozen=True)
+class Peer:
+    """Where a message came from, and so where its reply goes."""
+
+    socket: zmq.Socket
+    identity: Optional[bytes]  # ROUTER peers have one; a DEALER's single peer has none
+
+    @property
+    def key(self) -> bytes:
+        return self.identity or b""
+
+
+def make_socket(ctx: zmq.Context, kind: int) -> zmq.Socket:
+    sock = ctx.socket(kind)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+    return sock
+
+
+def bound_address(sock: zmq.Socket) -> str:
+    return sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+
+class RpcEndpoint:
+    def __init__(self, name: str, codec: Codec, ctx: Optional[zmq.Context] = None):
+        self.name = name
+        self.codec = codec
+        self.ctx = ctx or zmq.Context.instance()
+        self.handlers: dict[type, Callable[[Message, Peer], Optional[Message]]] = {}
+        self._sockets: list[zmq.Socket] = []
+        self._routers: set[zmq.Socket] = set()
+        self._timers: list = []
+        self._timer_seq = itertools.count()
+        self._calls: deque = deque()
+        self._calls_lock = threading.Lock()
+        # Other threads wake the loop through this pair; the lock makes the shared PUSH safe.
+        self._wake_address = f"inproc://wake-{name}-{os.getpid()}-{id(self)}"
+        self._wake_recv = self.ctx.socket(zmq.PULL)
+        self._wake_recv.bind(self._wake_address)
+        self._wake_send = self.ctx.socket(zmq.PUSH)
+        self._wake_send.connect(self._wake_address)
+        self._running = False
+        self._thread: Optional[threading.Thread] = None
+        self.dropped_messages = 0
+
+    # ------------------------------------------------------------------ sockets
+    def bind_router(self, address: str) -> str:
+        sock = make_socket(self.ctx, zmq.ROUTER)
+        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted TaskManager reuses its identity
+        sock.bind(address)
+        self._sockets.append(sock)
+        self._routers.add(sock)
+        return bound_address(sock)
+
+    def connect_dealer(self, address: str, identity: bytes) -> Peer:
+        sock = make_socket(self.ctx, zmq.DEALER)
+        sock.setsockopt(zmq.IDENTITY, identity)
+        sock.connect(address)
+        self._sockets.append(sock)
+        return Peer(sock, None)
+
+    def send(self, peer: Peer, msg: Message, cid: Optional[int] = None, payload=()) -> bool:
+        """Send from the loop thread; never blocks (a full or vanished peer drops the message)."""
+        frames = self.codec.encode(msg, cid, payload)
+        if peer.identity is not None:
+            frames = [peer.identity, *frames]
+        try:
+            peer.socket.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+            return True
+        except zmq.Again:
+            log.warning("%s: peer %r not ready, dropped %s", self.name, peer.identity, msg.op)
+            return False
+
+    # ------------------------------------------------------------------ scheduling
+    def call_soon(self, fn: Callable, *args) -> None:
+        """Run ``fn(*args)`` on the loop thread (safe from any thread)."""
+        with self._calls_lock:
+            self._calls.append((fn, args))
+            try:
+                self._wake_send.send(b"", flags=zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass  # already a wake-up pending, or closing
+
+    def call(self, fn: Callable, *args, timeout: float = 10.0) -> Any:
+        """Run ``fn(*args)`` on the loop thread and wait for its result (not from the loop)."""
+        if threading.current_thread() is self._thread:
+            return fn(*args)
+        fut: Future = Future()
+
+        def run():
+            try:
+                fut.set_result(fn(*args))
+            except BaseException as exc:  # handed to the caller
+                fut.set_exception(exc)
+
+        self.call_soon(run)
+        return fut.result(timeout)
+
+    def call_later(self, delay: float, fn: Callable, *args) -> list:
+        """Schedule on the loop; returns a handle for ``cancel_timer``. Loop thread only."""
+        entry = [time.monotonic() + delay, next(self._timer_seq), fn, args, True]
+        heapq.heappush(self._timers, entry)
+        return entry
+
+    @staticmethod
+    def cancel_timer(entry: Optional[list]) -> None:
+        if entry is not None:
+            entry[4] = False
+
+    def call_every(self, interval: float, fn: Callable) -> None:
+        def tick():
+            try:
+                fn()
+            finally:
+                if self._running:
+                    self.call_later(interval, tick)
+
+        self.call_later(interval, tick)
+
+    # ------------------------------------------------------------------ loop
+    def start(self) -> None:
+        self._running = True
+        self._thread = threading.Thread(target=self._run, name=f"{self.name}-loop", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._running = False
+        self.call_soon(lambda: None)
+        if self._thread and threading.current_thread() is not self._thread:
+            self._thread.join(5)
+
+    def join(self) -> None:
+        while self._thread and self._thread.is_alive():
+            self._thread.join(0.5)
+
+    def in_loop(self) -> bool:
+        return threading.current_thread() is self._thread
+
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._wake_recv, zmq.POLLIN)
+        registered: set = set()
+        try:
+            while self._running:
+                for sock in self._sockets:
+                    if sock not in registered:
+                        poller.register(sock, zmq.POLLIN)
+                        registered.add(sock)
+                timeout = self._run_due_timers()
+                events = dict(poller.poll(timeout))
+                if self._wake_recv in events:
+                    while True:
+                        try:
+                            self._wake_recv.recv(zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                self._run_calls()
+                for sock in list(events):
+                    if sock is not self._wake_recv:
+                        self._drain(sock)
+        finally:
+            for sock in self._sockets:
+                sock.close(0)
+            self._wake_recv.close(0)
+            self._wake_send.close(0)
+
+    def _run_due_timers(self) -> int:
+        now = time.monotonic()
+        while self._timers and self._timers[0][0] <= now:
+            _, _, fn, args, live = heapq.heappop(self._timers)
+            if live:
+                self._guard(fn, *args)
+        if not self._timers:
+            return 1000
+        return max(0, int((self._timers[0][0] - time.monotonic()) * 1000) + 1)
+
+    def _run_calls(self) -> None:
+        while True:
+            with self._calls_lock:
+                if not self._calls:
+                    return
+                fn, args = self._calls.popleft()
+            self._guard(fn, *args)
+
+    def _guard(self, fn, *args) -> None:
+        try:
+            fn(*args)
+        except Exception:
+            log.exception("%s: error in %s", self.name, getattr(fn, "__qualname__", fn))
+
+    def _drain(self, sock: zmq.Socket) -> None:
+        # Bounded so one busy socket cannot starve timers and the others.
+        for _ in range(256):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            identity = None
+            if sock in self._routers:
+                identity, frames = frames[0].bytes, frames[1:]
+            self._dispatch(Peer(sock, identity), frames)
+
+    def _dispatch(self, peer: Peer, frames) -> None:
+        try:
+            msg, cid, _payload = self.codec.decode(frames)
+        except MalformedMessage as exc:
+            self.dropped_messages += 1
+            log.warning("%s: dropped malformed message from %r: %s", self.name, peer.identity, exc)
+            return
+        handler = self.handlers.get(type(msg))
+        if handler is None:
+            self.dropped_messages += 1
+            log.warning("%s: no handler for %s from %r; dropped", self.name, msg.op, peer.identity)
+            if cid is not None:
+                self.send(peer, ErrorResponse(f"{self.name} does not handle {msg.op}"), cid)
+            return
+        try:
+            reply = handler(msg, peer)
+        except RpcError as exc:
+            reply = ErrorResponse(str(exc))
+        except Exception as exc:
+            log.error("%s: handler for %s failed:\n%s", self.name, msg.op, traceback.format_exc())
+            reply = ErrorResponse(f"internal error handling {msg.op}: {exc}")
+        if reply is not None and cid is not None:
+            self.send(peer, reply, cid)
+
+
+class RpcClient:
+    """Blocking request/reply over one DEALER, for clients and the CLI (thread-safe)."""
+
+    def __init__(self, address: str, codec: Codec, timeout: float = 10.0, ctx=None):
+        self.address = address
+        self.codec = codec
+        self.timeout = timeout
+        self.ctx = ctx or zmq.Context.instance()
+        self._sock = make_socket(self.ctx, zmq.DEALER)
+        self._sock.connect(address)
+        self._cids = itertools.count(1)
+        self._lock = threading.Lock()
+
+    def request(self, msg: Message, timeout: Optional[float] = None) -> Message:
+        timeout = self.timeout if timeout is None else timeout
+        with self._lock:
+            cid = next(self._cids)
+            self._sock.send_multipart(self.codec.encode(msg, cid))
+            deadline = time.monotonic() + timeout
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not self._sock.poll(int(remaining * 1000) + 1):
+                    if time.monotonic() >= deadline:
+                        raise TimeoutError(
+                            f"no answer from the JobManager at {self.address} within {timeout:g} s "
+                            f"to {msg.op} (is the cluster running?)"
+                        )
+                    continue
+                try:
+                    reply, reply_cid, _ = self.codec.decode(self._sock.recv_multipart())
+                except MalformedMessage as exc:
+                    log.warning("client: dropped malformed reply: %s", exc)
+                    continue
+                if reply_cid != cid:
+                    continue  # a late answer to an earlier request that timed out
+                if isinstance(reply, ErrorResponse):
+                    raise RpcError(reply.message)
+                return reply
+
+    def close(self) -> None:
+        self._sock.close(0)

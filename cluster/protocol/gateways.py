@@ -1,0 +1,63 @@
+"""Typed faces of remote endpoints, named after Flink's gateways.
+
+A gateway turns a method call into a message to one peer; it never waits for an answer (replies
+come back as messages to the caller's own handlers).
+"""
+from __future__ import annotations
+
+from .endpoint import Peer, RpcEndpoint
+from . import messages as m
+
+
+class TaskExecutorGateway:
+    """The JobManager's handle on one TaskManager."""
+
+    def __init__(self, endpoint: RpcEndpoint, peer: Peer):
+        self._endpoint, self._peer = endpoint, peer
+
+    def _send(self, msg: m.Message) -> None:
+        self._endpoint.send(self._peer, msg)
+
+    def request_slot(self, slot_index: int, job_id: str, allocation_id: str) -> None:
+        self._send(m.RequestSlot(slot_index, job_id, allocation_id))
+
+    def submit_task(self, deployment: dict) -> None:
+        self._send(m.SubmitTask(deployment))
+
+    def cancel_task(self, execution_id: str) -> None:
+        self._send(m.CancelTask(execution_id))
+
+    def free_slot(self, allocation_id: str) -> None:
+        self._send(m.FreeSlot(allocation_id))
+
+    def request_registration(self) -> None:
+        self._send(m.RequestRegistration())
+
+    def shutdown(self) -> None:
+        self._send(m.ShutdownTaskManager())
+
+
+class JobManagerGateway:
+    """A TaskManager's handle on the JobManager (ResourceManager and JobMasters behind one address)."""
+
+    def __init__(self, endpoint: RpcEndpoint, peer: Peer):
+        self._endpoint, self._peer = endpoint, peer
+
+    def _send(self, msg: m.Message) -> None:
+        self._endpoint.send(self._peer, msg)
+
+    def register_task_manager(self, tm_id: str, data_address: str, slots: int, pid: int, hardware: dict) -> None:
+        self._send(m.RegisterTaskManager(tm_id, data_address, slots, pid, hardware))
+
+    def heartbeat_from_task_manager(self, tm_id: str, tasks: list[dict]) -> None:
+        self._send(m.HeartbeatFromTaskManager(tm_id, tasks))
+
+    def offer_slots(self, tm_id: str, job_id: str, allocation_ids: list[str]) -> None:
+        self._send(m.OfferSlots(tm_id, job_id, allocation_ids))
+
+    def update_task_execution_state(self, job_id: str, execution_id: str, state: str,
+                                    error=None, metrics=None) -> None:
+        self._send(m.UpdateTaskExecutionState(job_id, execution_id, state, error, metrics or {}))
+
+    def disconnect_task_manager(self, tm_id: str, reason: str) -> None:
+        self._send(m.DisconnectTaskManager(tm_id, reason))

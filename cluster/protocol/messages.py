@@ -1,0 +1,276 @@
+"""Every message that crosses a process boundary, one frozen dataclass each.
+
+This module is the protocol's index: a reader finds here every ``op`` that any endpoint sends or
+handles. Names follow Flink's gateways (JobMasterGateway, TaskExecutorGateway,
+ResourceManagerGateway, DispatcherGateway) and, for the data plane, Flink's NettyMessage.
+
+Each class registers itself under its kebab-case ``op``; ``Message.from_wire`` looks the op up,
+checks that the fields are exactly the declared ones with the declared types, and refuses
+anything else. The payload of data messages (Arrow IPC bytes) travels in extra frames, not in the
+dataclass.
+"""
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass
+from typing import Any, ClassVar, Optional
+
+
+class MalformedMessage(ValueError):
+    """A frame that is not a valid, authenticated message; it is dropped, never handled."""
+
+
+class Message:
+    op: ClassVar[str]
+    registry: ClassVar[dict[str, type["Message"]]] = {}
+    _field_types: ClassVar[dict[str, Any]]
+
+    def __init_subclass__(cls, op: str, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if op in Message.registry:
+            raise TypeError(f"duplicate message op {op!r}")
+        cls.op = op
+        Message.registry[op] = cls
+
+    def to_wire(self) -> dict:
+        wire = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        wire["op"] = self.op
+        return wire
+
+    @staticmethod
+    def from_wire(wire: Any) -> "Message":
+        if not isinstance(wire, dict):
+            raise MalformedMessage(f"message is a {type(wire).__name__}, not a map")
+        op = wire.get("op")
+        cls = Message.registry.get(op) if isinstance(op, str) else None
+        if cls is None:
+            raise MalformedMessage(f"unknown op {op!r}")
+        types = _field_types(cls)
+        given = set(wire) - {"op"}
+        if given != set(types):
+            missing, extra = set(types) - given, given - set(types)
+            raise MalformedMessage(f"{op}: missing fields {sorted(missing)}, unexpected {sorted(extra)}")
+        for name, annotation in types.items():
+            if not _conforms(wire[name], annotation):
+                raise MalformedMessage(f"{op}: field {name!r} is not {annotation}")
+        return cls(**{name: wire[name] for name in types})
+
+
+def _field_types(cls) -> dict[str, Any]:
+    cached = cls.__dict__.get("_field_types")
+    if cached is None:
+        hints = typing.get_type_hints(cls)
+        cached = {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+        cls._field_types = cached
+    return cached
+
+
+def _conforms(value: Any, annotation: Any) -> bool:
+    origin = typing.get_origin(annotation)
+    if annotation is Any:
+        return True
+    if origin is typing.Union:
+        return any(_conforms(value, arg) for arg in typing.get_args(annotation))
+    if annotation is type(None):
+        return value is None
+    if origin is list:
+        (item,) = typing.get_args(annotation) or (Any,)
+        return isinstance(value, list) and all(_conforms(v, item) for v in value)
+    if origin is dict or annotation is dict:
+        return isinstance(value, dict)
+    if annotation is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, annotation)
+
+
+# --------------------------------------------------------------------------- generic replies
+@dataclass(frozen=True)
+class Acknowledge(Message, op="acknowledge"):
+    pass
+
+
+@dataclass(frozen=True)
+class ErrorResponse(Message, op="error-response"):
+    message: str
+
+
+# --------------------------------------------------------------------------- client -> Dispatcher
+@dataclass(frozen=True)
+class SubmitJob(Message, op="submit-job"):
+    job_graph: dict
+    # Where collect sinks send their batches: the submitting client's result socket, or None
+    # (detached submission: collected rows are discarded).
+    result_address: Optional[str]
+
+
+@dataclass(frozen=True)
+class JobSubmitted(Message, op="job-submitted"):
+    job_id: str
+
+
+@dataclass(frozen=True)
+class RequestJobStatus(Message, op="request-job-status"):
+    job_id: str
+
+
+@dataclass(frozen=True)
+class JobStatus(Message, op="job-status"):
+    job_id: str
+    name: str
+    state: str
+    attempt: int
+    reason: Optional[str]      # why a job waits (e.g. for slots)
+    failure: Optional[str]     # the root cause, with the user's traceback, once FAILED
+
+
+@dataclass(frozen=True)
+class ListJobs(Message, op="list-jobs"):
+    pass
+
+
+@dataclass(frozen=True)
+class JobList(Message, op="job-list"):
+    jobs: list[dict]
+
+
+@dataclass(frozen=True)
+class CancelJob(Message, op="cancel-job"):
+    job_id: str
+
+
+@dataclass(frozen=True)
+class RequestClusterOverview(Message, op="request-cluster-overview"):
+    pass
+
+
+@dataclass(frozen=True)
+class ClusterOverview(Message, op="cluster-overview"):
+    overview: dict
+    taskmanagers: list[dict]
+
+
+@dataclass(frozen=True)
+class ShutdownCluster(Message, op="shutdown-cluster"):
+    pass
+
+
+# --------------------------------------------------------------------------- TaskExecutor <-> ResourceManager
+@dataclass(frozen=True)
+class RegisterTaskManager(Message, op="register-task-manager"):
+    task_manager_id: str
+    data_address: str
+    number_of_slots: int
+    pid: int
+    hardware: dict  # cpuCores, physicalMemory, freeMemory: shown in GET /taskmanagers
+
+
+@dataclass(frozen=True)
+class RegistrationSuccess(Message, op="registration-success"):
+    heartbeat_interval_ms: int
+
+
+@dataclass(frozen=True)
+class RegistrationRejected(Message, op="registration-rejected"):
+    reason: str
+
+
+@dataclass(frozen=True)
+class HeartbeatFromTaskManager(Message, op="heartbeat-from-task-manager"):
+    task_manager_id: str
+    # One dict per running task: execution_id, job_id, vertex_id, subtask, records-in,
+    # records-out, bytes-in, bytes-out, backpressured/idle/busy ms.
+    tasks: list[dict]
+
+
+@dataclass(frozen=True)
+class RequestRegistration(Message, op="request-registration"):
+    """The ResourceManager does not know the sender (e.g. it was declared lost): register again."""
+
+
+@dataclass(frozen=True)
+class DisconnectTaskManager(Message, op="disconnect-task-manager"):
+    task_manager_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class RequestSlot(Message, op="request-slot"):
+    slot_index: int
+    job_id: str
+    allocation_id: str
+
+
+@dataclass(frozen=True)
+class ShutdownTaskManager(Message, op="shutdown-task-manager"):
+    pass
+
+
+# --------------------------------------------------------------------------- TaskExecutor <-> JobMaster
+@dataclass(frozen=True)
+class OfferSlots(Message, op="offer-slots"):
+    task_manager_id: str
+    job_id: str
+    allocation_ids: list[str]
+
+
+@dataclass(frozen=True)
+class FreeSlot(Message, op="free-slot"):
+    allocation_id: str
+
+
+@dataclass(frozen=True)
+class SubmitTask(Message, op="submit-task"):
+    # A TaskDeploymentDescriptor (cluster.graph.deployment) as a plain dict.
+    deployment: dict
+
+
+@dataclass(frozen=True)
+class CancelTask(Message, op="cancel-task"):
+    execution_id: str
+
+
+@dataclass(frozen=True)
+class UpdateTaskExecutionState(Message, op="update-task-execution-state"):
+    job_id: str
+    execution_id: str
+    state: str
+    error: Optional[str]
+    metrics: dict  # the task's counters at this moment (final ones on a terminal state)
+
+
+# --------------------------------------------------------------------------- data plane (TM <-> TM)
+@dataclass(frozen=True)
+class BufferResponse(Message, op="buffer-response"):
+    channel: str
+    sequence: int
+
+
+@dataclass(frozen=True)
+class AddCredit(Message, op="add-credit"):
+    channel: str
+    credit: int
+
+
+@dataclass(frozen=True)
+class EndOfPartition(Message, op="end-of-partition"):
+    channel: str
+
+
+# --------------------------------------------------------------------------- collect sink -> client
+@dataclass(frozen=True)
+class CollectBatch(Message, op="collect-batch"):
+    job_id: str
+    attempt: int
+    sink: str
+    subtask: int
+
+
+@dataclass(frozen=True)
+class CollectEnd(Message, op="collect-end"):
+    job_id: str
+    attempt: int
+    sink: str
+    subtask: int

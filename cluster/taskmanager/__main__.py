@@ -1,0 +1,3 @@
+from .task_executor import main
+
+main()

@@ -1,0 +1,239 @@
+"""The data plane: credit-based channels between producer and consumer subtasks.
+
+Every channel (one producer subtask -> one consumer subtask of one edge) works as Flink's
+credit-based flow control: the consumer grants credits (free buffers), the producer sends a batch
+only when it holds a credit, and the consumer returns the credit once it has taken the batch. A
+slow consumer therefore stalls its producers, and no queue anywhere holds more than the credits
+granted (``taskmanager.network.memory.buffers-per-channel``) plus one end-of-partition marker.
+
+Channels inside one TaskManager hand tables over by reference; channels between TaskManagers
+carry Arrow IPC over ZeroMQ straight to the other TaskManager's data socket, never through the
+JobManager. One receiving thread per TaskManager owns that socket; each task thread sends
+through sockets of its own (ZeroMQ sockets are not thread-safe).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from typing import Optional
+
+import zmq
+
+from cluster.protocol.codec import Codec
+from cluster.protocol.endpoint import bound_address, make_socket
+from cluster.protocol.messages import AddCredit, BufferResponse, EndOfPartition, MalformedMessage, Message
+
+from cluster.operators.base import TaskCancelled
+
+log = logging.getLogger(__name__)
+
+END = ("end", None)
+WAIT_SLICE = 0.05  # how often a blocked task looks at its cancel flag
+
+
+class CreditAccount:
+    """The producer's side of one channel: how many batches it may still send."""
+
+    def __init__(self):
+        self.credit = 0
+        self._cond = threading.Condition()
+
+    def add(self, n: int) -> None:
+        with self._cond:
+            self.credit += n
+            self._cond.notify_all()
+
+    def take(self, cancelled: threading.Event) -> float:
+        """Take one credit, waiting as long as needed; returns the seconds spent back-pressured."""
+        with self._cond:
+            if self.credit > 0:
+                self.credit -= 1
+                return 0.0
+            start = time.monotonic()
+            while self.credit <= 0:
+                if cancelled.is_set():
+                    raise TaskCancelled()
+                self._cond.wait(WAIT_SLICE)
+            self.credit -= 1
+            return time.monotonic() - start
+
+
+class InputGate:
+    """The consumer's side of every channel of one input edge of a task."""
+
+    def __init__(self, channel_ids: list[str]):
+        self.channel_ids = list(channel_ids)
+        self._queues = {c: deque() for c in channel_ids}
+        self._open = set(channel_ids)
+        self._cond = threading.Condition()
+        self._next = 0
+
+    def push(self, channel: str, item: tuple) -> None:
+        with self._cond:
+            self._queues[channel].append(item)
+            self._cond.notify_all()
+
+    def queued(self) -> int:
+        with self._cond:
+            return sum(len(q) for q in self._queues.values())
+
+    @property
+    def finished(self) -> bool:
+        return not self._open
+
+    def poll(self, timeout: float) -> Optional[tuple[str, tuple]]:
+        """The next (channel, item) in round-robin order, or None if nothing came within timeout."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                n = len(self.channel_ids)
+                for k in range(n):
+                    channel = self.channel_ids[(self._next + k) % n]
+                    queue = self._queues[channel]
+                    if queue:
+                        self._next = (self._next + k + 1) % n
+                        item = queue.popleft()
+                        if item is END:
+                            self._open.discard(channel)
+                        return channel, item
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                self._cond.wait(remaining)
+
+
+class ChannelSender:
+    """A task thread's own outgoing sockets, one per remote address."""
+
+    def __init__(self, ctx: zmq.Context, codec: Codec, cancelled: threading.Event):
+        self.ctx, self.codec, self.cancelled = ctx, codec, cancelled
+        self._sockets: dict[str, zmq.Socket] = {}
+
+    def send(self, address: str, msg: Message, payload=()) -> None:
+        sock = self._sockets.get(address)
+        if sock is None:
+            sock = make_socket(self.ctx, zmq.DEALER)
+            sock.setsockopt(zmq.SNDHWM, 64)  # bounded even when the peer is slow or gone
+            sock.connect(address)
+            self._sockets[address] = sock
+        frames = self.codec.encode(msg, None, payload)
+        while True:
+            try:
+                sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+                return
+            except zmq.Again:
+                if self.cancelled.is_set():
+                    raise TaskCancelled() from None
+                sock.poll(int(WAIT_SLICE * 1000), zmq.POLLOUT)
+
+    def close(self) -> None:
+        for sock in self._sockets.values():
+            sock.close(0)
+        self._sockets.clear()
+
+
+class NetworkEnvironment:
+    """One per TaskManager: the data socket, its receiving thread, and the channel registry."""
+
+    def __init__(self, host: str, port: int, codec: Codec, buffers_per_channel: int,
+                 ctx: Optional[zmq.Context] = None):
+        self.ctx = ctx or zmq.Context.instance()
+        self.codec = codec
+        self.buffers_per_channel = buffers_per_channel
+        self._socket = make_socket(self.ctx, zmq.ROUTER)
+        self._socket.bind(f"tcp://{host}:{port}")
+        self.data_address = bound_address(self._socket)
+        self._lock = threading.Lock()
+        self._credits: dict[str, CreditAccount] = {}
+        self._gates: dict[str, InputGate] = {}
+        self._running = True
+        self.dropped_messages = 0
+        self._thread = threading.Thread(target=self._receive_loop, name="network", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._running = False
+        self._thread.join(2)
+
+    # ------------------------------------------------------------------ registry
+    def credit_account(self, channel: str) -> CreditAccount:
+        # Credit may arrive before the producer task is deployed: the account waits for it.
+        with self._lock:
+            account = self._credits.get(channel)
+            if account is None:
+                account = self._credits[channel] = CreditAccount()
+            return account
+
+    def register_gate(self, gate: InputGate) -> None:
+        with self._lock:
+            for channel in gate.channel_ids:
+                self._gates[channel] = gate
+
+    def unregister(self, channels: list[str]) -> None:
+        with self._lock:
+            for channel in channels:
+                self._gates.pop(channel, None)
+                self._credits.pop(channel, None)
+
+    def release_job(self, job_id: str) -> None:
+        prefix = job_id + "/"
+        with self._lock:
+            for table in (self._gates, self._credits):
+                for channel in [c for c in table if c.startswith(prefix)]:
+                    del table[channel]
+
+    def deliver_local(self, channel: str, item: tuple) -> None:
+        with self._lock:
+            gate = self._gates.get(channel)
+        if gate is None:
+            log.debug("local item for closed channel %s dropped", channel)
+        else:
+            gate.push(channel, item)
+
+    def is_local(self, address: str) -> bool:
+        return address == self.data_address
+
+    # ------------------------------------------------------------------ receiving
+    def _receive_loop(self) -> None:
+        try:
+            while self._running:
+                if not self._socket.poll(100):
+                    continue
+                for _ in range(256):
+                    try:
+                        frames = self._socket.recv_multipart(zmq.NOBLOCK, copy=False)
+                    except zmq.Again:
+                        break
+                    self._handle(frames[1:])
+        finally:
+            self._socket.close(0)
+
+    def _handle(self, frames) -> None:
+        try:
+            msg, _, payload = self.codec.decode(frames)
+        except MalformedMessage as exc:
+            self.dropped_messages += 1
+            log.warning("data socket: dropped malformed message: %s", exc)
+            return
+        if isinstance(msg, AddCredit):
+            if msg.credit > 0:
+                self.credit_account(msg.channel).add(msg.credit)
+            return
+        if isinstance(msg, (BufferResponse, EndOfPartition)):
+            with self._lock:
+                gate = self._gates.get(msg.channel)
+            if gate is None:
+                log.debug("%s for unknown channel %s dropped", msg.op, msg.channel)
+            elif isinstance(msg, EndOfPartition):
+                gate.push(msg.channel, END)
+            elif len(payload) == 1:
+                gate.push(msg.channel, ("ipc", payload[0].buffer))
+            else:
+                log.warning("buffer-response without exactly one payload frame dropped")
+            return
+        self.dropped_messages += 1
+        log.warning("data socket: %s is not a data-plane message; dropped", msg.op)

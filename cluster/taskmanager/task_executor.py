@@ -1,0 +1,189 @@
+"""TaskExecutor: the TaskManager process's endpoint.
+
+It registers its slots with the ResourceManager (retrying until it is heard), heartbeats with
+per-task metrics, accepts slot requests (offering the slot to the job's JobMaster), runs each
+deployed task as a thread, reports task states, and cancels and frees on request. A task that
+fails takes only its job down: the TaskExecutor reports and frees, and keeps serving.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import threading
+import uuid
+from pathlib import Path
+from typing import Optional
+
+import psutil
+
+from cluster.conf import Configuration
+from cluster.graph.deployment import TaskDeploymentDescriptor
+from cluster.graph.execution_graph import ExecutionState
+from cluster.protocol import messages as m
+from cluster.protocol.auth import load_secret
+from cluster.protocol.codec import Codec
+from cluster.protocol.endpoint import Peer, RpcEndpoint
+from cluster.protocol.gateways import JobManagerGateway
+
+from .network import NetworkEnvironment
+from .slot_table import SlotTable
+from .task import Task
+
+log = logging.getLogger("streamlab.taskmanager")
+REGISTRATION_RETRY_S = 1.0
+
+
+def hardware_info() -> dict:
+    vm = psutil.virtual_memory()
+    return {"cpuCores": os.cpu_count() or 1, "physicalMemory": vm.total, "freeMemory": vm.available}
+
+
+class TaskExecutor:
+    def __init__(self, conf: Configuration, secret: bytes, jobmanager_address: str,
+                 task_manager_id: Optional[str] = None):
+        self.conf = conf
+        self.task_manager_id = task_manager_id or f"tm-{uuid.uuid4().hex[:12]}"
+        codec = Codec(secret)
+        self.endpoint = RpcEndpoint(self.task_manager_id, codec)
+        self.jobmanager = JobManagerGateway(
+            self.endpoint, self.endpoint.connect_dealer(jobmanager_address, self.task_manager_id.encode()))
+        self.slot_table = SlotTable(conf["taskmanager.numberOfTaskSlots"])
+        self.network = NetworkEnvironment(conf["taskmanager.host"], conf["taskmanager.data.port"], codec,
+                                          conf["taskmanager.network.memory.buffers-per-channel"])
+        self.tasks: dict[str, Task] = {}
+        self.registered = False
+        self._heartbeating = False
+        self.stopped = threading.Event()
+        self.handlers = {
+            m.RegistrationSuccess: self.registration_success,
+            m.RegistrationRejected: self.registration_rejected,
+            m.RequestRegistration: self.request_registration,
+            m.RequestSlot: self.request_slot,
+            m.SubmitTask: self.submit_task,
+            m.CancelTask: self.cancel_task,
+            m.FreeSlot: self.free_slot,
+            m.ShutdownTaskManager: self.shutdown_task_manager,
+        }
+        self.endpoint.handlers.update(self.handlers)
+
+    def start(self) -> None:
+        self.network.start()
+        self.endpoint.start()
+        self.endpoint.call_soon(self._register)
+
+    def stop(self, reason: str = "shut down") -> None:
+        if self.stopped.is_set():
+            return
+        for task in list(self.tasks.values()):
+            task.cancel()
+        try:
+            self.endpoint.call(lambda: self.jobmanager.disconnect_task_manager(self.task_manager_id, reason),
+                               timeout=2)
+        except Exception:
+            pass
+        self.endpoint.stop()
+        self.network.stop()
+        self.stopped.set()
+
+    # ------------------------------------------------------------------ registration, heartbeats
+    def _register(self) -> None:
+        if self.registered or self.stopped.is_set():
+            return
+        self.jobmanager.register_task_manager(self.task_manager_id, self.network.data_address,
+                                              len(self.slot_table), os.getpid(), hardware_info())
+        self.endpoint.call_later(REGISTRATION_RETRY_S, self._register)
+
+    def registration_success(self, msg: m.RegistrationSuccess, peer: Peer) -> None:
+        if not self.registered:
+            log.info("%s registered at the ResourceManager", self.task_manager_id)
+        self.registered = True
+        if not self._heartbeating:
+            self._heartbeating = True
+            self.endpoint.call_every(msg.heartbeat_interval_ms / 1000, self._heartbeat)
+
+    def registration_rejected(self, msg: m.RegistrationRejected, peer: Peer) -> None:
+        log.error("registration rejected: %s", msg.reason)
+
+    def request_registration(self, msg: m.RequestRegistration, peer: Peer) -> None:
+        if self.registered:
+            log.warning("the ResourceManager does not know us (any more): registering again")
+        self.registered = False
+        self._register()
+
+    def _heartbeat(self) -> None:
+        if self.registered:
+            self.jobmanager.heartbeat_from_task_manager(
+                self.task_manager_id, [t.metrics_snapshot() for t in self.tasks.values()])
+
+    # ------------------------------------------------------------------ slots and tasks
+    def request_slot(self, msg: m.RequestSlot, peer: Peer) -> None:
+        if self.slot_table.allocate(msg.slot_index, msg.job_id, msg.allocation_id):
+            self.jobmanager.offer_slots(self.task_manager_id, msg.job_id, [msg.allocation_id])
+        else:
+            log.warning("slot %d requested for job %s is not free", msg.slot_index, msg.job_id)
+
+    def submit_task(self, msg: m.SubmitTask, peer: Peer) -> None:
+        try:
+            tdd = TaskDeploymentDescriptor.from_dict(msg.deployment)
+        except (KeyError, TypeError, ValueError) as exc:
+            log.warning("malformed task deployment dropped: %s", exc)
+            return
+        if not self.slot_table.holds(tdd.allocation_id, tdd.job_id):
+            self.jobmanager.update_task_execution_state(
+                tdd.job_id, tdd.execution_id, ExecutionState.FAILED,
+                f"TaskManager {self.task_manager_id} has no slot {tdd.allocation_id} for job {tdd.job_id}")
+            return
+        task = Task(tdd, self.network, self._report_from_task)
+        self.tasks[tdd.execution_id] = task
+        task.start()
+
+    def cancel_task(self, msg: m.CancelTask, peer: Peer) -> None:
+        task = self.tasks.get(msg.execution_id)
+        if task is not None:
+            task.cancel()
+
+    def free_slot(self, msg: m.FreeSlot, peer: Peer) -> None:
+        job_id = self.slot_table.free(msg.allocation_id)
+        for task in self.tasks.values():
+            if task.tdd.allocation_id == msg.allocation_id:
+                task.cancel()
+        if job_id is not None and job_id not in self.slot_table.jobs():
+            self.network.release_job(job_id)
+
+    def shutdown_task_manager(self, msg: m.ShutdownTaskManager, peer: Peer) -> None:
+        threading.Thread(target=self.stop, args=("the cluster is shutting down",), daemon=True).start()
+
+    def _report_from_task(self, task: Task, state: str, error: Optional[str]) -> None:
+        # Called on the task's thread: hand over to the loop thread, which owns the socket.
+        metrics = task.metrics_snapshot()
+        self.endpoint.call_soon(self._task_state_changed, task, state, error, metrics)
+
+    def _task_state_changed(self, task: Task, state: str, error: Optional[str], metrics: dict) -> None:
+        if state == ExecutionState.FAILED:
+            log.warning("task %s failed:\n%s", task.name, error)
+        self.jobmanager.update_task_execution_state(task.tdd.job_id, task.execution_id, state, error, metrics)
+        if state in ExecutionState.TERMINAL:
+            self.tasks.pop(task.execution_id, None)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m cluster.taskmanager")
+    parser.add_argument("--cluster-dir", required=True, type=Path)
+    parser.add_argument("--jobmanager", help="JobManager address (default: from the cluster dir)")
+    parser.add_argument("--id", help="TaskManager id (default: a random one)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    conf = Configuration.from_file(args.cluster_dir / "config.yaml")
+    address = args.jobmanager or json.loads((args.cluster_dir / "jobmanager.json").read_text())["rpc"]
+    tm = TaskExecutor(conf, load_secret(args.cluster_dir / "secret"), address, args.id)
+    tm.start()
+    log.info("TaskManager %s with %d slots, data at %s", tm.task_manager_id, len(tm.slot_table),
+             tm.network.data_address)
+    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=tm.stop, daemon=True).start())
+    signal.signal(signal.SIGINT, lambda *_: threading.Thread(target=tm.stop, daemon=True).start())
+    while not tm.stopped.wait(0.5):
+        pass
+    log.info("TaskManager %s stopped", tm.task_manager_id)

@@ -1,0 +1,27 @@
+"""Count events per user: a generator, a pandas transformation, a filter, key_by and a running count.
+
+    streamlab cluster start --taskmanagers 2 --slots 2
+    streamlab run examples/keyed_count.py
+"""
+import pandas as pd
+
+from kernel_runtime import StreamEnvironment
+
+
+def events(seq):
+    # deterministic "events": user u0..u9, amount from the sequence number
+    return pd.DataFrame({"user": pd.Series(seq % 10).map(lambda u: f"u{u}"), "amount": seq % 7, "seq": seq})
+
+
+env = StreamEnvironment.get_execution_environment(parallelism=2)
+(
+    env.from_generator(events, count=100_000, batch_size=5_000, name="events")
+    .map_batches(lambda df: df.assign(amount=df.amount * 10), name="scale")
+    .filter(lambda df: df.amount > 0, name="non-zero")
+    .key_by("user")
+    .count(name="count per user")
+    .collect(name="counts")
+)
+result = env.execute("keyed count")
+final = result.to_pandas().groupby("user", as_index=False)["count"].max()
+print(final.sort_values("user").to_string(index=False))

@@ -1,0 +1,7 @@
+"""The pipeline API: StreamEnvironment, DataStream, KeyedStream."""
+from cluster.graph.job_graph import GraphValidationError
+
+from .datastream import DataStream, KeyedStream
+from .environment import StreamEnvironment
+
+__all__ = ["StreamEnvironment", "DataStream", "KeyedStream", "GraphValidationError"]

@@ -1,0 +1,137 @@
+"""StreamEnvironment: where a pipeline starts and how it is executed.
+
+As in Flink, ``get_execution_environment()`` gives the context's environment: inside
+``streamlab run`` it submits to that command's cluster (attached or detached); elsewhere
+``execute()`` starts an embedded local cluster for the job and stops it afterwards.
+"""
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from cluster.conf import Configuration, ConfigError
+from cluster.graph.chaining import StreamEdge, StreamNode, build_job_graph
+from cluster.graph.job_graph import GraphValidationError, JobGraph, OperatorSpec, new_id
+
+from ..client import JobClient, JobExecutionResult, JobHandle
+from ..local_cluster import ClusterInfo, LocalCluster
+from .datastream import DataStream, call_site, check_parallelism, pickle_udf
+
+# Set by `streamlab run`: the cluster to submit to and how.
+CONTEXT_CLUSTER_DIR = "STREAMLAB_CONTEXT_CLUSTER_DIR"
+CONTEXT_DETACHED = "STREAMLAB_CONTEXT_DETACHED"
+CONTEXT_VERBOSE = "STREAMLAB_CONTEXT_VERBOSE"
+
+
+class StreamEnvironment:
+    def __init__(self, parallelism: Optional[int] = None, config: Optional[dict[str, Any]] = None,
+                 cluster: Optional[Path] = None):
+        self.config: dict[str, Any] = dict(config or {})
+        try:
+            self._conf = Configuration(self.config, "the job configuration")
+        except ConfigError as exc:
+            raise GraphValidationError(str(exc)) from None
+        self.parallelism = check_parallelism(parallelism, "StreamEnvironment") or self._conf["parallelism.default"]
+        self.max_parallelism = self._conf["pipeline.max-parallelism"]
+        self.cluster_dir = Path(cluster) if cluster else None
+        self._nodes: list[StreamNode] = []
+
+    @classmethod
+    def get_execution_environment(cls, **kwargs) -> "StreamEnvironment":
+        return cls(**kwargs)
+
+    def set_parallelism(self, parallelism: int) -> "StreamEnvironment":
+        self.parallelism = check_parallelism(parallelism, "set_parallelism")
+        return self
+
+    # ------------------------------------------------------------------ sources
+    def from_generator(self, fn: Optional[Callable] = None, *, count: Optional[int] = None,
+                       rate: Optional[float] = None, batch_size: int = 1000, name: str = "generator",
+                       parallelism: Optional[int] = None) -> DataStream:
+        """Deterministic rows from sequence numbers 0, 1, 2, ... (``count`` of them, or unbounded).
+
+        ``fn(seq)`` turns a numpy array of sequence numbers into a DataFrame with one row each;
+        without it the rows have one column ``seq``. ``rate`` limits rows per second (all
+        subtasks together)."""
+        site = call_site()
+        where = f"operator '{name}' ({site})"
+        for label, value, low in (("count", count, 0), ("batch_size", batch_size, 1)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < low):
+                raise GraphValidationError(f"{where}: {label} must be an integer >= {low}, got {value!r}")
+        if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float)) or rate <= 0):
+            raise GraphValidationError(f"{where}: rate must be a positive number of rows per second, got {rate!r}")
+        spec = OperatorSpec(uid=new_id(), kind="generator-source", name=name, call_site=site,
+                            params={"count": count, "rate": rate, "batch_size": batch_size},
+                            udf=pickle_udf(fn, where))
+        node = StreamNode(spec, check_parallelism(parallelism, where) or self.parallelism)
+        self._nodes.append(node)
+        return DataStream(self, node)
+
+    def from_sequence(self, start: int, end: int, name: str = "sequence", **kwargs) -> DataStream:
+        """The numbers start..end inclusive, in a column ``value`` (Flink's fromSequence)."""
+        return self.from_generator(lambda seq, _s=start: {"value": seq + _s}, count=end - start + 1,
+                                   name=name, **kwargs)
+
+    # ------------------------------------------------------------------ graph
+    def get_job_graph(self, name: str = "streamlab job") -> JobGraph:
+        if not any(n.spec.kind.endswith("-sink") for n in self._nodes):
+            raise GraphValidationError("the pipeline has no sink: end it with .collect() or .print()")
+        for node in self._nodes:
+            for edge in node.inputs:
+                if edge.ship_strategy == "DEFAULT":  # Flink's rule: forward if it can, else rebalance
+                    upstream = next(n for n in self._nodes if n.uid == edge.source)
+                    edge.ship_strategy = "FORWARD" if upstream.parallelism == node.parallelism else "REBALANCE"
+                if node.parallelism > self.max_parallelism:
+                    raise GraphValidationError(
+                        f"{node.spec.where()}: parallelism {node.parallelism} exceeds pipeline.max-parallelism "
+                        f"{self.max_parallelism}")
+        return build_job_graph(self._nodes, name, self.max_parallelism, self.config)
+
+    # ------------------------------------------------------------------ execution
+    def execute_async(self, name: str = "streamlab job", client: Optional[JobClient] = None,
+                      detached: bool = False) -> JobHandle:
+        graph = self.get_job_graph(name)
+        client = client or JobClient(ClusterInfo.load(self.cluster_dir or os.environ.get(CONTEXT_CLUSTER_DIR)))
+        return client.submit(graph, detached=detached)
+
+    def execute(self, name: str = "streamlab job") -> JobExecutionResult | JobHandle:
+        """Run the job and wait for it; inside `streamlab run -d`, submit it and return its handle."""
+        graph = self.get_job_graph(name)
+        context_dir = os.environ.get(CONTEXT_CLUSTER_DIR)
+        if self.cluster_dir or context_dir:
+            client = JobClient(ClusterInfo.load(self.cluster_dir or context_dir))
+            return _run(client, graph, detached=os.environ.get(CONTEXT_DETACHED) == "1",
+                        verbose=os.environ.get(CONTEXT_VERBOSE) == "1")
+        slots = max(1, math.ceil(max(n.parallelism for n in self._nodes) / 2))
+        with _embedded_cluster(taskmanagers=2, slots=slots) as cluster:
+            client = JobClient(cluster.info)
+            try:
+                return _run(client, graph, detached=False, verbose=False)
+            finally:
+                client.close()
+
+
+def _embedded_cluster(taskmanagers: int, slots: int) -> LocalCluster:
+    import tempfile
+    directory = Path(tempfile.mkdtemp(prefix="streamlab-embedded-"))
+    return LocalCluster(directory, taskmanagers=taskmanagers, slots=slots, embedded=True)
+
+
+def _run(client: JobClient, graph: JobGraph, detached: bool, verbose: bool):
+    handle = client.submit(graph, detached=detached)
+    if detached:
+        print(f"Job has been submitted with JobID {handle.job_id}")
+        return handle
+    if verbose:
+        print(f"Job has been submitted with JobID {handle.job_id}")
+    on_status = (lambda s: print(f"{s.name}: {s.state}" + (f" ({s.reason})" if s.reason else ""))) \
+        if verbose else None
+    result = handle.wait(on_status=on_status)
+    if verbose:
+        for sink, frame in result.results.items():
+            print(f"\n{sink}: {len(frame)} rows")
+            print(frame.to_string(index=False, max_rows=60))
+        print(f"\nJob '{result.name}' {result.state} in {result.duration_ms / 1000:.1f} s")
+    return result

@@ -1,0 +1,154 @@
+"""The ``streamlab`` command: cluster start/stop/status, run, list, cancel."""
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+from datetime import datetime
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from cluster.conf import ConfigError
+from cluster.protocol.endpoint import RpcError
+
+from .api.environment import CONTEXT_CLUSTER_DIR, CONTEXT_DETACHED, CONTEXT_VERBOSE
+from .client import JobCancelledError, JobClient, JobExecutionError
+from .local_cluster import ClusterInfo, ClusterNotRunning, LocalCluster, default_cluster_dir, stop_cluster
+
+console = Console()
+cluster_dir_option = click.option(
+    "--cluster-dir", type=click.Path(path_type=Path), default=None,
+    help="The cluster's directory (default: $STREAMLAB_CLUSTER_DIR or ~/.streamlab/cluster).")
+
+
+def _client(cluster_dir) -> JobClient:
+    try:
+        return JobClient(ClusterInfo.load(cluster_dir))
+    except ClusterNotRunning as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@click.group()
+def main() -> None:
+    """streamlab: Flink's streaming runtime in Python, with Spark for the data work."""
+
+
+@main.group()
+def cluster() -> None:
+    """Start, stop and inspect a standing local session cluster."""
+
+
+@cluster.command("start")
+@click.option("--taskmanagers", "-n", default=1, show_default=True, help="Number of TaskManagers.")
+@click.option("--slots", "-s", default=1, show_default=True, help="Slots per TaskManager.")
+@click.option("--config", "-c", "config_file", type=click.Path(exists=True, path_type=Path),
+              help="A YAML file of configuration keys (Flink's names).")
+@click.option("-D", "dynamic", multiple=True, help="key=value configuration, as Flink's -D.")
+@cluster_dir_option
+def cluster_start(taskmanagers, slots, config_file, dynamic, cluster_dir) -> None:
+    import yaml
+    config = yaml.safe_load(config_file.read_text()) if config_file else {}
+    for item in dynamic:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise click.BadParameter(f"{item!r} is not key=value", param_hint="-D")
+        config[key.strip()] = yaml.safe_load(value)
+    try:
+        local = LocalCluster(cluster_dir, taskmanagers=taskmanagers, slots=slots, config=config)
+        local.start()
+    except (ConfigError, RuntimeError, TimeoutError) as exc:
+        raise click.ClickException(str(exc)) from None
+    console.print(f"Cluster started in {local.cluster_dir}: JobManager {local.info.rpc_address}, "
+                  f"REST {local.info.rest_address}, {taskmanagers} TaskManager(s) x {slots} slot(s)")
+
+
+@cluster.command("stop")
+@cluster_dir_option
+def cluster_stop(cluster_dir) -> None:
+    directory = cluster_dir or default_cluster_dir()
+    if stop_cluster(directory):
+        console.print(f"Cluster in {directory} stopped")
+    else:
+        console.print(f"No cluster in {directory}")
+
+
+@cluster.command("status")
+@cluster_dir_option
+def cluster_status(cluster_dir) -> None:
+    client = _client(cluster_dir)
+    try:
+        ov = client.cluster_overview()
+    finally:
+        client.close()
+    o = ov.overview
+    console.print(f"JobManager {client.cluster.rpc_address}  REST {client.cluster.rest_address}")
+    console.print(f"TaskManagers: {o['taskmanagers']}  slots: {o['slots-available']} free of "
+                  f"{o['slots-total']}  jobs running: {o['jobs-running']}  finished: {o['jobs-finished']}  "
+                  f"cancelled: {o['jobs-cancelled']}  failed: {o['jobs-failed']}")
+    table = Table("TaskManager", "data address", "slots", "free", "tasks")
+    for tm in ov.taskmanagers:
+        table.add_row(tm["id"], tm["path"], str(tm["slotsNumber"]), str(tm["freeSlots"]), str(tm["assignedTasks"]))
+    console.print(table)
+
+
+@main.command("run", context_settings={"ignore_unknown_options": True})
+@click.option("--detached", "-d", is_flag=True, help="Submit and return the job id.")
+@cluster_dir_option
+@click.argument("script", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def run(detached, cluster_dir, script, args) -> None:
+    """Run a job script on the cluster (as `flink run`): its execute() submits there."""
+    info = ClusterInfo.load(cluster_dir) if cluster_dir else None
+    try:
+        info = info or ClusterInfo.load()
+    except ClusterNotRunning as exc:
+        raise click.ClickException(str(exc)) from None
+    os.environ[CONTEXT_CLUSTER_DIR] = str(info.cluster_dir)
+    os.environ[CONTEXT_DETACHED] = "1" if detached else "0"
+    os.environ[CONTEXT_VERBOSE] = "1"
+    sys.argv = [str(script), *args]
+    sys.path.insert(0, str(script.parent.resolve()))
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    except JobExecutionError as exc:
+        raise click.ClickException(str(exc)) from None
+    except (JobCancelledError, RpcError) as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@main.command("list")
+@cluster_dir_option
+def list_jobs(cluster_dir) -> None:
+    """List the cluster's jobs."""
+    client = _client(cluster_dir)
+    try:
+        jobs = client.list_jobs()
+    finally:
+        client.close()
+    table = Table("JobID", "name", "state", "started", "reason")
+    for job in jobs:
+        started = datetime.fromtimestamp(job["start-time"] / 1000).strftime("%Y-%m-%d %H:%M:%S")
+        table.add_row(job["jid"], job["name"], job["state"], started, job["reason"] or "")
+    console.print(table if jobs else "No jobs.")
+
+
+@main.command("cancel")
+@click.argument("job_id")
+@cluster_dir_option
+def cancel(job_id, cluster_dir) -> None:
+    """Cancel a job."""
+    client = _client(cluster_dir)
+    try:
+        client.cancel(job_id)
+    except RpcError as exc:
+        raise click.ClickException(str(exc)) from None
+    finally:
+        client.close()
+    console.print(f"Cancelling job {job_id}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,210 @@
+"""Start and stop a cluster of real processes on this machine.
+
+Used by ``streamlab cluster start`` (a standing session cluster), by scripts and notebooks that
+run without a cluster (an embedded one, on free ports, stopped when they end) and by the tests.
+A cluster lives in a directory: its config.yaml, its secret (0600), jobmanager.json (the bound
+addresses, written by the JobManager), cluster.json (the pids) and log/.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+from cluster.conf import Configuration
+from cluster.protocol.auth import create_secret, load_secret
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def default_cluster_dir() -> Path:
+    return Path(os.environ.get("STREAMLAB_CLUSTER_DIR") or Path.home() / ".streamlab" / "cluster")
+
+
+class ClusterNotRunning(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    """How a client reaches a running cluster."""
+
+    cluster_dir: Path
+    rpc_address: str
+    rest_address: str
+    secret: bytes
+
+    @classmethod
+    def load(cls, cluster_dir: Optional[Path] = None) -> "ClusterInfo":
+        cluster_dir = Path(cluster_dir or default_cluster_dir())
+        info_file = cluster_dir / "jobmanager.json"
+        if not info_file.exists():
+            raise ClusterNotRunning(f"no cluster is running in {cluster_dir} "
+                                    "(start one with: streamlab cluster start)")
+        info = json.loads(info_file.read_text())
+        if not _alive(info.get("pid")):
+            raise ClusterNotRunning(f"the JobManager of {cluster_dir} (pid {info.get('pid')}) is not running")
+        return cls(cluster_dir, info["rpc"], info["rest"], load_secret(cluster_dir / "secret"))
+
+
+def _alive(pid: Optional[int]) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie child of ours is not alive
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[-1][0] != "Z"
+    except OSError:
+        return True
+
+
+def _wait_gone(pids: list[int], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+class LocalCluster:
+    def __init__(self, cluster_dir: Optional[Path] = None, taskmanagers: int = 1, slots: int = 1,
+                 config: Optional[Mapping[str, Any]] = None, embedded: bool = False):
+        self.cluster_dir = Path(cluster_dir or default_cluster_dir())
+        self.num_taskmanagers = taskmanagers
+        overrides = {"taskmanager.numberOfTaskSlots": slots}
+        if embedded:  # never clash with a standing cluster or another notebook
+            overrides |= {"jobmanager.rpc.port": 0, "rest.port": 0}
+        self.conf = Configuration(dict(config or {}) | overrides, "the cluster configuration")
+        self.jobmanager: Optional[subprocess.Popen] = None
+        self.taskmanagers: list[subprocess.Popen] = []
+        self.info: Optional[ClusterInfo] = None
+
+    # ------------------------------------------------------------------ start
+    def start(self, timeout: float = 30.0) -> "LocalCluster":
+        try:
+            ClusterInfo.load(self.cluster_dir)
+            raise RuntimeError(f"a cluster is already running in {self.cluster_dir}; stop it first "
+                               "(streamlab cluster stop)")
+        except ClusterNotRunning:
+            pass
+        (self.cluster_dir / "log").mkdir(parents=True, exist_ok=True)
+        (self.cluster_dir / "jobmanager.json").unlink(missing_ok=True)
+        create_secret(self.cluster_dir / "secret")
+        self.conf.write(self.cluster_dir / "config.yaml")
+        self.jobmanager = self._spawn("cluster.jobmanager", "jobmanager")
+        deadline = time.monotonic() + timeout
+        while not (self.cluster_dir / "jobmanager.json").exists():
+            self._check_alive(self.jobmanager, "jobmanager")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the JobManager did not start within {timeout:g} s; see {self._log('jobmanager')}")
+            time.sleep(0.05)
+        self.info = ClusterInfo.load(self.cluster_dir)
+        for _ in range(self.num_taskmanagers):
+            self.start_taskmanager()
+        self._write_pids()
+        self.wait_for_taskmanagers(self.num_taskmanagers, deadline - time.monotonic())
+        return self
+
+    def start_taskmanager(self) -> subprocess.Popen:
+        index = len(self.taskmanagers)
+        proc = self._spawn("cluster.taskmanager", f"taskmanager-{index}",
+                           "--jobmanager", self.info.rpc_address, "--id", f"tm-{index}-{os.urandom(3).hex()}")
+        self.taskmanagers.append(proc)
+        self._write_pids()
+        return proc
+
+    def wait_for_taskmanagers(self, count: int, timeout: float = 30.0) -> None:
+        from .client import JobClient
+        client = JobClient(self.info)
+        try:
+            deadline = time.monotonic() + max(timeout, 1.0)
+            while True:
+                registered = len(client.cluster_overview().taskmanagers)
+                if registered >= count:
+                    return
+                for i, proc in enumerate(self.taskmanagers):
+                    self._check_alive(proc, f"taskmanager-{i}")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"only {registered} of {count} TaskManagers registered within "
+                                       f"{timeout:g} s; see {self.cluster_dir / 'log'}")
+                time.sleep(0.05)
+        finally:
+            client.close()
+
+    def _spawn(self, module: str, name: str, *args: str) -> subprocess.Popen:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
+        env["PYTHONUNBUFFERED"] = "1"
+        log_file = open(self._log(name), "ab")
+        try:
+            return subprocess.Popen([sys.executable, "-m", module, "--cluster-dir", str(self.cluster_dir), *args],
+                                    stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=env, start_new_session=True)
+        finally:
+            log_file.close()
+
+    def _log(self, name: str) -> Path:
+        return self.cluster_dir / "log" / f"{name}.log"
+
+    def _check_alive(self, proc: subprocess.Popen, name: str) -> None:
+        if proc.poll() is not None:
+            tail = "\n".join(self._log(name).read_text(errors="replace").splitlines()[-15:])
+            raise RuntimeError(f"the {name} process exited with code {proc.returncode}:\n{tail}")
+
+    def _write_pids(self) -> None:
+        pids = {"jobmanager": self.jobmanager.pid, "taskmanagers": [p.pid for p in self.taskmanagers]}
+        (self.cluster_dir / "cluster.json").write_text(json.dumps(pids))
+
+    # ------------------------------------------------------------------ stop
+    def stop(self, timeout: float = 10.0) -> None:
+        stop_cluster(self.cluster_dir, timeout)
+        for proc in [self.jobmanager, *self.taskmanagers]:
+            if proc is not None:
+                try:
+                    proc.wait(1)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+
+    def __enter__(self) -> "LocalCluster":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def stop_cluster(cluster_dir: Optional[Path] = None, timeout: float = 10.0) -> bool:
+    """Ask the JobManager to shut the cluster down, then make sure every process is gone."""
+    cluster_dir = Path(cluster_dir or default_cluster_dir())
+    pids_file = cluster_dir / "cluster.json"
+    if not pids_file.exists():
+        return False
+    pids = json.loads(pids_file.read_text())
+    all_pids = [pids["jobmanager"], *pids["taskmanagers"]]
+    try:
+        from .client import JobClient
+        client = JobClient(ClusterInfo.load(cluster_dir), timeout=3)
+        client.shutdown_cluster()
+        client.close()
+    except Exception:
+        pass  # not answering: the signals below do it
+    _wait_gone(all_pids, timeout / 2)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in all_pids:
+            if _alive(pid):
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+        _wait_gone(all_pids, 2.0)
+    (cluster_dir / "jobmanager.json").unlink(missing_ok=True)
+    pids_file.unlink(missing_ok=True)
+    return True
