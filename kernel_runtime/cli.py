@@ -18,7 +18,8 @@ from .api.environment import CONTEXT_CLUSTER_DIR, CONTEXT_DETACHED, CONTEXT_VERB
 from .client import JobCancelledError, JobClient, JobExecutionError
 from .local_cluster import ClusterInfo, ClusterNotRunning, LocalCluster, default_cluster_dir, stop_cluster
 
-console = Console()
+# off a terminal rich would wrap at 80 columns and split job ids; scripts read this output
+console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200)
 cluster_dir_option = click.option(
     "--cluster-dir", type=click.Path(path_type=Path), default=None,
     help="The cluster's directory (default: $STREAMLAB_CLUSTER_DIR or ~/.streamlab/cluster).")

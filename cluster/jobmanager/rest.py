@@ -114,7 +114,7 @@ def _vertex_metrics(executions) -> dict:
 def plan_json(job) -> dict:
     g = job.job_graph
     nodes = []
-    for v in g.vertices:
+    for v in reversed(g.topological_order()):  # Flink lists the sinks first
         node = {"id": v.id, "operator": "", "parallelism": v.parallelism, "operator_strategy": "",
                 "description": "<br/>".join(f"{o.name} [{o.kind}] ({o.call_site})" for o in v.operators),
                 "optimizer_properties": {}}
@@ -231,11 +231,14 @@ class RestServer:
             log.exception("rest: %s %s failed", method, path)
             status, body = HTTPStatus.INTERNAL_SERVER_ERROR, {"errors": [f"Internal server error: {exc}"]}
         data = json.dumps(body).encode()
-        req.send_response(status)
-        req.send_header("Content-Type", "application/json; charset=UTF-8")
-        req.send_header("Content-Length", str(len(data)))
-        req.end_headers()
-        req.wfile.write(data)
+        try:
+            req.send_response(status)
+            req.send_header("Content-Type", "application/json; charset=UTF-8")
+            req.send_header("Content-Length", str(len(data)))
+            req.end_headers()
+            req.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client left before the answer
 
     def _route(self, method: str, path: str, query: dict) -> tuple[int, dict]:
         endpoint = self.dispatcher.endpoint

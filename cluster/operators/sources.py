@@ -53,7 +53,7 @@ class GeneratorSource(SourceOperator):
             due = int((time.monotonic() - self.started) * self.rate) - self.position
             if due <= 0:
                 # sleep until the next row is due, at most the buffer timeout, so cancel stays quick
-                time.sleep(min(0.1, (self.position + 1) / self.rate - (time.monotonic() - self.started)))
+                time.sleep(max(0.0, min(0.1, (self.position + 1) / self.rate - (time.monotonic() - self.started))))
                 return pa.table({})
             n = min(n, due)
         p, i = self.ctx.parallelism, self.ctx.subtask

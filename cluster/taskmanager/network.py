@@ -129,8 +129,11 @@ class ChannelSender:
                 sock.poll(int(WAIT_SLICE * 1000), zmq.POLLOUT)
 
     def close(self) -> None:
+        # A finished task's last messages (end-of-partition, the last results) may still sit in
+        # the socket's queue: let them go out. A cancelled task's need not.
+        linger = 0 if self.cancelled.is_set() else 10_000
         for sock in self._sockets.values():
-            sock.close(0)
+            sock.close(linger)
         self._sockets.clear()
 
 

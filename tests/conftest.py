@@ -1,0 +1,91 @@
+"""Shared fixtures: one real cluster per test session, checked after every test that used it.
+
+``cluster`` is 2 TaskManagers x 2 slots on free ports of 127.0.0.1 with fast heartbeats. After
+each test it must be back to its resting state (every slot free, no job running), as dask's
+``gen_cluster`` validates its state: a test that leaks slots fails, not the next one. When a test
+fails, the tail of every process log is printed.
+"""
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from kernel_runtime import JobClient, LocalCluster
+
+FAST = {"heartbeat.interval": "200 ms", "heartbeat.timeout": "2 s"}
+
+
+def start_cluster(directory: Path, taskmanagers: int = 2, slots: int = 2, **config) -> LocalCluster:
+    return LocalCluster(directory, taskmanagers=taskmanagers, slots=slots, config=FAST | config,
+                        embedded=True).start()
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory):
+    local = start_cluster(tmp_path_factory.mktemp("cluster"))
+    yield local
+    local.stop()
+
+
+@pytest.fixture
+def client(cluster):
+    c = JobClient(cluster.info)
+    yield c
+    c.close()
+
+
+def rest(cluster: LocalCluster, path: str, method: str = "GET"):
+    req = urllib.request.Request(cluster.info.rest_address + path, method=method)
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        body = resp.read()
+        return resp.status, json.loads(body) if body else None
+
+
+def wait_for(predicate, timeout: float = 15.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def assert_at_rest(local: LocalCluster, timeout: float = 10.0) -> None:
+    def rested():
+        _, o = rest(local, "/overview")
+        return o["slots-available"] == o["slots-total"] and o["jobs-running"] == 0 and o
+    wait_for(rested, timeout, "every slot free and no job running")
+
+
+@pytest.fixture(autouse=True)
+def _validate_cluster(request):
+    yield
+    # a test that shares a long-running job with its module (running_job) is checked after it ends
+    if "cluster" in request.fixturenames and "running_job" not in request.fixturenames \
+            and not _failed(request):
+        assert_at_rest(request.getfixturevalue("cluster"))
+
+
+def _failed(request) -> bool:
+    rep = getattr(request.node, "rep_call", None)
+    return rep is not None and rep.failed
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    rep = yield
+    setattr(item, f"rep_{rep.when}", rep)
+    if rep.failed and rep.when == "call":
+        for name in ("cluster", "own_cluster"):
+            local = item.funcargs.get(name)
+            if isinstance(local, LocalCluster):
+                for log in sorted((local.cluster_dir / "log").glob("*.log")):
+                    tail = "\n".join(log.read_text(errors="replace").splitlines()[-25:])
+                    rep.sections.append((f"{log.name} (last lines)", tail))
+    return rep

@@ -1,0 +1,63 @@
+"""The `streamlab` command from a shell: cluster start/status/stop, run (attached, detached), list, cancel."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+STREAMLAB = [sys.executable, "-m", "kernel_runtime.cli"]
+
+
+def sh(args, env, timeout=120, check=True):
+    proc = subprocess.run([*STREAMLAB, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"streamlab {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+@pytest.fixture
+def shell_env(tmp_path):
+    env = dict(os.environ, STREAMLAB_CLUSTER_DIR=str(tmp_path / "cluster"))
+    yield env
+    sh(["cluster", "stop"], env, check=False)
+
+
+def test_cli_session(shell_env):
+    # free ports, so a developer's own cluster on 6123/8081 is never disturbed
+    out = sh(["cluster", "start", "--taskmanagers", "2", "--slots", "2", "-D", "jobmanager.rpc.port=0",
+              "-D", "rest.port=0"], shell_env).stdout
+    assert "2 TaskManager(s) x 2 slot(s)" in out
+    status = sh(["cluster", "status"], shell_env).stdout
+    assert "TaskManagers: 2  slots: 4 free of 4" in status
+
+    run = sh(["run", "examples/keyed_count.py"], shell_env).stdout
+    assert "Job has been submitted with JobID" in run and "keyed count: FINISHED" in run
+    # the example's own table: every user's final count
+    assert re.search(r"^\s*u0\s+8571$", run, re.M) and re.search(r"^\s*u9\s+8572$", run, re.M)
+
+    detached = sh(["run", "-d", "examples/live_counts.py"], shell_env).stdout
+    job_id = re.search(r"JobID ([0-9a-f]{32})", detached).group(1)
+    listing = sh(["list"], shell_env).stdout
+    assert job_id in listing and "live page counts" in listing
+    sh(["cancel", job_id], shell_env)
+    import time
+    deadline = time.monotonic() + 20
+    while "CANCELED" not in sh(["list"], shell_env).stdout:
+        assert time.monotonic() < deadline, "job not cancelled"
+        time.sleep(0.2)
+
+    bad = sh(["cancel", "0" * 32], shell_env, check=False)
+    assert bad.returncode != 0 and "no job with id" in bad.stderr
+    assert "stopped" in sh(["cluster", "stop"], shell_env).stdout
+    gone = sh(["list"], shell_env, check=False)
+    assert gone.returncode != 0 and "no cluster is running" in gone.stderr
+
+
+def test_bad_configuration_is_refused_naming_the_key(shell_env):
+    proc = sh(["cluster", "start", "-D", "taskmanager.numberOfSlots=2"], shell_env, check=False)
+    assert proc.returncode != 0 and "unknown configuration key 'taskmanager.numberOfSlots'" in proc.stderr

@@ -1,0 +1,154 @@
+"""Jobs end to end on a real 2 x 2 cluster: results equal pandas, several jobs, cancel, failures."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from cluster.graph.execution_graph import JobState
+from kernel_runtime import JobCancelledError, JobExecutionError, StreamEnvironment
+from tests.conftest import rest, wait_for
+
+N = 50_000
+
+
+def events(seq):
+    return pd.DataFrame({"user": (seq * 7919) % 13, "amount": (seq % 11).astype("int64"), "seq": seq})
+
+
+def expected_counts() -> pd.DataFrame:
+    df = events(np.arange(N, dtype=np.int64))
+    df = df.assign(amount=df.amount * 3)
+    df = df[df.amount % 2 == 0]
+    return df.groupby("user").size().rename("count").reset_index()
+
+
+def keyed_count_pipeline(env: StreamEnvironment) -> None:
+    (env.from_generator(events, count=N, batch_size=2_000)
+        .map_batches(lambda df: df.assign(amount=df.amount * 3), name="triple")
+        .filter(lambda df: df.amount % 2 == 0, name="even")
+        .key_by("user")
+        .count(parallelism=3)
+        .collect())
+
+
+def test_keyed_pipeline_equals_pandas(cluster, client):
+    env = StreamEnvironment(parallelism=2, cluster=cluster.cluster_dir)
+    keyed_count_pipeline(env)
+    handle = env.execute_async("keyed count", client=client)
+    result = handle.wait(60)
+    assert result.state == JobState.FINISHED
+    updates = result.to_pandas()
+    # an upsert stream: per key, counts only grow, and the last one is the total
+    for _, group in updates.groupby("user"):
+        assert group["count"].is_monotonic_increasing or sorted(group["count"]) == list(group["count"].sort_values())
+    final = updates.groupby("user", as_index=False)["count"].max().sort_values("user").reset_index(drop=True)
+    pd.testing.assert_frame_equal(final, expected_counts(), check_dtype=False)
+    # each key lives on exactly one count subtask, so its updates never repeat a value
+    assert not updates.duplicated(["user", "count"]).any()
+
+
+def test_stateless_pipeline_returns_every_row_exactly_once(cluster, client):
+    env = StreamEnvironment(parallelism=2, cluster=cluster.cluster_dir)
+    (env.from_generator(count=10_000, batch_size=777)
+        .map_batches(lambda df: df.assign(square=df.seq * df.seq), parallelism=3)
+        .rebalance()
+        .filter(lambda df: df.seq % 3 != 0)
+        .collect())
+    out = env.execute_async("stateless", client=client).wait(60).to_pandas()
+    seq = np.arange(10_000)
+    seq = seq[seq % 3 != 0]
+    assert sorted(out["seq"]) == list(seq)
+    assert (out["square"] == out["seq"] ** 2).all()
+
+
+def test_broadcast_gives_every_subtask_every_row(cluster, client):
+    env = StreamEnvironment(parallelism=1, cluster=cluster.cluster_dir)
+    (env.from_generator(count=100).broadcast()
+        .map_batches(lambda df: df, parallelism=3).set_parallelism(3).collect())
+    out = env.execute_async("broadcast", client=client).wait(60).to_pandas()
+    assert sorted(out["seq"]) == sorted(list(range(100)) * 3)
+
+
+def test_two_jobs_run_at_once(cluster, client):
+    handles = []
+    for name in ("first", "second"):
+        env = StreamEnvironment(parallelism=2, cluster=cluster.cluster_dir)
+        env.from_generator(count=3_000, rate=2_000, batch_size=100).collect()
+        handles.append(env.execute_async(name, client=client))
+    wait_for(lambda: all(h.status == JobState.RUNNING for h in handles), 20, "both jobs RUNNING")
+    _, overview = rest(cluster, "/overview")
+    assert overview["jobs-running"] == 2 and overview["slots-available"] == 0
+    for h in handles:
+        assert sorted(h.wait(60).to_pandas()["seq"]) == list(range(3_000))
+
+
+def test_cancel_unbounded_job_frees_its_slots(cluster, client):
+    env = StreamEnvironment(parallelism=4, cluster=cluster.cluster_dir)
+    env.from_generator(rate=5_000, batch_size=100).map_batches(lambda df: df).collect()
+    handle = env.execute_async("unbounded", client=client)
+    wait_for(lambda: len(handle.results) > 500, 20, "rows flowing")
+    _, overview = rest(cluster, "/overview")
+    assert overview["slots-available"] == 0
+    handle.cancel()
+    with pytest.raises(JobCancelledError):
+        handle.wait(20)
+    assert handle.status == JobState.CANCELED
+    wait_for(lambda: rest(cluster, "/overview")[1]["slots-available"] == 4, 10, "slots free again")
+
+
+def test_raising_user_function_fails_the_job_not_the_cluster(cluster, client):
+    def explode(df):
+        if (df.seq > 500).any():
+            raise ZeroDivisionError("user code divided by zero")
+        return df
+
+    env = StreamEnvironment(parallelism=2, cluster=cluster.cluster_dir)
+    env.from_generator(count=5_000, batch_size=100).map_batches(explode, name="explode").collect()
+    handle = env.execute_async("fails", client=client)
+    with pytest.raises(JobExecutionError) as info:
+        handle.wait(30)
+    text = str(info.value)
+    assert "ZeroDivisionError: user code divided by zero" in text
+    assert "operator 'explode' (test_jobs.py:" in text       # names the operator and the line
+    assert 'in explode' in text and "raise ZeroDivisionError" in text  # the user's traceback
+    assert handle.status == JobState.FAILED
+    # the cluster serves the next job
+    env = StreamEnvironment(parallelism=4, cluster=cluster.cluster_dir)
+    env.from_generator(count=1_000).collect()
+    assert len(env.execute_async("after failure", client=client).wait(30).to_pandas()) == 1_000
+
+
+def test_wrong_return_type_is_a_clear_job_failure(cluster, client):
+    env = StreamEnvironment(parallelism=1, cluster=cluster.cluster_dir)
+    env.from_generator(count=10).filter(lambda df: "yes", name="bad filter").collect()
+    with pytest.raises(JobExecutionError, match=r"operator 'bad filter' .*one boolean per row"):
+        env.execute_async("bad filter", client=client).wait(30)
+
+
+def test_job_needing_more_slots_than_exist_waits_then_fails(cluster, client):
+    env = StreamEnvironment(parallelism=5, cluster=cluster.cluster_dir, config={"slot.request.timeout": "3 s"})
+    env.from_generator(count=10).collect()
+    handle = env.execute_async("too wide", client=client)
+    status = handle.job_status()
+    assert status.state == JobState.CREATED
+    assert "waiting for 5 free slot(s); the cluster has 4 free of 4" in status.reason
+    _, job = rest(cluster, f"/jobs/{handle.job_id}")
+    assert job["state"] == "CREATED" and "waiting for 5" in job["status-reason"]
+    with pytest.raises(JobExecutionError, match="NoResourceAvailableException.*needs 5 slot"):
+        handle.wait(20)
+
+
+def test_submission_is_validated_by_the_jobmanager_too(cluster, client):
+    from cluster.protocol.endpoint import RpcError
+    env = StreamEnvironment(cluster=cluster.cluster_dir)
+    env.from_generator(count=10).collect()
+    graph = env.get_job_graph("x").to_dict()
+    graph["edges"] = [{"source": "nope", "target": "nope", "ship_strategy": "HASH", "key": []}]
+    from cluster.protocol import messages as m
+    with pytest.raises(RpcError, match="job rejected: edge nope -> nope names an unknown vertex"):
+        client.rpc.request(m.SubmitJob(graph, None))
+    graph = env.get_job_graph("y").to_dict()
+    graph["config"] = {"rest.port": 1}
+    with pytest.raises(RpcError, match="'rest.port' is cluster-wide"):
+        client.rpc.request(m.SubmitJob(graph, None))

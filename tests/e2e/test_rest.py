@@ -1,0 +1,115 @@
+"""The REST API keeps Flink's paths and JSON field names (compared with Flink 2.3's own answers)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kernel_runtime import StreamEnvironment
+from tests.conftest import assert_at_rest, rest, wait_for
+
+FLINK = Path(__file__).resolve().parent.parent / "fixtures" / "flink-rest"
+
+
+def flink(name: str) -> dict:
+    return json.loads((FLINK / name).read_text())["response"]
+
+
+def missing_fields(reference, ours, path="") -> list[str]:
+    """Every field Flink's answer has, recursively (first element of lists), that ours lacks."""
+    missing = []
+    if isinstance(reference, dict):
+        if not isinstance(ours, dict):
+            return [path or "/"]
+        for key, value in reference.items():
+            if key not in ours:
+                missing.append(f"{path}/{key}")
+            else:
+                missing += missing_fields(value, ours[key], f"{path}/{key}")
+    elif isinstance(reference, list) and reference and isinstance(reference[0], dict):
+        if not ours:
+            return [f"{path}[] (empty)"]
+        missing += missing_fields(reference[0], ours[0], f"{path}[0]")
+    return missing
+
+
+# Flink internals that have no meaning here; everything else must be present.
+NOT_APPLICABLE = {"/taskmanagers[0]/totalResource", "/taskmanagers[0]/freeResource",
+                  "/taskmanagers[0]/memoryConfiguration", "/application-id"}
+
+
+@pytest.fixture(scope="class")
+def running_job(cluster):
+    from kernel_runtime import JobClient
+    client = JobClient(cluster.info)
+    env = StreamEnvironment(parallelism=2, cluster=cluster.cluster_dir)
+    env.from_generator(rate=2_000, batch_size=100).key_by("seq").count().collect()
+    handle = env.execute_async("rest fields", client=client)
+    wait_for(lambda: handle.status == "RUNNING" and len(handle.results) > 100, 20, "job running")
+    yield handle
+    handle.cancel()
+    wait_for(lambda: handle.status == "CANCELED", 20, "job cancelled")
+    client.close()
+    assert_at_rest(cluster)
+
+
+class TestWhileAJobRuns:
+    """One job runs through these tests; it is cancelled (and the cluster checked) after them."""
+
+    @pytest.mark.parametrize("path,reference", [
+        ("/overview", "overview.json"),
+        ("/taskmanagers", "taskmanagers.json"),
+        ("/jobs/overview", "jobs_overview.json"),
+        ("/config", "config.json"),
+    ])
+    def test_cluster_endpoints_have_flinks_fields(self, cluster, running_job, path, reference):
+        status, body = rest(cluster, path)
+        assert status == 200
+        assert set(missing_fields(flink(reference), body)) <= NOT_APPLICABLE
+
+
+    @pytest.mark.parametrize("suffix,reference", [
+        ("", "jobs_ID.json"), ("/status", "jobs_ID_status.json"), ("/plan", "jobs_ID_plan.json"),
+        ("/exceptions", "jobs_ID_exceptions.json"),
+    ])
+    def test_job_endpoints_have_flinks_fields(self, cluster, running_job, suffix, reference):
+        status, body = rest(cluster, f"/jobs/{running_job.job_id}{suffix}")
+        assert status == 200
+        assert set(missing_fields(flink(reference), body)) <= NOT_APPLICABLE
+
+
+    def test_values_are_right_not_only_names(self, cluster, running_job):
+        _, o = rest(cluster, "/overview")
+        assert (o["taskmanagers"], o["slots-total"], o["slots-available"], o["jobs-running"]) == (2, 4, 2, 1)
+        _, tms = rest(cluster, "/taskmanagers")
+        assert sorted(tm["slotsNumber"] - tm["freeSlots"] for tm in tms["taskmanagers"]) == [1, 1]
+        _, jobs = rest(cluster, "/jobs/overview")
+        (job,) = [j for j in jobs["jobs"] if j["jid"] == running_job.job_id]
+        assert job["state"] == "RUNNING" and job["tasks"]["running"] == 4 and job["tasks"]["total"] == 4
+        _, detail = rest(cluster, f"/jobs/{running_job.job_id}")
+        source, counter = sorted(detail["vertices"], key=lambda v: v["name"] != "Source: generator")
+        assert source["parallelism"] == 2 and source["status"] == "RUNNING"
+        assert detail["plan"]["nodes"] and {"HASH"} == {i["ship_strategy"] for n in detail["plan"]["nodes"]
+                                                         for i in n.get("inputs", [])}
+        # metrics arrive with heartbeats: records written by the source are read by the counter
+        wait_for(lambda: rest(cluster, f"/jobs/{running_job.job_id}")[1]["vertices"][0]["metrics"]["write-records"] > 0,
+                 10, "vertex metrics")
+
+
+def test_cancel_through_rest(cluster, client):
+    env = StreamEnvironment(parallelism=1, cluster=cluster.cluster_dir)
+    env.from_generator(rate=100).collect()
+    handle = env.execute_async("rest cancel", client=client)
+    wait_for(lambda: handle.status == "RUNNING", 20, "running")
+    status, body = rest(cluster, f"/jobs/{handle.job_id}?mode=cancel", method="PATCH")
+    assert status == 202 and body == {}
+    wait_for(lambda: rest(cluster, f"/jobs/{handle.job_id}/status")[1]["status"] == "CANCELED", 20, "cancelled")
+
+
+def test_unknown_paths_and_jobs_are_404_with_flinks_error_shape(cluster):
+    import urllib.error
+    for path in ("/nope", "/jobs/" + "0" * 32):
+        with pytest.raises(urllib.error.HTTPError) as info:
+            rest(cluster, path)
+        assert info.value.code == 404 and "errors" in json.loads(info.value.read())

@@ -1,0 +1,97 @@
+import pytest
+
+from cluster.graph.job_graph import GraphValidationError, JobGraph
+from kernel_runtime import StreamEnvironment
+
+
+def _graph(env, name="t"):
+    return env.get_job_graph(name)
+
+
+def test_forward_operators_with_equal_parallelism_chain_into_one_task():
+    env = StreamEnvironment(parallelism=2)
+    env.from_generator(count=10).map_batches(lambda d: d).filter(lambda d: d.seq > 0).collect()
+    g = _graph(env)
+    assert len(g.vertices) == 1 and not g.edges
+    assert g.vertices[0].name == "Source: generator -> map_batches -> filter -> collect"
+
+
+def test_key_by_breaks_the_chain_with_a_hash_edge():
+    env = StreamEnvironment(parallelism=2)
+    env.from_generator(count=10).key_by("seq").count().collect()
+    g = _graph(env)
+    assert [v.name for v in g.topological_order()] == ["Source: generator", "count -> collect"]
+    (edge,) = g.edges
+    assert edge.ship_strategy == "HASH" and edge.key == ["seq"]
+
+
+def test_parallelism_change_becomes_rebalance_as_in_flink():
+    env = StreamEnvironment(parallelism=2)
+    env.from_generator(count=10).map_batches(lambda d: d, parallelism=3).collect(name="out")
+    g = _graph(env)
+    # the sink takes the default parallelism again, as in Flink: 2 -> 3 -> 2
+    assert [e.ship_strategy for e in g.edges] == ["REBALANCE", "REBALANCE"]
+    assert [v.parallelism for v in g.topological_order()] == [2, 3, 2]
+
+
+def test_explicit_rebalance_and_broadcast_edges():
+    env = StreamEnvironment(parallelism=2)
+    src = env.from_generator(count=10)
+    src.rebalance().map_batches(lambda d: d).collect(name="a")
+    g = _graph(env)
+    assert [e.ship_strategy for e in g.edges] == ["REBALANCE"]
+    env = StreamEnvironment(parallelism=2)
+    env.from_generator(count=10).broadcast().print()
+    assert [e.ship_strategy for e in _graph(env).edges] == ["BROADCAST"]
+
+
+def test_two_consumers_of_one_stream_do_not_chain():
+    env = StreamEnvironment(parallelism=1)
+    src = env.from_generator(count=10)
+    src.collect(name="a")
+    src.map_batches(lambda d: d).collect(name="b")
+    g = _graph(env)
+    assert len(g.vertices) == 3 and all(e.ship_strategy == "FORWARD" for e in g.edges)
+
+
+def test_graph_survives_the_wire_form_and_revalidates():
+    env = StreamEnvironment(parallelism=2)
+    env.from_generator(count=10).key_by("seq").count().collect()
+    g = _graph(env)
+    assert JobGraph.from_dict(g.to_dict()) == g
+    bad = g.to_dict()
+    bad["vertices"][0]["parallelism"] = 0
+    with pytest.raises(GraphValidationError, match="parallelism 0"):
+        JobGraph.from_dict(bad)
+    with pytest.raises(GraphValidationError, match="malformed job graph"):
+        JobGraph.from_dict({"job_id": "x"})
+
+
+def test_errors_point_at_the_line_that_made_the_operator():
+    env = StreamEnvironment()
+    src = env.from_generator(count=10)
+    with pytest.raises(GraphValidationError, match=r"operator 'map_batches' \(test_chaining.py:\d+\): parallelism"):
+        src.map_batches(lambda d: d, parallelism=0)
+    with pytest.raises(GraphValidationError, match=r"test_chaining.py:\d+.*expected a function"):
+        src.filter("not a function")
+    with pytest.raises(GraphValidationError, match=r"test_chaining.py:\d+.*column names"):
+        src.key_by()
+    with pytest.raises(GraphValidationError, match=r"count must be an integer"):
+        env.from_generator(count=-1)
+
+
+def test_unpicklable_function_is_reported_at_its_line():
+    import threading
+    lock = threading.Lock()
+    env = StreamEnvironment()
+    with pytest.raises(GraphValidationError, match=r"test_chaining.py:\d+.*cannot be pickled"):
+        env.from_generator(count=1).map_batches(lambda d: (lock, d)[1])
+
+
+def test_job_needs_a_sink_and_known_config():
+    env = StreamEnvironment()
+    env.from_generator(count=1)
+    with pytest.raises(GraphValidationError, match="no sink"):
+        env.get_job_graph()
+    with pytest.raises(GraphValidationError, match="unknown configuration key 'restart.strategy'"):
+        StreamEnvironment(config={"restart.strategy": "none"})

@@ -1,0 +1,60 @@
+from cluster.jobmanager.slot_manager import SlotManager, TaskManagerRegistration
+
+
+def _tm(sm, tm_id, slots, now=0.0):
+    sm.register(TaskManagerRegistration(tm_id, f"tcp://127.0.0.1:{len(sm.task_managers)}", slots, 1, now, now))
+
+
+def test_requests_are_all_or_nothing_and_spread_evenly():
+    sm = SlotManager()
+    _tm(sm, "a", 2)
+    _tm(sm, "b", 2)
+    sm.request("job1", 2)
+    (granted,) = sm.allocate_pending()
+    assert sorted(a.task_manager_id for a in granted) == ["a", "b"]
+    sm.request("job2", 3)
+    assert sm.allocate_pending() == [] and sm.pending() == {"job2": 3}
+    assert sm.free_slots == 2 and sm.total_slots == 4
+
+
+def test_a_smaller_later_request_is_not_blocked_by_a_larger_one():
+    sm = SlotManager()
+    _tm(sm, "a", 2)
+    sm.request("big", 3)
+    sm.request("small", 1)
+    (granted,) = sm.allocate_pending()
+    assert granted[0].job_id == "small" and sm.pending() == {"big": 3}
+
+
+def test_free_returns_slots_and_serves_waiting_requests():
+    sm = SlotManager()
+    _tm(sm, "a", 2)
+    sm.request("j1", 2)
+    sm.allocate_pending()
+    sm.request("j2", 1)
+    assert sm.allocate_pending() == []
+    assert len(sm.free("j1")) == 2 and sm.free_slots == 2
+    (granted,) = sm.allocate_pending()
+    assert granted[0].job_id == "j2"
+
+
+def test_lost_task_manager_takes_its_slots_and_reports_allocations():
+    sm = SlotManager()
+    _tm(sm, "a", 2)
+    _tm(sm, "b", 2)
+    sm.request("j", 2)
+    sm.allocate_pending()
+    assert sm.heartbeat("a", 10.0, []) and not sm.heartbeat("zzz", 10.0, [])
+    assert sm.expired(11.0, 5.0) == ["b"]
+    lost = sm.unregister("b")
+    assert [a.job_id for a in lost] == ["j"] and sm.total_slots == 2
+    assert sm.unregister("b") == []
+
+
+def test_re_registration_keeps_allocations():
+    sm = SlotManager()
+    _tm(sm, "a", 1)
+    sm.request("j", 1)
+    sm.allocate_pending()
+    assert sm.register(TaskManagerRegistration("a", "tcp://x", 1, 1, 5.0, 5.0)) is False
+    assert sm.free_slots == 0 and len(sm.allocations_of("j")) == 1

@@ -1,0 +1,25 @@
+import os
+
+import pytest
+
+from cluster.protocol.auth import create_secret, load_secret
+
+
+def test_secret_is_private_and_loads(tmp_path):
+    path = tmp_path / "secret"
+    secret = create_secret(path)
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    assert load_secret(path) == secret and len(secret) == 32
+
+
+def test_readable_secret_is_refused(tmp_path):
+    path = tmp_path / "secret"
+    create_secret(path)
+    os.chmod(path, 0o644)
+    with pytest.raises(PermissionError, match="0600"):
+        load_secret(path)
+
+
+def test_missing_secret_says_how_to_fix(tmp_path):
+    with pytest.raises(FileNotFoundError, match="streamlab cluster start"):
+        load_secret(tmp_path / "nope")
