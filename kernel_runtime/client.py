@@ -246,6 +246,10 @@ class JobClient:
     def cluster_overview(self) -> m.ClusterOverview:
         return self.rpc.request(m.RequestClusterOverview())
 
+    def job_details(self, job_id: str) -> dict:
+        """GET /jobs/<jobid> as a dict, plus "subtasks": state, TaskManager, slot and metrics of each."""
+        return self.rpc.request(m.RequestJobDetails(job_id)).details
+
     def shutdown_cluster(self) -> None:
         self.rpc.request(m.ShutdownCluster())
 

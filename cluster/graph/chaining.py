@@ -1,9 +1,9 @@
 """StreamGraph -> JobGraph: operator chaining, as Flink's StreamingJobGraphGenerator does it.
 
 A StreamNode is one operator as the user wrote it. Two nodes are chained into one task when the
-edge between them is a forward edge with equal parallelism, the upstream has exactly one
-consumer and the downstream exactly one input: then records pass by reference, with no
-serialisation and no thread hand-over.
+edge between them is a forward edge of the main output with equal parallelism, the upstream has
+exactly one consumer and the downstream exactly one input: then records pass by reference, with
+no serialisation and no thread hand-over.
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ class StreamEdge:
     source: str  # upstream StreamNode uid
     ship_strategy: str  # FORWARD, HASH, REBALANCE, BROADCAST
     key: list[str] = field(default_factory=list)
+    side_output: Optional[str] = None  # a tag of the upstream's side outputs, or its main output
 
 
 @dataclass
@@ -32,7 +33,7 @@ class StreamNode:
 
 
 def _chainable(up: StreamNode, down: StreamNode, edge: StreamEdge, consumers: dict[str, int]) -> bool:
-    return (edge.ship_strategy == "FORWARD" and up.parallelism == down.parallelism
+    return (edge.ship_strategy == "FORWARD" and edge.side_output is None and up.parallelism == down.parallelism
             and len(down.inputs) == 1 and consumers[up.uid] == 1)
 
 
@@ -70,6 +71,7 @@ def build_job_graph(nodes: list[StreamNode], name: str, max_parallelism: int,
             continue
         for e in n.inputs:
             edges.append(JobEdge(source=vertex_ids[head[e.source]], target=vertex_ids[n.uid],
-                                 ship_strategy=e.ship_strategy, key=list(e.key)))
+                                 ship_strategy=e.ship_strategy, key=list(e.key),
+                                 side_output=None if e.side_output is None else [e.source, e.side_output]))
     return JobGraph(job_id=job_id or new_id(), name=name, vertices=vertices, edges=edges,
                     config=dict(config or {})).validate()

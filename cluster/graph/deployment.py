@@ -29,6 +29,7 @@ class OutputDescriptor:
     max_parallelism: int
     # one per consumer subtask: (channel id, the consumer TaskManager's data address)
     channels: list[tuple[str, str]]
+    side_output: Optional[list[str]] = None  # [operator uid, tag]; None for the chain's main output
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,7 @@ class TaskDeploymentDescriptor:
             inputs=[InputGateDescriptor(i["edge"], i["ship_strategy"], [tuple(c) for c in i["channels"]])
                     for i in d["inputs"]],
             outputs=[OutputDescriptor(o["edge"], o["ship_strategy"], list(o["key"]), o["max_parallelism"],
-                                      [tuple(c) for c in o["channels"]]) for o in d["outputs"]],
+                                      [tuple(c) for c in o["channels"]], o.get("side_output"))
+                     for o in d["outputs"]],
             job_config=d.get("job_config", {}), result_address=d.get("result_address"),
         )

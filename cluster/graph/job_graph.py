@@ -16,11 +16,16 @@ from typing import Any, Optional
 # The operator vocabulary. role: "source" starts a chain and has no input, "sink" ends one.
 OPERATOR_KINDS = {
     "generator-source": "source",
+    "file-source": "source",
+    "redis-stream-source": "source",
     "map-batches": "transform",
     "filter": "transform",
+    "spark": "transform",
     "keyed-count": "transform",
     "collect-sink": "sink",
     "print-sink": "sink",
+    "file-sink": "sink",
+    "redis-stream-sink": "sink",
 }
 
 SHIP_STRATEGIES = ("FORWARD", "HASH", "REBALANCE", "BROADCAST")
@@ -66,6 +71,8 @@ class JobEdge:
     target: str
     ship_strategy: str
     key: list[str] = field(default_factory=list)
+    # [operator uid, tag] when the edge carries an operator's side output (e.g. malformed records)
+    side_output: Optional[list[str]] = None
 
 
 @dataclass(frozen=True)
@@ -142,7 +149,11 @@ class JobGraph:
                 raise GraphValidationError(
                     f"{dst.operators[0].where()}: forward partitioning does not allow a change of "
                     f"parallelism ({src.parallelism} -> {dst.parallelism}); use rebalance()")
-            if OPERATOR_KINDS[src.operators[-1].kind] == "sink":
+            if e.side_output is not None:
+                if len(e.side_output) != 2 or e.side_output[0] not in {o.uid for o in src.operators}:
+                    raise GraphValidationError(f"edge {e.source} -> {e.target}: side output {e.side_output} "
+                                               "names no operator of its source vertex")
+            elif OPERATOR_KINDS[src.operators[-1].kind] == "sink":
                 raise GraphValidationError(f"{src.operators[-1].where()}: a sink has no output")
         for v in self.vertices:
             has_inputs = bool(self.inputs_of(v.id))
@@ -178,7 +189,9 @@ class JobGraph:
                 ],
                 edges=[
                     JobEdge(source=_str(e["source"]), target=_str(e["target"]),
-                            ship_strategy=_str(e["ship_strategy"]), key=[_str(k) for k in e["key"]])
+                            ship_strategy=_str(e["ship_strategy"]), key=[_str(k) for k in e["key"]],
+                            side_output=None if e.get("side_output") is None
+                            else [_str(x) for x in e["side_output"]])
                     for e in data["edges"]
                 ],
                 config=_dict(data.get("config", {})),

@@ -16,6 +16,7 @@ from cluster.protocol.endpoint import Peer, RpcEndpoint, RpcError
 
 from .job_master import JobMaster
 from .resource_manager import ResourceManager
+from .views import job_json, overview_json, subtasks_json, taskmanagers_json
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,7 @@ class Dispatcher:
             m.ListJobs: self.list_jobs,
             m.CancelJob: self.cancel_job,
             m.RequestClusterOverview: self.request_cluster_overview,
+            m.RequestJobDetails: self.request_job_details,
             m.ShutdownCluster: self.shutdown_cluster,
         }
         for op in (m.OfferSlots, m.UpdateTaskExecutionState):
@@ -81,8 +83,11 @@ class Dispatcher:
         return m.Acknowledge()
 
     def request_cluster_overview(self, msg: m.RequestClusterOverview, peer: Peer) -> m.ClusterOverview:
-        from .rest import overview_json, taskmanagers_json  # one definition of the JSON, shared
         return m.ClusterOverview(overview_json(self), taskmanagers_json(self)["taskmanagers"])
+
+    def request_job_details(self, msg: m.RequestJobDetails, peer: Peer) -> m.JobDetails:
+        self.job(msg.job_id)  # an unknown job is an error answer, not a KeyError
+        return m.JobDetails(job_json(self, msg.job_id) | {"subtasks": subtasks_json(self, msg.job_id)})
 
     def shutdown_cluster(self, msg: m.ShutdownCluster, peer: Peer) -> m.Acknowledge:
         log.info("shutdown requested")

@@ -122,7 +122,8 @@ class JobMaster:
             consumers = [s] if edge.ship_strategy == "FORWARD" else range(g.vertex(edge.target).parallelism)
             outputs.append(OutputDescriptor(idx, edge.ship_strategy, list(edge.key),
                                             g.vertex(edge.target).max_parallelism, [
-                (channel_id(self.job_id, attempt, idx, s, c), self._address_of_subtask(c)) for c in consumers]))
+                (channel_id(self.job_id, attempt, idx, s, c), self._address_of_subtask(c)) for c in consumers],
+                edge.side_output))
         vertex = next(v for v in g.to_dict()["vertices"] if v["id"] == execution.vertex.id)
         return TaskDeploymentDescriptor(
             job_id=self.job_id, job_name=g.name, attempt=attempt, execution_id=execution.execution_id,

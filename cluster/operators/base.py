@@ -36,6 +36,8 @@ class OperatorContext:
     result_address: Optional[str]
     cancelled: threading.Event
     sender: Any  # the task's ChannelSender, for operators that talk to the outside (collect sink)
+    side_outputs: frozenset = frozenset()  # (operator uid, tag) pairs that some operator consumes
+    emit_side: Callable[[str, str, pa.Table], None] = lambda uid, tag, table: None
 
     def check_cancelled(self) -> None:
         if self.cancelled.is_set():
@@ -61,6 +63,14 @@ class Operator:
     def close(self) -> None:
         pass
 
+    def has_side_output(self, tag: str) -> bool:
+        """Whether the job reads this operator's side output ``tag`` (else such rows are an error)."""
+        return (self.spec.uid, tag) in self.ctx.side_outputs
+
+    def side_output(self, tag: str, table: pa.Table) -> None:
+        if table.num_rows:
+            self.ctx.emit_side(self.spec.uid, tag, table)
+
     def call_user(self, *args):
         """Call the user's function; its exception is re-raised naming this operator."""
         try:
@@ -74,6 +84,13 @@ class Operator:
 
 class SourceOperator(Operator):
     def poll(self) -> Optional[pa.Table]:
+        raise NotImplementedError
+
+    def snapshot_position(self) -> dict:
+        """Where this subtask is in its input: all that replay from a checkpoint needs."""
+        raise NotImplementedError
+
+    def restore_position(self, position: dict) -> None:
         raise NotImplementedError
 
     @property

@@ -45,6 +45,17 @@ class GeneratorSource(SourceOperator):
     def is_bounded(self) -> bool:
         return self.remaining is not None
 
+    def snapshot_position(self) -> dict:
+        return {"position": self.position}
+
+    def restore_position(self, position: dict) -> None:
+        done = position["position"] - self.position
+        self.position = position["position"]
+        if self.remaining is not None:
+            self.remaining -= done
+        if self.rate is not None:  # keep the rate from here on, not catch up on the replayed part
+            self.started = time.monotonic() - self.position / self.rate
+
     def poll(self) -> Optional[pa.Table]:
         n = self.batch_size if self.remaining is None else min(self.batch_size, self.remaining)
         if n == 0:

@@ -153,6 +153,16 @@ class ClusterOverview(Message, op="cluster-overview"):
 
 
 @dataclass(frozen=True)
+class RequestJobDetails(Message, op="request-job-details"):
+    job_id: str
+
+
+@dataclass(frozen=True)
+class JobDetails(Message, op="job-details"):
+    details: dict  # GET /jobs/<jobid>, with per-subtask metrics and placement under "subtasks"
+
+
+@dataclass(frozen=True)
 class ShutdownCluster(Message, op="shutdown-cluster"):
     pass
 

@@ -115,7 +115,8 @@ class Task:
         self._thread = threading.Thread(target=self._run, name=f"task {self.name}", daemon=True)
         self._gate: Optional[InputGate] = None  # every channel of every input edge
         self._producer_address: dict[str, str] = {}
-        self._writers: list[RecordWriter] = []
+        self._writers: list[RecordWriter] = []        # the chain's main output
+        self._side_writers: dict[tuple[str, str], list[RecordWriter]] = {}  # (operator uid, tag)
 
     def start(self) -> None:
         self._thread.start()
@@ -158,7 +159,7 @@ class Task:
                 self._set_state(ExecutionState.FAILED, self._describe_failure(exc))
         finally:
             channels = list(self._producer_address)
-            channels += [c for w in self._writers for c in w.channel_ids()]
+            channels += [c for w in self._all_writers() for c in w.channel_ids()]
             self.network.unregister(channels)
             sender.close()
 
@@ -170,10 +171,17 @@ class Task:
 
     def _build_chain(self, sender: ChannelSender) -> list:
         tdd = self.tdd
+        for desc in tdd.outputs:
+            writer = RecordWriter(desc, tdd.subtask, self.network, sender, self.metrics, self.cancelled)
+            if desc.side_output is None:
+                self._writers.append(writer)
+            else:
+                self._side_writers.setdefault(tuple(desc.side_output), []).append(writer)
         ctx = OperatorContext(
             job_id=tdd.job_id, job_name=tdd.job_name, attempt=tdd.attempt, subtask=tdd.subtask,
             parallelism=tdd.vertex["parallelism"], max_parallelism=tdd.vertex["max_parallelism"],
-            config=tdd.job_config, result_address=tdd.result_address, cancelled=self.cancelled, sender=sender)
+            config=tdd.job_config, result_address=tdd.result_address, cancelled=self.cancelled, sender=sender,
+            side_outputs=frozenset(self._side_writers), emit_side=self._emit_side)
         chain = []
         for o in tdd.vertex["operators"]:
             spec = OperatorSpec(**o)
@@ -182,9 +190,6 @@ class Task:
             except Exception as exc:
                 raise UserFunctionError(f"{spec.where()} could not be loaded on the TaskManager: "
                                         f"{type(exc).__name__}: {exc}") from exc
-        for desc in tdd.outputs:
-            self._writers.append(RecordWriter(desc, tdd.subtask, self.network, sender, self.metrics,
-                                              self.cancelled))
         self._producer_address = {c: a for desc in tdd.inputs for c, a in desc.channels}
         if self._producer_address:
             self._gate = InputGate(list(self._producer_address))
@@ -246,11 +251,18 @@ class Task:
             for writer in self._writers:
                 writer.emit(table)
 
+    def _all_writers(self) -> list[RecordWriter]:
+        return self._writers + [w for ws in self._side_writers.values() for w in ws]
+
+    def _emit_side(self, uid: str, tag: str, table: pa.Table) -> None:
+        for writer in self._side_writers.get((uid, tag), ()):
+            writer.emit(table)
+
     def _finish(self, chain: list) -> None:
         # Each operator's held-back output goes through the rest of the chain before it finishes.
         for index, op in enumerate(chain):
             flushed = op.finish()
             if flushed:
                 self._push(chain, index + 1, flushed)
-        for writer in self._writers:
+        for writer in self._all_writers():
             writer.end()

@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING, Callable, Optional
 import cloudpickle
 
 from cluster.graph.chaining import StreamEdge, StreamNode
-from cluster.graph.job_graph import GraphValidationError, OperatorSpec, new_id
+from cluster.graph.job_graph import OPERATOR_KINDS, GraphValidationError, OperatorSpec, new_id
 
 if TYPE_CHECKING:
+    from .connectors import Connector
     from .environment import StreamEnvironment
 
 _API_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -52,30 +53,42 @@ def pickle_udf(fn, where: str) -> Optional[bytes]:
 
 
 class DataStream:
-    def __init__(self, env: "StreamEnvironment", node: StreamNode):
+    """A stream: the output of one operator (or of a side output, or a union of streams)."""
+
+    def __init__(self, env: "StreamEnvironment", node: Optional[StreamNode],
+                 upstreams: Optional[list[tuple[str, Optional[str]]]] = None,
+                 partitioning: Optional[tuple[str, list[str]]] = None):
         self.env = env
-        self.node = node
-        self._partitioning: Optional[StreamEdge] = None  # set by rebalance()/broadcast()
+        self.node = node  # None for a union, which has no operator of its own
+        self._upstreams = upstreams or [(node.uid, None)]  # (node uid, side output tag)
+        self._partitioning = partitioning  # (ship strategy, key) set by rebalance()/broadcast()/key_by
 
     # ------------------------------------------------------------------ building
+    def _edges(self, partitioning: Optional[tuple[str, list[str]]] = None) -> list[StreamEdge]:
+        strategy, key = partitioning or self._partitioning or ("DEFAULT", [])
+        return [StreamEdge(uid, strategy, list(key), side) for uid, side in self._upstreams]
+
     def _add(self, kind: str, name: str, fn: Optional[Callable] = None, params: Optional[dict] = None,
-             parallelism: Optional[int] = None, edge: Optional[StreamEdge] = None) -> StreamNode:
+             parallelism: Optional[int] = None, partitioning: Optional[tuple[str, list[str]]] = None) -> StreamNode:
         site = call_site()
         where = f"operator '{name}' ({site})"
         spec = OperatorSpec(uid=new_id(), kind=kind, name=name, call_site=site, params=params or {},
                             udf=pickle_udf(fn, where))
-        edge = edge or self._partitioning or StreamEdge(self.node.uid, "DEFAULT")
-        node = StreamNode(spec, check_parallelism(parallelism, where) or self.env.parallelism, [edge])
+        node = StreamNode(spec, check_parallelism(parallelism, where) or self.env.parallelism,
+                          self._edges(partitioning))
         self.env._nodes.append(node)
         return node
 
+    def _then(self, kind: str, name: str, fn=None, params=None, parallelism=None, partitioning=None) -> "DataStream":
+        return DataStream(self.env, self._add(kind, name, fn, params, parallelism, partitioning))
+
     def map_batches(self, fn: Callable, name: str = "map_batches", parallelism: Optional[int] = None) -> "DataStream":
         """fn(pandas.DataFrame) -> pandas.DataFrame, applied to every batch."""
-        return DataStream(self.env, self._add("map-batches", name, fn, parallelism=parallelism))
+        return self._then("map-batches", name, fn, parallelism=parallelism)
 
     def filter(self, fn: Callable, name: str = "filter", parallelism: Optional[int] = None) -> "DataStream":
         """fn(pandas.DataFrame) -> boolean mask; keeps the rows where it is True."""
-        return DataStream(self.env, self._add("filter", name, fn, parallelism=parallelism))
+        return self._then("filter", name, fn, parallelism=parallelism)
 
     def key_by(self, *columns: str) -> "KeyedStream":
         site = call_site()
@@ -85,31 +98,51 @@ class DataStream:
 
     def rebalance(self) -> "DataStream":
         """Spread batches round-robin over the next operator's subtasks."""
-        return self._with_partitioning("REBALANCE")
+        return DataStream(self.env, self.node, self._upstreams, ("REBALANCE", []))
 
     def broadcast(self) -> "DataStream":
         """Send every batch to every subtask of the next operator."""
-        return self._with_partitioning("BROADCAST")
+        return DataStream(self.env, self.node, self._upstreams, ("BROADCAST", []))
 
-    def _with_partitioning(self, strategy: str) -> "DataStream":
-        stream = DataStream(self.env, self.node)
-        stream._partitioning = StreamEdge(self.node.uid, strategy)
-        return stream
+    def union(self, *others: "DataStream") -> "DataStream":
+        """One stream of the rows of all of them (their schemas should match)."""
+        streams = [self, *others]
+        if any(not isinstance(o, DataStream) or o.env is not self.env for o in others):
+            raise GraphValidationError(f"union ({call_site()}): only streams of the same environment can be united")
+        if any(o._partitioning for o in streams):
+            raise GraphValidationError(f"union ({call_site()}): unite first, then rebalance()/broadcast()/key_by()")
+        return DataStream(self.env, None, [u for o in streams for u in o._upstreams])
+
+    def get_side_output(self, tag: str) -> "DataStream":
+        """The rows this operator set aside under ``tag`` (e.g. "malformed", with their reason)."""
+        if self.node is None or len(self._upstreams) != 1 or self._upstreams[0][1] is not None:
+            raise GraphValidationError(f"get_side_output ({call_site()}): take side outputs of an operator's stream")
+        return DataStream(self.env, self.node, [(self.node.uid, tag)])
 
     def set_parallelism(self, parallelism: int) -> "DataStream":
+        if self.node is None:
+            raise GraphValidationError(f"set_parallelism ({call_site()}): a union has no operator of its own")
         self.node.parallelism = check_parallelism(parallelism, self.node.spec.where())
         return self
 
+    # ------------------------------------------------------------------ sinks
     def collect(self, name: str = "collect") -> "DataStream":
         """Stream this stream's batches back to the client; the job's result under ``name``."""
         if any(n.spec.kind == "collect-sink" and n.spec.name == name for n in self.env._nodes):
             raise GraphValidationError(f"collect ({call_site()}): a collect sink named {name!r} exists; "
                                        "give each a different name")
-        return DataStream(self.env, self._add("collect-sink", name))
+        return self._then("collect-sink", name)
 
     def print(self, name: str = "print") -> "DataStream":
         """Print rows on the TaskManagers' standard output (their log files)."""
-        return DataStream(self.env, self._add("print-sink", name))
+        return self._then("print-sink", name)
+
+    def sink_to(self, sink: "Connector", name: Optional[str] = None,
+                parallelism: Optional[int] = None) -> "DataStream":
+        """Write to a sink connector (Flink's sinkTo), e.g. a Parquet FileSink."""
+        if OPERATOR_KINDS.get(getattr(sink, "kind", None)) != "sink":
+            raise GraphValidationError(f"sink_to ({call_site()}): {sink!r} is not a sink connector")
+        return self._then(sink.kind, name or sink.name, sink.fn, dict(sink.params), parallelism)
 
 
 class KeyedStream:
@@ -117,11 +150,7 @@ class KeyedStream:
         self.stream = stream
         self.key = key
 
-    def _edge(self) -> StreamEdge:
-        return StreamEdge(self.stream.node.uid, "HASH", list(self.key))
-
     def count(self, name: str = "count", parallelism: Optional[int] = None) -> DataStream:
         """A running count per key: each batch emits the new count of every key it holds."""
-        node = self.stream._add("keyed-count", name, params={"key": self.key}, parallelism=parallelism,
-                                edge=self._edge())
-        return DataStream(self.stream.env, node)
+        return self.stream._then("keyed-count", name, params={"key": self.key}, parallelism=parallelism,
+                                 partitioning=("HASH", self.key))

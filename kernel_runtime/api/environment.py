@@ -13,10 +13,11 @@ from typing import Any, Callable, Optional
 
 from cluster.conf import Configuration, ConfigError
 from cluster.graph.chaining import StreamEdge, StreamNode, build_job_graph
-from cluster.graph.job_graph import GraphValidationError, JobGraph, OperatorSpec, new_id
+from cluster.graph.job_graph import OPERATOR_KINDS, GraphValidationError, JobGraph, OperatorSpec, new_id
 
 from ..client import JobClient, JobExecutionResult, JobHandle
 from ..local_cluster import ClusterInfo, LocalCluster
+from .connectors import Connector
 from .datastream import DataStream, call_site, check_parallelism, pickle_udf
 
 # Set by `streamlab run`: the cluster to submit to and how.
@@ -62,8 +63,20 @@ class StreamEnvironment:
                 raise GraphValidationError(f"{where}: {label} must be an integer >= {low}, got {value!r}")
         if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float)) or rate <= 0):
             raise GraphValidationError(f"{where}: rate must be a positive number of rows per second, got {rate!r}")
-        spec = OperatorSpec(uid=new_id(), kind="generator-source", name=name, call_site=site,
-                            params={"count": count, "rate": rate, "batch_size": batch_size},
+        return self._source("generator-source", name, site, {"count": count, "rate": rate, "batch_size": batch_size},
+                            fn, parallelism)
+
+    def from_source(self, source: "Connector", name: Optional[str] = None,
+                    parallelism: Optional[int] = None) -> DataStream:
+        """Read from a source connector (Flink's fromSource), e.g. a FileSource or RedisStreamSource."""
+        site = call_site()
+        if OPERATOR_KINDS.get(getattr(source, "kind", None)) != "source":
+            raise GraphValidationError(f"from_source ({site}): {source!r} is not a source connector")
+        return self._source(source.kind, name or source.name, site, dict(source.params), source.fn, parallelism)
+
+    def _source(self, kind: str, name: str, site: str, params: dict, fn, parallelism) -> DataStream:
+        where = f"operator '{name}' ({site})"
+        spec = OperatorSpec(uid=new_id(), kind=kind, name=name, call_site=site, params=params,
                             udf=pickle_udf(fn, where))
         node = StreamNode(spec, check_parallelism(parallelism, where) or self.parallelism)
         self._nodes.append(node)

@@ -152,3 +152,12 @@ def test_submission_is_validated_by_the_jobmanager_too(cluster, client):
     graph["config"] = {"rest.port": 1}
     with pytest.raises(RpcError, match="'rest.port' is cluster-wide"):
         client.rpc.request(m.SubmitJob(graph, None))
+
+
+def test_union_of_streams_with_different_parallelism(cluster, client):
+    env = StreamEnvironment(parallelism=2, cluster=cluster.cluster_dir)
+    evens = env.from_generator(lambda s: {"n": s * 2}, count=1_000, name="evens")
+    odds = env.from_generator(lambda s: {"n": s * 2 + 1}, count=1_000, name="odds", parallelism=1)
+    evens.union(odds).key_by("n").count(parallelism=3).collect()
+    out = env.execute_async("union", client=client).wait(60).to_pandas()
+    assert sorted(out["n"]) == list(range(2_000)) and (out["count"] == 1).all()

@@ -95,3 +95,28 @@ def test_job_needs_a_sink_and_known_config():
         env.get_job_graph()
     with pytest.raises(GraphValidationError, match="unknown configuration key 'restart.strategy'"):
         StreamEnvironment(config={"restart.strategy": "none"})
+
+
+def test_union_gives_the_next_operator_one_input_per_stream():
+    env = StreamEnvironment(parallelism=2)
+    a = env.from_generator(count=10, name="a")
+    b = env.from_generator(count=10, name="b", parallelism=1)
+    a.union(b).key_by("seq").count().collect()
+    g = _graph(env)
+    (counter,) = [v for v in g.vertices if v.name.startswith("count")]
+    assert sorted(e.ship_strategy for _, e in g.inputs_of(counter.id)) == ["HASH", "HASH"]
+    with pytest.raises(GraphValidationError, match="a union has no operator"):
+        a.union(b).set_parallelism(3)
+
+
+def test_side_output_edges_are_never_chained_and_name_their_operator():
+    env = StreamEnvironment(parallelism=1)
+    src = env.from_generator(count=10)
+    mapped = src.map_batches(lambda d: d)
+    mapped.collect(name="main")
+    mapped.get_side_output("malformed").collect(name="bad")
+    g = _graph(env)
+    (side,) = [e for e in g.edges if e.side_output]
+    assert side.side_output[1] == "malformed" and side.ship_strategy == "FORWARD"
+    assert side.side_output[0] in {o.uid for o in g.vertex(side.source).operators}
+    assert JobGraph.from_dict(g.to_dict()) == g

@@ -1,0 +1,170 @@
+"""JSON views of the JobManager's state, with Flink's REST field names.
+
+Shared by the REST API (rest.py) and the Dispatcher's control messages (the CLI's status, the
+notebook dashboard), so there is one definition of each answer. Called on the loop thread.
+"""
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from cluster.graph.execution_graph import ExecutionState, JobState
+
+if TYPE_CHECKING:
+    from .dispatcher import Dispatcher
+
+VERSION = "streamlab-0.1.0"
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def overview_json(d: "Dispatcher") -> dict:
+    sm = d.rm.slot_manager
+    states = [j.state for j in d.jobs.values()]
+    return {
+        "taskmanagers": len(sm.task_managers),
+        "slots-total": sm.total_slots,
+        "slots-available": sm.free_slots,
+        "jobs-running": sum(s not in JobState.GLOBALLY_TERMINAL for s in states),
+        "jobs-finished": states.count(JobState.FINISHED),
+        "jobs-cancelled": states.count(JobState.CANCELED),
+        "jobs-failed": states.count(JobState.FAILED),
+        "flink-version": VERSION,
+        "flink-commit": "",
+    }
+
+
+def taskmanagers_json(d: "Dispatcher") -> dict:
+    sm = d.rm.slot_manager
+    wall_minus_mono = time.time() - time.monotonic()
+    result = []
+    for tm_id, reg in sm.task_managers.items():
+        slots = sm.slot_report(tm_id)
+        hardware = {"cpuCores": reg.hardware.get("cpuCores", 0),
+                    "physicalMemory": reg.hardware.get("physicalMemory", 0),
+                    "freeMemory": reg.hardware.get("freeMemory", 0), "managedMemory": 0}
+        result.append({
+            "id": tm_id,
+            "path": reg.data_address,
+            "dataPort": int(reg.data_address.rsplit(":", 1)[-1]),
+            "jmxPort": -1,
+            "timeSinceLastHeartbeat": int((reg.last_heartbeat + wall_minus_mono) * 1000),
+            "slotsNumber": reg.number_of_slots,
+            "freeSlots": sum(1 for s in slots if s is None),
+            "assignedTasks": len(reg.tasks),
+            "hardware": hardware,
+            # streamlab's own: which job holds each slot (the slot view of the dashboard)
+            "slots": [None if s is None else {"job_id": s.job_id, "allocation_id": s.allocation_id}
+                      for s in slots],
+            "pid": reg.pid,
+        })
+    return {"taskmanagers": result}
+
+
+def _job_times(job) -> tuple[int, int, int]:
+    start = job.graph.timestamps[JobState.CREATED]
+    end = max((job.graph.timestamps[s] for s in JobState.GLOBALLY_TERMINAL), default=0) \
+        if job.graph.is_globally_terminal else -1
+    duration = (end if end > 0 else _now_ms()) - start
+    return start, end, duration
+
+
+def jobs_overview_json(d: "Dispatcher") -> dict:
+    jobs = []
+    for job in d.jobs.values():
+        start, end, duration = _job_times(job)
+        counts = job.graph.status_counts()
+        jobs.append({
+            "jid": job.job_id, "name": job.job_graph.name, "jobType": "STREAMING",
+            "schedulerType": "Default", "start-time": start, "end-time": end, "duration": duration,
+            "state": job.state, "last-modification": max(job.graph.timestamps.values()),
+            "tasks": {k.lower(): v for k, v in counts.items()} | {
+                "total": len(job.graph.executions), "reconciling": 0,
+                "canceling": counts[ExecutionState.CANCELING]},
+            "pending-operators": 0,
+        })
+    return {"jobs": jobs}
+
+
+def _vertex_metrics(executions) -> dict:
+    total = {"read-bytes": 0, "write-bytes": 0, "read-records": 0, "write-records": 0,
+             "accumulated-backpressured-time": 0, "accumulated-idle-time": 0, "accumulated-busy-time": 0}
+    source_keys = {"read-bytes": "bytes-in", "write-bytes": "bytes-out", "read-records": "records-in",
+                   "write-records": "records-out", "accumulated-backpressured-time": "backpressured-ms",
+                   "accumulated-idle-time": "idle-ms", "accumulated-busy-time": "busy-ms"}
+    for e in executions:
+        for key, src in source_keys.items():
+            total[key] += e.metrics.get(src, 0)
+    for key in ("read-bytes", "write-bytes", "read-records", "write-records"):
+        total[f"{key}-complete"] = True
+    return total
+
+
+def plan_json(job) -> dict:
+    g = job.job_graph
+    nodes = []
+    for v in reversed(g.topological_order()):  # Flink lists the sinks first
+        node = {"id": v.id, "operator": "", "parallelism": v.parallelism, "operator_strategy": "",
+                "description": "<br/>".join(f"{o.name} [{o.kind}] ({o.call_site})" for o in v.operators),
+                "optimizer_properties": {}}
+        inputs = [{"num": n, "id": e.source, "ship_strategy": e.ship_strategy, "exchange": "pipelined_bounded"}
+                  for n, (_, e) in enumerate(g.inputs_of(v.id))]
+        if inputs:
+            node["inputs"] = inputs
+        nodes.append(node)
+    return {"jid": job.job_id, "name": g.name, "type": "STREAMING", "nodes": nodes}
+
+
+def job_json(d: "Dispatcher", job_id: str) -> dict:
+    job = d.jobs[job_id]
+    start, end, duration = _job_times(job)
+    vertices = []
+    for v in job.job_graph.vertices:
+        executions = job.graph.executions_of(v.id)
+        counts = job.graph.status_counts(v.id)
+        vertices.append({
+            "id": v.id, "slotSharingGroupId": "default", "name": v.name, "maxParallelism": v.max_parallelism,
+            "parallelism": v.parallelism, "status": job.graph.vertex_state(v.id),
+            "start-time": job.graph.timestamps[JobState.RUNNING] or -1, "end-time": end, "duration": duration,
+            "tasks": counts | {"RECONCILING": 0}, "metrics": _vertex_metrics(executions),
+        })
+    return {
+        "jid": job.job_id, "name": job.job_graph.name, "isStoppable": False, "state": job.state,
+        "job-type": "STREAMING", "schedulerType": "Default", "start-time": start, "end-time": end,
+        "duration": duration, "maxParallelism": -1, "now": _now_ms(),
+        "timestamps": dict(job.graph.timestamps) | {"INITIALIZING": start, "SUSPENDED": 0, "RECONCILING": 0},
+        "vertices": vertices, "status-counts": job.graph.status_counts() | {"RECONCILING": 0},
+        "plan": plan_json(job), "pending-operators": 0,
+        # streamlab's own: why a job waits, and the failure cause with the user's traceback
+        "status-reason": job.reason, "failure-cause": job.graph.failure,
+    }
+
+
+def subtasks_json(d: "Dispatcher", job_id: str) -> list[dict]:
+    """streamlab's own: every subtask with its state, TaskManager, slot and latest metrics."""
+    job = d.jobs[job_id]
+    slots = {a.allocation_id: a.slot_index for a in d.rm.slot_manager.allocations_of(job_id)}
+    return [{"vertex_id": e.vertex.id, "vertex": e.vertex.name, "subtask": e.subtask, "attempt": e.attempt,
+             "status": e.state, "taskmanager_id": e.task_manager_id, "slot": slots.get(e.allocation_id),
+             "metrics": dict(e.metrics)}
+            for e in sorted(job.graph.executions.values(), key=lambda e: (e.vertex.id, e.subtask))]
+
+
+def exceptions_json(job) -> dict:
+    entries = []
+    if job.graph.failure:
+        entries.append({"exceptionName": job.graph.failure.splitlines()[0][:200],
+                        "stacktrace": job.graph.failure,
+                        "timestamp": job.graph.timestamps[JobState.FAILING] or _now_ms(),
+                        "failureLabels": {}, "taskName": None, "endpoint": None, "taskManagerId": None})
+    return {"exceptionHistory": {"entries": entries, "truncated": False}}
+
+
+def config_json() -> dict:
+    return {"refresh-interval": 3000, "timezone-name": time.tzname[0], "timezone-offset": -time.timezone * 1000,
+            "flink-version": VERSION, "flink-revision": "",
+            "features": {"web-submit": False, "web-cancel": True, "web-rescale": False, "web-history": False}}
+
+
