@@ -31,6 +31,23 @@ def cluster(tmp_path_factory):
     local.stop()
 
 
+@pytest.fixture(scope="session")
+def spark():
+    """A SparkSession in the test process, for baselines: the same query as a plain batch job."""
+    import os
+    import sys
+    from pyspark.sql import SparkSession
+    from cluster.operators.spark import spark_conf
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    builder = SparkSession.builder
+    for key, value in spark_conf({"taskmanager.spark.master": "local[1]"}).items():
+        builder = builder.config(key, value)
+    session = builder.appName("streamlab-tests").getOrCreate()
+    yield session
+    session.stop()
+
+
 @pytest.fixture
 def client(cluster):
     c = JobClient(cluster.info)

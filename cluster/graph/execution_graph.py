@@ -67,6 +67,13 @@ class Execution:
     allocation_id: Optional[str] = None
     error: Optional[str] = None
     metrics: dict = field(default_factory=dict)
+    entered: dict = field(default_factory=dict)  # state -> when (ms) this execution entered it
+
+    def status_durations(self, now_ms: int) -> dict[str, int]:
+        """How long it spent in each state it went through, as Flink's status-duration."""
+        order = sorted(self.entered.items(), key=lambda kv: kv[1])
+        return {state: (order[i + 1][1] if i + 1 < len(order) else now_ms) - since
+                for i, (state, since) in enumerate(order)}
 
     @property
     def is_terminal(self) -> bool:
@@ -78,8 +85,9 @@ class Execution:
 
 
 class ExecutionGraph:
-    def __init__(self, job_graph: JobGraph, now_ms: int):
+    def __init__(self, job_graph: JobGraph, now_ms: int, clock=lambda: 0):
         self.job_graph = job_graph
+        self._clock = clock  # ms; only for the times shown, never for decisions
         self.state = JobState.CREATED
         self.attempt = 0
         self.timestamps = {s: 0 for s in JobState.ALL}
@@ -106,7 +114,8 @@ class ExecutionGraph:
         for vertex in self.job_graph.topological_order():
             for subtask in range(vertex.parallelism):
                 eid = new_id()
-                self.executions[eid] = Execution(eid, vertex, subtask, self.attempt)
+                self.executions[eid] = Execution(eid, vertex, subtask, self.attempt,
+                                                 entered={ExecutionState.CREATED: self._clock()})
 
     @property
     def required_slots(self) -> int:
@@ -119,10 +128,14 @@ class ExecutionGraph:
         execution = self.executions.get(execution_id)
         if execution is None or execution.is_terminal or state not in ExecutionState.ALL:
             return None
-        execution.state = state
+        self.set_state(execution, state)
         if error:
             execution.error = error
         return execution
+
+    def set_state(self, execution: Execution, state: str) -> None:
+        execution.state = state
+        execution.entered.setdefault(state, self._clock())
 
     def non_terminal(self) -> list[Execution]:
         return [e for e in self.executions.values() if not e.is_terminal]

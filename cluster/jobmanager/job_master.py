@@ -39,7 +39,7 @@ class JobMaster:
         self.rm = resource_manager
         self.result_address = result_address
         self.on_terminal = on_terminal
-        self.graph = ExecutionGraph(job_graph, now_ms())
+        self.graph = ExecutionGraph(job_graph, now_ms(), clock=now_ms)
         self.restart_strategy = RestartStrategy.from_config(conf)
         self.reason: Optional[str] = None
         self._allocations: list[SlotAllocation] = []
@@ -85,6 +85,8 @@ class JobMaster:
             return
         self._allocations = allocations
         self._offered = set()
+        for execution in self.graph.executions.values():
+            self.graph.set_state(execution, ExecutionState.SCHEDULED)
         self.reason = "deploying: waiting for TaskManagers to offer the allocated slots"
 
     def offer_slots(self, msg: m.OfferSlots, peer: Peer) -> None:
@@ -104,7 +106,7 @@ class JobMaster:
             if gateway is None:
                 self._task_failed(execution, f"TaskManager {alloc.task_manager_id} is gone")
                 return
-            execution.state = ExecutionState.DEPLOYING
+            self.graph.set_state(execution, ExecutionState.DEPLOYING)
             gateway.submit_task(self._deployment(execution, alloc).to_dict())
         log.info("job %s (%s) deployed, attempt %d", self.job_id, self.job_graph.name, self.graph.attempt)
 
@@ -185,7 +187,7 @@ class JobMaster:
             if gateway is None:  # its TaskManager is gone: nothing left to cancel
                 self.graph.update_execution(execution.execution_id, ExecutionState.CANCELED)
             else:
-                execution.state = ExecutionState.CANCELING
+                self.graph.set_state(execution, ExecutionState.CANCELING)
                 gateway.cancel_task(execution.execution_id)
 
     def _all_terminal(self) -> None:
@@ -247,6 +249,16 @@ class JobMaster:
         self.on_terminal(self)
 
     # ------------------------------------------------------------------ views
+    @property
+    def status_reason(self) -> Optional[str]:
+        """Why the job waits: its own reason, or what a starting task waits for (e.g. Spark)."""
+        if self.reason:
+            return self.reason
+        for e in self.graph.non_terminal():
+            if e.metrics.get("detail"):
+                return f"{e.metrics['detail']} (TaskManager {e.task_manager_id})"
+        return None
+
     def status(self) -> m.JobStatus:
         return m.JobStatus(self.job_id, self.job_graph.name, self.state, self.graph.attempt,
-                           self.reason, self.graph.failure)
+                           self.status_reason, self.graph.failure)

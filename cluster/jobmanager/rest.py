@@ -14,8 +14,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, urlsplit
 
-from .views import (config_json, exceptions_json, job_json, jobs_overview_json, overview_json, plan_json,
-                    taskmanagers_json)
+from .views import (backpressure_json, config_json, exceptions_json, job_json, jobs_overview_json, overview_json,
+                    plan_json, taskmanagers_json, vertex_json)
 
 if TYPE_CHECKING:
     from .dispatcher import Dispatcher
@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------------- routing
 _JOB = r"/jobs/(?P<jid>[0-9a-f]{32})"
+_VERTEX = _JOB + r"/vertices/(?P<vid>[0-9a-f]{32})"
 _GET_ROUTES = [
     (re.compile(r"^/overview$"), lambda d, jid: overview_json(d)),
     (re.compile(r"^/config$"), lambda d, jid: config_json()),
@@ -35,6 +36,8 @@ _GET_ROUTES = [
     (re.compile(rf"^{_JOB}/status$"), lambda d, jid: {"status": d.jobs[jid].state}),
     (re.compile(rf"^{_JOB}/plan$"), lambda d, jid: {"plan": plan_json(d.jobs[jid])}),
     (re.compile(rf"^{_JOB}/exceptions$"), lambda d, jid: exceptions_json(d.jobs[jid])),
+    (re.compile(rf"^{_VERTEX}$"), lambda d, jid, vid: vertex_json(d, jid, vid)),
+    (re.compile(rf"^{_VERTEX}/backpressure$"), lambda d, jid, vid: backpressure_json(d, jid, vid)),
 ]
 
 
@@ -102,8 +105,9 @@ class RestServer:
             for pattern, view in _GET_ROUTES:
                 match = pattern.match(path)
                 if match:
-                    jid = match.groupdict().get("jid")
-                    return HTTPStatus.OK, endpoint.call(view, self.dispatcher, jid)
+                    ids = match.groupdict()
+                    return HTTPStatus.OK, endpoint.call(view, self.dispatcher, ids.get("jid"), *(
+                        [ids["vid"]] if "vid" in ids else []))
         if method == "PATCH":
             match = re.match(rf"^{_JOB}$", path)
             if match:

@@ -138,8 +138,59 @@ def job_json(d: "Dispatcher", job_id: str) -> dict:
         "vertices": vertices, "status-counts": job.graph.status_counts() | {"RECONCILING": 0},
         "plan": plan_json(job), "pending-operators": 0,
         # streamlab's own: why a job waits, and the failure cause with the user's traceback
-        "status-reason": job.reason, "failure-cause": job.graph.failure,
+        "status-reason": job.status_reason, "failure-cause": job.graph.failure,
     }
+
+
+def backpressure_level(ratio: float) -> str:
+    """Flink's grading of the share of time a subtask was back-pressured."""
+    return "ok" if ratio <= 0.10 else "low" if ratio <= 0.5 else "high"
+
+
+def backpressure_json(d: "Dispatcher", job_id: str, vertex_id: str) -> dict:
+    job = d.jobs[job_id]
+    job.job_graph.vertex(vertex_id)  # KeyError -> 404
+    subtasks = []
+    for e in job.graph.executions_of(vertex_id):
+        ratio = round(e.metrics.get("backPressuredTimeMsPerSecond", 0.0) / 1000, 3)
+        idle = round(e.metrics.get("idleTimeMsPerSecond", 0.0) / 1000, 3)
+        busy = round(e.metrics.get("busyTimeMsPerSecond", 0.0) / 1000, 3)
+        level = backpressure_level(ratio)
+        subtasks.append({"subtask": e.subtask, "backpressureLevel": level, "backpressure-level": level,
+                         "ratio": ratio, "idleRatio": idle, "busyRatio": busy})
+    worst = max((s["ratio"] for s in subtasks), default=0.0)
+    level = backpressure_level(worst)
+    return {"status": "ok", "backpressureLevel": level, "backpressure-level": level, "end-timestamp": _now_ms(),
+            "subtasks": subtasks}
+
+
+def vertex_json(d: "Dispatcher", job_id: str, vertex_id: str) -> dict:
+    job = d.jobs[job_id]
+    v = job.job_graph.vertex(vertex_id)
+    start, end, duration = _job_times(job)
+    subtasks = []
+    for e in job.graph.executions_of(vertex_id):
+        reg = d.rm.slot_manager.task_managers.get(e.task_manager_id)
+        subtasks.append({
+            "subtask": e.subtask, "status": e.state, "attempt": e.attempt - 1,
+            "endpoint": reg.data_address.replace("tcp://", "") if reg else "-", "start-time": start,
+            "end-time": end, "duration": duration, "metrics": _vertex_metrics([e]),
+            "taskmanager-id": e.task_manager_id or "(unassigned)",
+            "status-duration": e.status_durations(_now_ms()), "start_time": start})
+    metric_names = ("write-records", "read-records", "write-bytes", "read-bytes", "accumulated-backpressured-time",
+                    "accumulated-idle-time", "accumulated-busy-time")
+    aggregated = {"metrics": {name: _stats([s["metrics"][name] for s in subtasks]) for name in metric_names},
+                  "status-duration": {state: _stats([s["status-duration"].get(state, 0) for s in subtasks])
+                                      for state in ExecutionState.ALL}}
+    return {"id": v.id, "name": v.name, "parallelism": v.parallelism, "maxParallelism": v.max_parallelism,
+            "now": _now_ms(), "subtasks": subtasks, "aggregated": aggregated}
+
+
+def _stats(values: list) -> dict:
+    values = sorted(values) or [0]
+    pick = lambda q: values[min(len(values) - 1, int(q * len(values)))]
+    return {"min": values[0], "max": values[-1], "sum": sum(values), "avg": sum(values) // len(values),
+            "median": pick(0.5), "p25": pick(0.25), "p75": pick(0.75), "p95": pick(0.95)}
 
 
 def subtasks_json(d: "Dispatcher", job_id: str) -> list[dict]:

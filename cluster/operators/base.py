@@ -38,6 +38,9 @@ class OperatorContext:
     sender: Any  # the task's ChannelSender, for operators that talk to the outside (collect sink)
     side_outputs: frozenset = frozenset()  # (operator uid, tag) pairs that some operator consumes
     emit_side: Callable[[str, str, pa.Table], None] = lambda uid, tag, table: None
+    execution_id: str = ""
+    task_name: str = ""
+    set_detail: Callable[[str], None] = lambda detail: None  # what the task waits for, for the status
 
     def check_cancelled(self) -> None:
         if self.cancelled.is_set():
@@ -62,6 +65,10 @@ class Operator:
 
     def close(self) -> None:
         pass
+
+    def metrics(self) -> dict:
+        """Operator-specific figures added to the task's metrics."""
+        return {}
 
     def has_side_output(self, tag: str) -> bool:
         """Whether the job reads this operator's side output ``tag`` (else such rows are an error)."""

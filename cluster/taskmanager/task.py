@@ -1,9 +1,13 @@
 """A Task: one subtask of one vertex (a chain of operators), run on its own thread in a slot.
 
 The thread builds the chain from the deployment descriptor, grants credits on its inputs, then
-loops: take a batch (from its source, or from an input channel), push it through the chain, and
-write the results to its output channels, which wait for credit. It measures where its time goes
-(busy, back-pressured, idle) and counts records and bytes, as Flink's task metrics do.
+loops: take a batch (from its source, or everything waiting on its input channels, up to
+``execution.batch-size`` rows), push it through the chain, and hand the results to its record
+writers, which close an output batch when it is full or ``execution.buffer-timeout`` old and
+then wait for credit. So batches grow under load and stay small (and quick) when idle.
+
+It measures where its time goes as Flink does (busy, back-pressured, idle, per second) and
+counts records and bytes.
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ from cluster.graph.execution_graph import ExecutionState
 from cluster.graph.job_graph import OperatorSpec
 from cluster.operators import OPERATORS
 from cluster.operators.base import OperatorContext, SourceOperator, TaskCancelled, UserFunctionError
+from cluster.operators.spark import SparkChain
 from cluster.protocol.messages import AddCredit, BufferResponse, EndOfPartition
 from cluster.protocol.serde import ipc_to_table, table_to_ipc
 from cluster.state.key_groups import key_groups_of, operator_index_for_key_group
@@ -29,34 +34,74 @@ from cluster.state.key_groups import key_groups_of, operator_index_for_key_group
 from .network import END, WAIT_SLICE, ChannelSender, InputGate, NetworkEnvironment
 
 log = logging.getLogger(__name__)
+IDLE, BACKPRESSURED = "idle", "backpressured"
 
 
 class TaskMetrics:
+    """Counters and time accounting; read from the TaskManager's loop thread while the task runs."""
+
     def __init__(self):
         self.records_in = self.records_out = self.bytes_in = self.bytes_out = 0
-        self.backpressured_s = 0.0
-        self.idle_s = 0.0
+        self.spent = {IDLE: 0.0, BACKPRESSURED: 0.0}
+        self._waiting: Optional[tuple[str, float]] = None  # (kind, since): a wait in progress
         self.started = time.monotonic()
+        self._window = (self.started, 0.0, 0.0)
+        self.per_second = {"busyTimeMsPerSecond": 0.0, "backPressuredTimeMsPerSecond": 0.0,
+                           "idleTimeMsPerSecond": 0.0}
+
+    def wait_begin(self, kind: str) -> None:
+        self._waiting = (kind, time.monotonic())
+
+    def wait_end(self) -> None:
+        waiting, self._waiting = self._waiting, None
+        if waiting is not None:
+            self.spent[waiting[0]] += time.monotonic() - waiting[1]
+
+    def _spent_now(self, now: float) -> tuple[float, float]:
+        idle, bp = self.spent[IDLE], self.spent[BACKPRESSURED]
+        waiting = self._waiting
+        if waiting is not None:  # a long wait counts while it lasts, not only once it ends
+            if waiting[0] == IDLE:
+                idle += now - waiting[1]
+            else:
+                bp += now - waiting[1]
+        return idle, bp
 
     def snapshot(self) -> dict:
-        elapsed = time.monotonic() - self.started
-        busy = max(0.0, elapsed - self.idle_s - self.backpressured_s)
+        now = time.monotonic()
+        idle, bp = self._spent_now(now)
+        t0, idle0, bp0 = self._window
+        if now - t0 >= 0.5:  # Flink's *TimeMsPerSecond: the share of the last window, in ms/s
+            span = now - t0
+            idle_ms = min(1000.0, (idle - idle0) / span * 1000)
+            bp_ms = min(1000.0 - idle_ms, (bp - bp0) / span * 1000)
+            self.per_second = {"busyTimeMsPerSecond": round(max(0.0, 1000.0 - idle_ms - bp_ms), 1),
+                               "backPressuredTimeMsPerSecond": round(bp_ms, 1),
+                               "idleTimeMsPerSecond": round(idle_ms, 1)}
+            self._window = (now, idle, bp)
+        busy = max(0.0, now - self.started - idle - bp)
         return {"records-in": self.records_in, "records-out": self.records_out,
                 "bytes-in": self.bytes_in, "bytes-out": self.bytes_out,
-                "backpressured-ms": int(self.backpressured_s * 1000), "idle-ms": int(self.idle_s * 1000),
-                "busy-ms": int(busy * 1000)}
+                "backpressured-ms": int(bp * 1000), "idle-ms": int(idle * 1000),
+                "busy-ms": int(busy * 1000)} | self.per_second
 
 
 class RecordWriter:
-    """Writes a task's output batches to the channels of one outgoing edge."""
+    """Writes a task's output to the channels of one outgoing edge, a batch per channel at a time."""
 
     def __init__(self, desc: OutputDescriptor, subtask: int, network: NetworkEnvironment,
-                 sender: ChannelSender, metrics: TaskMetrics, cancelled: threading.Event):
+                 sender: ChannelSender, metrics: TaskMetrics, cancelled: threading.Event,
+                 batch_size: int, buffer_timeout_s: float):
         self.desc = desc
         self.network, self.sender, self.metrics, self.cancelled = network, sender, metrics, cancelled
+        self.batch_size, self.buffer_timeout_s = batch_size, buffer_timeout_s
+        n = len(desc.channels)
         self.accounts = [network.credit_account(cid) for cid, _ in desc.channels]
-        self._round_robin = itertools.cycle(range(len(desc.channels)))
-        for _ in range(subtask % len(desc.channels)):  # spread the first batches of each producer
+        self._pending: list[list[pa.Table]] = [[] for _ in range(n)]
+        self._pending_rows = [0] * n
+        self._oldest: list[Optional[float]] = [None] * n
+        self._round_robin = itertools.cycle(range(n))
+        for _ in range(subtask % n):  # spread the first batches of each producer
             next(self._round_robin)
         self._sequence = itertools.count()
 
@@ -72,18 +117,61 @@ class RecordWriter:
                 key_groups_of(table, self.desc.key, self.desc.max_parallelism),
                 self.desc.max_parallelism, len(self.desc.channels))
             for index in np.unique(targets):
-                self._send(int(index), table.take(pa.array(np.flatnonzero(targets == index))))
+                self._buffer(int(index), table.take(pa.array(np.flatnonzero(targets == index))))
         elif strategy == "BROADCAST":
             for index in range(len(self.desc.channels)):
-                self._send(index, table)
+                self._buffer(index, table)
         elif strategy == "REBALANCE":
-            self._send(next(self._round_robin), table)
+            self._buffer(next(self._round_robin), table)
         else:  # FORWARD: the one channel to the same subtask index
-            self._send(0, table)
+            self._buffer(0, table)
+
+    def _buffer(self, index: int, table: pa.Table) -> None:
+        if self.buffer_timeout_s <= 0:
+            self._send(index, table)
+            return
+        self._pending[index].append(table)
+        self._pending_rows[index] += table.num_rows
+        if self._oldest[index] is None:
+            self._oldest[index] = time.monotonic()
+        if self._pending_rows[index] >= self.batch_size:
+            self._flush(index)
+
+    def flush_due(self, now: float) -> Optional[float]:
+        """Send the batches that waited out the buffer timeout; the next deadline, if any."""
+        deadline = None
+        for index, oldest in enumerate(self._oldest):
+            if oldest is None:
+                continue
+            if now - oldest >= self.buffer_timeout_s:
+                self._flush(index)
+            else:
+                due = oldest + self.buffer_timeout_s
+                deadline = due if deadline is None else min(deadline, due)
+        return deadline
+
+    def flush_all(self) -> None:
+        for index in range(len(self._pending)):
+            self._flush(index)
+
+    def _flush(self, index: int) -> None:
+        tables = self._pending[index]
+        if not tables:
+            return
+        self._pending[index], self._pending_rows[index], self._oldest[index] = [], 0, None
+        self._send(index, concat(tables))
 
     def _send(self, index: int, table: pa.Table) -> None:
         channel, address = self.desc.channels[index]
-        self.metrics.backpressured_s += self.accounts[index].take(self.cancelled)
+        account = self.accounts[index]
+        if account.credit <= 0:
+            self.metrics.wait_begin(BACKPRESSURED)
+            try:
+                account.take(self.cancelled)
+            finally:
+                self.metrics.wait_end()
+        else:
+            account.take(self.cancelled)
         self.metrics.records_out += table.num_rows
         if self.network.is_local(address):
             self.metrics.bytes_out += table.nbytes
@@ -94,11 +182,18 @@ class RecordWriter:
             self.sender.send(address, BufferResponse(channel, next(self._sequence)), [data])
 
     def end(self) -> None:
+        self.flush_all()
         for channel, address in self.desc.channels:
             if self.network.is_local(address):
                 self.network.deliver_local(channel, END)
             else:
                 self.sender.send(address, EndOfPartition(channel))
+
+
+def concat(tables: list[pa.Table]) -> pa.Table:
+    if len(tables) == 1:
+        return tables[0]
+    return pa.concat_tables(tables, promote_options="default")
 
 
 class Task:
@@ -111,12 +206,16 @@ class Task:
         self.cancelled = threading.Event()
         self.metrics = TaskMetrics()
         self.state = ExecutionState.DEPLOYING
+        self.detail = ""  # what an INITIALIZING task waits for, shown in the job's status
         self.name = f"{tdd.vertex['name']} ({tdd.subtask + 1}/{tdd.vertex['parallelism']})"
+        self.batch_size = int(tdd.job_config.get("execution.batch-size", 10_000))
+        self.buffer_timeout_s = int(tdd.job_config.get("execution.buffer-timeout", 100)) / 1000
         self._thread = threading.Thread(target=self._run, name=f"task {self.name}", daemon=True)
         self._gate: Optional[InputGate] = None  # every channel of every input edge
         self._producer_address: dict[str, str] = {}
         self._writers: list[RecordWriter] = []        # the chain's main output
         self._side_writers: dict[tuple[str, str], list[RecordWriter]] = {}  # (operator uid, tag)
+        self._chain: list = []
 
     def start(self) -> None:
         self._thread.start()
@@ -125,9 +224,12 @@ class Task:
         self.cancelled.set()
 
     def metrics_snapshot(self) -> dict:
+        operator_metrics: dict = {}
+        for op in self._chain:
+            operator_metrics.update(op.metrics())
         return {"execution_id": self.execution_id, "job_id": self.tdd.job_id,
-                "vertex_id": self.tdd.vertex["id"], "subtask": self.tdd.subtask,
-                "input-queue": self._gate.queued() if self._gate else 0} | self.metrics.snapshot()
+                "vertex_id": self.tdd.vertex["id"], "subtask": self.tdd.subtask, "detail": self.detail,
+                "input-queue": self._gate.queued() if self._gate else 0} | self.metrics.snapshot() | operator_metrics
 
     # ------------------------------------------------------------------ the thread
     def _set_state(self, state: str, error: Optional[str] = None) -> None:
@@ -138,7 +240,7 @@ class Task:
         sender = ChannelSender(self.network.ctx, self.network.codec, self.cancelled)
         try:
             self._set_state(ExecutionState.INITIALIZING)
-            chain = self._build_chain(sender)
+            chain = self._chain = self._build_chain(sender)
             for op in chain:
                 op.open()
             self._set_state(ExecutionState.RUNNING)
@@ -169,10 +271,14 @@ class Task:
             return f"{exc}\n{text}"
         return text
 
+    def _set_detail(self, detail: str) -> None:
+        self.detail = detail
+
     def _build_chain(self, sender: ChannelSender) -> list:
         tdd = self.tdd
         for desc in tdd.outputs:
-            writer = RecordWriter(desc, tdd.subtask, self.network, sender, self.metrics, self.cancelled)
+            writer = RecordWriter(desc, tdd.subtask, self.network, sender, self.metrics, self.cancelled,
+                                  self.batch_size, self.buffer_timeout_s)
             if desc.side_output is None:
                 self._writers.append(writer)
             else:
@@ -181,14 +287,20 @@ class Task:
             job_id=tdd.job_id, job_name=tdd.job_name, attempt=tdd.attempt, subtask=tdd.subtask,
             parallelism=tdd.vertex["parallelism"], max_parallelism=tdd.vertex["max_parallelism"],
             config=tdd.job_config, result_address=tdd.result_address, cancelled=self.cancelled, sender=sender,
-            side_outputs=frozenset(self._side_writers), emit_side=self._emit_side)
+            side_outputs=frozenset(self._side_writers), emit_side=self._emit_side,
+            execution_id=tdd.execution_id, task_name=self.name, set_detail=self._set_detail)
         chain = []
-        for o in tdd.vertex["operators"]:
-            spec = OperatorSpec(**o)
+        specs = [OperatorSpec(**o) for o in tdd.vertex["operators"]]
+        # consecutive Spark operators become one SparkChain: one Spark plan per batch
+        for is_spark, group in itertools.groupby(specs, key=lambda s: s.kind == "spark"):
+            group = list(group)
             try:
-                chain.append(OPERATORS[spec.kind](spec, ctx))
+                if is_spark:
+                    chain.append(SparkChain(group, ctx))
+                else:
+                    chain.extend(OPERATORS[spec.kind](spec, ctx) for spec in group)
             except Exception as exc:
-                raise UserFunctionError(f"{spec.where()} could not be loaded on the TaskManager: "
+                raise UserFunctionError(f"{group[0].where()} could not be loaded on the TaskManager: "
                                         f"{type(exc).__name__}: {exc}") from exc
         self._producer_address = {c: a for desc in tdd.inputs for c, a in desc.channels}
         if self._producer_address:
@@ -204,40 +316,61 @@ class Task:
         else:
             sender.send(address, AddCredit(channel, n))
 
+    def _flush_due(self) -> Optional[float]:
+        now, deadline = time.monotonic(), None
+        for writer in self._all_writers():
+            due = writer.flush_due(now)
+            if due is not None:
+                deadline = due if deadline is None else min(deadline, due)
+        return deadline
+
     def _run_source(self, chain: list) -> None:
         source = chain[0]
         while True:
             if self.cancelled.is_set():
                 raise TaskCancelled()
+            started = time.monotonic()
             table = source.poll()
             if table is None:
                 return
-            if table.num_rows == 0:
-                continue
-            self.metrics.records_in += table.num_rows
-            self._push(chain, 1, [table])
+            if table.num_rows == 0:  # nothing ready: the source waited, and that is idle time
+                self.metrics.spent[IDLE] += time.monotonic() - started
+            else:
+                self.metrics.records_in += table.num_rows
+                self._push(chain, 1, [table])
+            self._flush_due()
 
     def _run_inputs(self, chain: list, sender: ChannelSender) -> None:
         gate = self._gate
         while not gate.finished:
-            waited = time.monotonic()
-            got = gate.poll(WAIT_SLICE)
-            self.metrics.idle_s += time.monotonic() - waited
+            deadline = self._flush_due()
+            timeout = WAIT_SLICE if deadline is None else max(0.0, min(WAIT_SLICE, deadline - time.monotonic()))
+            self.metrics.wait_begin(IDLE)
+            got = gate.poll(timeout)
+            self.metrics.wait_end()
             if got is None:
                 if self.cancelled.is_set():
                     raise TaskCancelled()
                 continue
-            channel, (kind, data) = got
-            if kind == "end":
-                continue
-            if kind == "ipc":
-                self.metrics.bytes_in += len(data)
-                table = ipc_to_table(data)
-            else:
-                table = data
-            self.metrics.records_in += table.num_rows
-            self._grant(sender, channel, self._producer_address[channel], 1)
-            self._push(chain, 0, [table])
+            # a busy task takes everything already waiting, up to one batch: batches grow under load
+            tables, rows = [], 0
+            while got is not None:
+                channel, (kind, data) = got
+                if kind != "end":
+                    if kind == "ipc":
+                        self.metrics.bytes_in += len(data)
+                        data = ipc_to_table(data)
+                    tables.append(data)
+                    rows += data.num_rows
+                    self._grant(sender, channel, self._producer_address[channel], 1)
+                got = gate.poll(0) if rows < self.batch_size else None
+            if tables:
+                self.metrics.records_in += rows
+                try:
+                    batches = [concat(tables)]
+                except pa.ArrowInvalid:  # inputs of a union with schemas that do not merge
+                    batches = tables
+                self._push(chain, 0, batches)
 
     def _push(self, chain: list, start: int, tables: list[pa.Table]) -> None:
         for op in chain[start:]:

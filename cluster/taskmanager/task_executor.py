@@ -28,6 +28,8 @@ from cluster.protocol.codec import Codec
 from cluster.protocol.endpoint import Peer, RpcEndpoint
 from cluster.protocol.gateways import JobManagerGateway
 
+from cluster.operators.spark import SparkRunner
+
 from .network import NetworkEnvironment
 from .slot_table import SlotTable
 from .task import Task
@@ -73,6 +75,8 @@ class TaskExecutor:
         self.network.start()
         self.endpoint.start()
         self.endpoint.call_soon(self._register)
+        if self.conf["taskmanager.spark.startup"] == "eager":
+            SparkRunner.get(self.conf.to_dict())  # starts in the background
 
     def stop(self, reason: str = "shut down") -> None:
         if self.stopped.is_set():
@@ -86,6 +90,9 @@ class TaskExecutor:
             pass
         self.endpoint.stop()
         self.network.stop()
+        runner = SparkRunner.running()
+        if runner is not None:
+            runner.stop()
         self.stopped.set()
 
     # ------------------------------------------------------------------ registration, heartbeats
@@ -102,7 +109,9 @@ class TaskExecutor:
         self.registered = True
         if not self._heartbeating:
             self._heartbeating = True
-            self.endpoint.call_every(msg.heartbeat_interval_ms / 1000, self._heartbeat)
+            # the heartbeat carries the task metrics, so it goes at least as often as they are due
+            interval_ms = min(msg.heartbeat_interval_ms, self.conf["metrics.fetcher.update-interval"])
+            self.endpoint.call_every(interval_ms / 1000, self._heartbeat)
 
     def registration_rejected(self, msg: m.RegistrationRejected, peer: Peer) -> None:
         log.error("registration rejected: %s", msg.reason)

@@ -90,6 +90,21 @@ class DataStream:
         """fn(pandas.DataFrame) -> boolean mask; keeps the rows where it is True."""
         return self._then("filter", name, fn, parallelism=parallelism)
 
+    def spark(self, fn: Callable, name: str = "spark", parallelism: Optional[int] = None) -> "DataStream":
+        """fn(pyspark DataFrame) -> pyspark DataFrame, run on the TaskManager's SparkSession per batch.
+
+        Consecutive .spark/.sql steps run as one Spark plan per batch."""
+        return self._then("spark", name, fn, parallelism=parallelism)
+
+    def sql(self, query: str, name: str = "sql", parallelism: Optional[int] = None) -> "DataStream":
+        """Spark SQL over each batch, which is the view ``input``: ``SELECT ... FROM input``."""
+        if not isinstance(query, str) or not query.strip():
+            raise GraphValidationError(f"operator '{name}' ({call_site()}): sql() takes a SELECT ... FROM input query")
+        if "input" not in query.lower():
+            raise GraphValidationError(f"operator '{name}' ({call_site()}): the query must read the batch "
+                                       f"as the view 'input' (SELECT ... FROM input), got {query!r}")
+        return self._then("spark", name, params={"sql": query}, parallelism=parallelism)
+
     def key_by(self, *columns: str) -> "KeyedStream":
         site = call_site()
         if not columns or not all(isinstance(c, str) and c for c in columns):

@@ -19,6 +19,7 @@ from ..client import JobClient, JobExecutionResult, JobHandle
 from ..local_cluster import ClusterInfo, LocalCluster
 from .connectors import Connector
 from .datastream import DataStream, call_site, check_parallelism, pickle_udf
+from .schema import annotate_spark_input_schemas
 
 # Set by `streamlab run`: the cluster to submit to and how.
 CONTEXT_CLUSTER_DIR = "STREAMLAB_CONTEXT_CLUSTER_DIR"
@@ -100,6 +101,7 @@ class StreamEnvironment:
                     raise GraphValidationError(
                         f"{node.spec.where()}: parallelism {node.parallelism} exceeds pipeline.max-parallelism "
                         f"{self.max_parallelism}")
+        annotate_spark_input_schemas(self._nodes)
         return build_job_graph(self._nodes, name, self.max_parallelism, self.config)
 
     # ------------------------------------------------------------------ execution

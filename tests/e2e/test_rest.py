@@ -79,6 +79,17 @@ class TestWhileAJobRuns:
         assert set(missing_fields(flink(reference), body)) <= NOT_APPLICABLE
 
 
+    def test_vertex_endpoints_have_flinks_fields(self, cluster, running_job):
+        _, job = rest(cluster, f"/jobs/{running_job.job_id}")
+        for vertex in job["vertices"]:
+            base = f"/jobs/{running_job.job_id}/vertices/{vertex['id']}"
+            status, body = rest(cluster, base)
+            assert status == 200 and not missing_fields(flink("jobs_ID_vertices_ID.json"), body)
+            status, body = rest(cluster, base + "/backpressure")
+            assert status == 200 and not missing_fields(flink("jobs_ID_vertices_ID_backpressure.json"), body)
+            assert body["backpressureLevel"] in ("ok", "low", "high")
+            assert len(body["subtasks"]) == vertex["parallelism"]
+
     def test_values_are_right_not_only_names(self, cluster, running_job):
         _, o = rest(cluster, "/overview")
         assert (o["taskmanagers"], o["slots-total"], o["slots-available"], o["jobs-running"]) == (2, 4, 2, 1)

@@ -1,0 +1,177 @@
+"""The Spark runner: one SparkSession per TaskManager, and Spark operator chains on it.
+
+The session is started and warmed up (a first query) in the background when the TaskManager
+starts, because Spark's start costs 5-15 s here; a task deployed earlier waits for it and says
+so. Every task gets its own ``newSession()`` (its own temp views and SQL conf, one shared JVM).
+
+Consecutive ``.spark``/``.sql`` operators of one task run as ONE Spark plan per batch: the batch
+goes in as Arrow, every step only adds to the DataFrame's plan, and one ``toArrow()`` runs it. The
+settings come from ../shared/notes/spark.md (measured here): Arrow in as Arrow data
+(localRelationThreshold=0), few shuffle partitions, adaptive execution off so that a batch is one
+Spark job.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from typing import Callable, Optional
+
+import cloudpickle
+import pyarrow as pa
+
+from .base import Operator, OperatorContext, TaskCancelled, UserFunctionError
+
+log = logging.getLogger(__name__)
+
+
+def spark_conf(config: dict) -> dict[str, str]:
+    return {
+        "spark.master": config.get("taskmanager.spark.master", "local[2]"),
+        "spark.driver.memory": config.get("taskmanager.spark.driver-memory", "1g"),
+        "spark.app.name": "streamlab-taskmanager",
+        "spark.ui.enabled": "false",
+        "spark.driver.host": "127.0.0.1",
+        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.sql.execution.arrow.localRelationThreshold": "0",
+        "spark.sql.execution.arrow.maxRecordsPerBatch": "250000",
+        "spark.sql.shuffle.partitions": "2",
+        "spark.sql.adaptive.enabled": "false",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.log.level": "WARN",
+    }
+
+
+class SparkRunner:
+    """The TaskManager's SparkSession: started once, shared by every slot."""
+
+    _instance: Optional["SparkRunner"] = None
+    _lock = threading.Lock()
+
+    def __init__(self, config: dict):
+        self.config = config
+        self.ready = threading.Event()
+        self.error: Optional[str] = None
+        self.session = None
+        self.started_at = time.monotonic()
+        self.startup_seconds: Optional[float] = None
+        self._thread = threading.Thread(target=self._start, name="spark-start", daemon=True)
+
+    @classmethod
+    def get(cls, config: dict) -> "SparkRunner":
+        with cls._lock:
+            if cls._instance is None:
+                cls._instance = SparkRunner(config)
+                cls._instance._thread.start()
+            return cls._instance
+
+    @classmethod
+    def running(cls) -> Optional["SparkRunner"]:
+        return cls._instance
+
+    def _start(self) -> None:
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        # Python workers (UDFs) must run this interpreter, which has pandas and pyarrow.
+        os.environ["PYSPARK_PYTHON"] = sys.executable
+        os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+        try:
+            from pyspark.sql import SparkSession
+            builder = SparkSession.builder
+            for key, value in spark_conf(self.config).items():
+                builder = builder.config(key, value)
+            session = builder.getOrCreate()
+            session.createDataFrame(pa.table({"warm": [1, 2]})).selectExpr("sum(warm)").toArrow()
+            self.session = session
+            self.startup_seconds = time.monotonic() - self.started_at
+            log.info("SparkSession ready in %.1f s", self.startup_seconds)
+        except Exception as exc:  # reported to every task that needs Spark
+            self.error = f"the TaskManager's SparkSession failed to start: {type(exc).__name__}: {exc}"
+            log.exception("SparkSession failed to start")
+        finally:
+            self.ready.set()
+
+    def session_for_task(self, cancelled: threading.Event, waiting: Callable[[str], None]):
+        if not self.ready.is_set():
+            waiting("waiting for the TaskManager's SparkSession to start")
+            while not self.ready.wait(0.05):
+                if cancelled.is_set():
+                    raise TaskCancelled()
+            waiting("")
+        if self.error:
+            raise RuntimeError(self.error)
+        return self.session.newSession()
+
+    def stop(self) -> None:
+        if self.session is not None:
+            self.session.stop()
+
+
+class SparkChain(Operator):
+    """Consecutive Spark operators of one task, fused into one Spark plan per batch.
+
+    Each step is a ``.spark(fn)`` (fn: DataFrame -> DataFrame) or a ``.sql(query)`` over the view
+    ``input``, which is the previous step's DataFrame."""
+
+    def __init__(self, specs, ctx: OperatorContext):
+        super().__init__(specs[0], ctx)
+        self.steps = [(spec, cloudpickle.loads(spec.udf) if spec.udf is not None else None) for spec in specs]
+        self.batches = 0
+        self.spark_jobs = 0
+
+    def open(self) -> None:
+        runner = SparkRunner.get(self.ctx.config)
+        self.session = runner.session_for_task(self.ctx.cancelled, self.ctx.set_detail)
+        self.group = f"streamlab-{self.ctx.execution_id}"
+        # job groups are per thread (PySpark pins a JVM thread to each Python thread)
+        self.session.sparkContext.setJobGroup(self.group, f"streamlab task {self.ctx.task_name}")
+        schema = self.params.get("input_schema")
+        if schema is not None:
+            # Analysis only (no Spark job): schema errors surface at deployment, naming the
+            # operator, before any batch runs.
+            empty = pa.ipc.read_schema(pa.py_buffer(schema)).empty_table()
+            self.output_schema = self._plan(self.session.createDataFrame(empty)).schema
+
+    def _plan(self, df):
+        from pyspark.sql import DataFrame
+        for spec, fn in self.steps:
+            try:
+                if "sql" in spec.params:
+                    df.createOrReplaceTempView("input")
+                    df = self.session.sql(spec.params["sql"])
+                else:
+                    df = fn(df)
+                    if not isinstance(df, DataFrame):
+                        raise TypeError(f"the function must return a Spark DataFrame, got {type(df).__name__}")
+                df.schema  # forces analysis here, so an error names this step
+            except TaskCancelled:
+                raise
+            except Exception as exc:
+                raise UserFunctionError(f"{spec.where()} failed in Spark: {type(exc).__name__}: "
+                                        f"{_first_line(exc)}") from exc
+        return df
+
+    def process(self, table: pa.Table) -> list[pa.Table]:
+        if table.num_rows == 0:
+            return []
+        df = self._plan(self.session.createDataFrame(table))
+        try:
+            out = df.toArrow()
+        except Exception as exc:
+            names = ", ".join(s.name for s, _ in self.steps)
+            raise UserFunctionError(f"operator chain [{names}] ({self.spec.call_site}) failed in Spark: "
+                                    f"{type(exc).__name__}: {_first_line(exc)}") from exc
+        self.batches += 1
+        self.spark_jobs = len(self.session.sparkContext.statusTracker().getJobIdsForGroup(self.group))
+        return [out]
+
+    def metrics(self) -> dict:
+        # spark-jobs is Spark's own count (its status tracker, by job group), not ours
+        return {"spark-batches": self.batches, "spark-jobs": self.spark_jobs}
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -1,0 +1,127 @@
+"""Spark operators on a real 2-TaskManager cluster, compared with the same query as a Spark batch job."""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+from pyspark.sql import functions as F
+
+from kernel_runtime import JobExecutionError, StreamEnvironment
+
+N = 30_000
+CITIES = pd.DataFrame({"city_id": range(7), "city": ["Oslo", "Lima", "Pune", "Kyiv", "Quito", "Turin", "Accra"]})
+
+
+def orders(seq):
+    return pd.DataFrame({"order_id": seq, "city_id": (seq * 13) % 7, "amount": (seq % 97).astype("float64"),
+                         "status": pd.Series(seq % 4).map({0: "new", 1: "paid", 2: "paid", 3: "void"})})
+
+
+def enrich(df):
+    # a join with a static DataFrame, built on the TaskManager's own session
+    cities = df.sparkSession.createDataFrame(CITIES)
+    return df.join(cities, "city_id").withColumn("big", F.col("amount") >= 50)
+
+
+def all_orders(spark):
+    import numpy as np
+    return spark.createDataFrame(orders(np.arange(N, dtype="int64")))
+
+
+def test_spark_sql_key_by_count_equals_a_spark_batch_job(cluster, client, spark):
+    env = StreamEnvironment(parallelism=2, cluster=cluster.cluster_dir)
+    (env.from_generator(orders, count=N, batch_size=3_000)
+        .sql("SELECT order_id, city_id, amount * 1.1 AS amount FROM input WHERE status = 'paid'")
+        .spark(enrich, name="enrich")
+        .key_by("city", "big")
+        .count()
+        .collect())
+    updates = env.execute_async("spark keyed count", client=client).wait(180).to_pandas()
+    streamed = (updates.groupby(["city", "big"], as_index=False)["count"].max()
+                .sort_values(["city", "big"]).reset_index(drop=True))
+    batch = all_orders(spark).createOrReplaceTempView("input")
+    batch = enrich(spark.sql("SELECT order_id, city_id, amount * 1.1 AS amount FROM input WHERE status = 'paid'"))
+    expected = (batch.groupBy("city", "big").count().toPandas()
+                .sort_values(["city", "big"]).reset_index(drop=True))
+    pd.testing.assert_frame_equal(streamed, expected, check_dtype=False)
+
+
+def test_stateless_spark_rows_equal_the_batch_job_row_for_row(cluster, client, spark):
+    env = StreamEnvironment(parallelism=2, cluster=cluster.cluster_dir)
+    (env.from_generator(orders, count=N, batch_size=4_000)
+        .spark(enrich, name="enrich")
+        .sql("SELECT order_id, city, upper(status) AS status FROM input WHERE big AND status <> 'void'")
+        .rebalance()
+        .collect())
+    streamed = env.execute_async("spark rows", client=client).wait(180).to_pandas()
+    all_orders(spark).createOrReplaceTempView("orders")
+    enrich(spark.table("orders")).createOrReplaceTempView("input")
+    expected = spark.sql("SELECT order_id, city, upper(status) AS status FROM input "
+                         "WHERE big AND status <> 'void'").toPandas()
+    key = ["order_id"]
+    pd.testing.assert_frame_equal(streamed.sort_values(key).reset_index(drop=True),
+                                  expected.sort_values(key).reset_index(drop=True), check_dtype=False)
+
+
+def test_union_then_sql_equals_the_batch_job(cluster, client, spark):
+    env = StreamEnvironment(parallelism=2, cluster=cluster.cluster_dir)
+    left = env.from_generator(lambda s: pd.DataFrame({"k": s % 10, "v": s}), count=5_000, name="left")
+    right = env.from_generator(lambda s: pd.DataFrame({"k": s % 3, "v": -s}), count=3_000, name="right",
+                               parallelism=1)
+    (left.union(right).rebalance()
+        .sql("SELECT k, v FROM input WHERE v % 2 = 0")
+        .key_by("k").count().collect())
+    updates = env.execute_async("union sql", client=client).wait(180).to_pandas()
+    streamed = updates.groupby("k", as_index=False)["count"].max().sort_values("k").reset_index(drop=True)
+    import numpy as np
+    both = pd.concat([pd.DataFrame({"k": np.arange(5_000) % 10, "v": np.arange(5_000)}),
+                      pd.DataFrame({"k": np.arange(3_000) % 3, "v": -np.arange(3_000)})])
+    spark.createDataFrame(both).createOrReplaceTempView("input")
+    expected = (spark.sql("SELECT k, count(*) AS count FROM input WHERE v % 2 = 0 GROUP BY k")
+                .toPandas().sort_values("k").reset_index(drop=True))
+    pd.testing.assert_frame_equal(streamed, expected, check_dtype=False)
+
+
+def test_a_chain_of_three_spark_operators_is_one_spark_job_per_batch(cluster, client):
+    env = StreamEnvironment(parallelism=1, cluster=cluster.cluster_dir)
+    (env.from_generator(orders, count=12_000, batch_size=2_000)
+        .sql("SELECT order_id, city_id, amount FROM input WHERE amount > 10")
+        .spark(lambda df: df.withColumn("double", F.col("amount") * 2), name="double")
+        .sql("SELECT city_id, count(*) AS n, sum(double) AS total FROM input GROUP BY city_id")
+        .collect())
+    handle = env.execute_async("three spark steps", client=client)
+    out = handle.wait(180).to_pandas()
+    assert out["n"].sum() == sum(1 for i in range(12_000) if i % 97 > 10)
+    (chain,) = [s for s in client.job_details(handle.job_id)["subtasks"]]
+    assert chain["vertex"] == "Source: generator -> sql -> double -> sql -> collect"
+    # Spark's own status tracker, by the task's job group: one job per batch, not three
+    assert chain["metrics"]["spark-batches"] == 6
+    assert chain["metrics"]["spark-jobs"] == chain["metrics"]["spark-batches"]
+
+
+def test_schema_error_fails_before_the_first_batch_naming_the_operator(cluster, client):
+    env = StreamEnvironment(parallelism=2, cluster=cluster.cluster_dir)
+    (env.from_generator(orders, count=1_000_000, rate=10)
+        .sql("SELECT order_id, amount FROM input", name="project")
+        .sql("SELECT order_id, amout * 2 AS twice FROM input", name="typo")
+        .collect())
+    handle = env.execute_async("schema error", client=client)
+    with pytest.raises(JobExecutionError) as info:
+        handle.wait(120)
+    text = str(info.value)
+    assert "operator 'typo' (test_spark.py:" in text and "UNRESOLVED_COLUMN" in text and "`amout`" in text
+    # the plan was analysed at deployment: no batch was read
+    assert all(s["metrics"].get("records-in", 0) == 0 for s in client.job_details(handle.job_id)["subtasks"])
+
+
+def test_a_spark_function_that_returns_something_else_is_named(cluster, client):
+    env = StreamEnvironment(parallelism=1, cluster=cluster.cluster_dir)
+    env.from_generator(count=10).spark(lambda df: df.toPandas(), name="to pandas").collect()
+    with pytest.raises(JobExecutionError, match=r"operator 'to pandas' .*must return a Spark DataFrame"):
+        env.execute_async("bad spark fn", client=client).wait(120)
+
+
+def test_sql_needs_the_input_view(cluster):
+    from kernel_runtime import GraphValidationError
+    env = StreamEnvironment(cluster=cluster.cluster_dir)
+    with pytest.raises(GraphValidationError, match=r"operator 'sql' \(test_spark.py:\d+\).*view 'input'"):
+        env.from_generator(count=1).sql("SELECT 1")
