@@ -42,6 +42,7 @@ def spark_conf(config: dict) -> dict[str, str]:
         "spark.sql.adaptive.enabled": "false",
         "spark.sql.session.timeZone": "UTC",
         "spark.log.level": "WARN",
+        "spark.ui.showConsoleProgress": "false",
     }
 
 

@@ -165,6 +165,11 @@ class KeyedStream:
         self.stream = stream
         self.key = key
 
+    def map_batches(self, fn: Callable, name: str = "map_batches", parallelism: Optional[int] = None) -> DataStream:
+        """fn(pandas.DataFrame) -> pandas.DataFrame on hash-partitioned batches: all rows of a key
+        reach the same subtask."""
+        return self.stream._then("map-batches", name, fn, parallelism=parallelism, partitioning=("HASH", self.key))
+
     def count(self, name: str = "count", parallelism: Optional[int] = None) -> DataStream:
         """A running count per key: each batch emits the new count of every key it holds."""
         return self.stream._then("keyed-count", name, params={"key": self.key}, parallelism=parallelism,

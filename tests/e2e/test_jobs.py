@@ -161,3 +161,18 @@ def test_union_of_streams_with_different_parallelism(cluster, client):
     evens.union(odds).key_by("n").count(parallelism=3).collect()
     out = env.execute_async("union", client=client).wait(60).to_pandas()
     assert sorted(out["n"]) == list(range(2_000)) and (out["count"] == 1).all()
+
+
+def test_keyed_map_batches_sees_every_row_of_a_key_in_one_subtask(cluster, client):
+    import threading
+
+    def tag_with_task(df):
+        return df.assign(task=threading.current_thread().name)  # "task <vertex> (i/n)"
+
+    env = StreamEnvironment(parallelism=2, cluster=cluster.cluster_dir)
+    env.from_generator(lambda s: {"k": s % 17, "v": s}, count=5_000, batch_size=250) \
+        .key_by("k").map_batches(tag_with_task, parallelism=3).collect()
+    out = env.execute_async("keyed map", client=client).wait(60).to_pandas()
+    assert sorted(out["v"]) == list(range(5_000))
+    assert (out.groupby("k")["task"].nunique() == 1).all()
+    assert out["task"].nunique() == 3
