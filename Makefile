@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup quickstart test test-fast cluster-start cluster-stop clean check-python check-java
+.PHONY: setup system-deps quickstart test test-fast bench cluster-start cluster-stop clean check-python check-java
 
 setup: $(STAMP)
 
@@ -23,17 +23,32 @@ check-python:
 
 check-java:
 	@java -version 2>&1 | grep -Eq 'version "(1[7-9]|[2-9][0-9])' || { \
-	  echo "warning: Java 17+ not found. Spark operators need it: install OpenJDK 17"; \
-	  echo "  (Debian/Ubuntu: apt-get install openjdk-17-jre-headless; conda: environment.yml has it)"; }
+	  echo "Java 17 or newer is needed (Spark runs in each TaskManager) and was not found."; \
+	  echo "  Debian/Ubuntu: sudo apt-get install openjdk-17-jre-headless"; \
+	  echo "  conda:         conda env create -f environment.yml (it includes openjdk 17)"; exit 1; }
+
+# Servers and a browser the tests use for real: redis-server (Redis Streams connectors) and
+# Debian's chromium (the JupyterLab browser test).
+system-deps:
+	@missing=""; command -v redis-server >/dev/null || missing="$$missing redis-server"; \
+	  command -v chromium >/dev/null || missing="$$missing chromium"; \
+	  if [ -n "$$missing" ]; then \
+	    if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	      echo "installing$$missing"; apt-get update -qq && \
+	      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	    else echo "the tests need$$missing: install them (Debian: sudo apt-get install$$missing)"; exit 1; fi; fi
 
 quickstart: setup
 	$(PY) examples/keyed_count.py
 
-test: setup
+test: setup system-deps
 	$(PY) -m pytest
 
-test-fast: setup
+test-fast: setup system-deps
 	$(PY) -m pytest -m "not slow"
+
+bench: setup
+	$(PY) bench/throughput.py
 
 cluster-start: setup
 	$(VENV)/bin/streamlab cluster start --taskmanagers 2 --slots 2

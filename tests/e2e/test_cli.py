@@ -30,7 +30,7 @@ def shell_env(tmp_path):
 def test_cli_session(shell_env):
     # free ports, so a developer's own cluster on 6123/8081 is never disturbed
     out = sh(["cluster", "start", "--taskmanagers", "2", "--slots", "2", "-D", "jobmanager.rpc.port=0",
-              "-D", "rest.port=0"], shell_env).stdout
+              "-D", "rest.port=0", "-D", "taskmanager.spark.startup=lazy"], shell_env).stdout
     assert "2 TaskManager(s) x 2 slot(s)" in out
     status = sh(["cluster", "status"], shell_env).stdout
     assert "TaskManagers: 2  slots: 4 free of 4" in status

@@ -14,7 +14,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def own_cluster(tmp_path):
-    local = start_cluster(tmp_path / "c")
+    # no Spark here: these jobs do not use it, and two JVMs starting would only slow the kills
+    local = start_cluster(tmp_path / "c", **{"taskmanager.spark.startup": "lazy"})
     yield local
     local.stop()
 
