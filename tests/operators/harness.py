@@ -1,0 +1,125 @@
+"""Drive one operator directly, as a task would, and a real redis-server for the Redis tests."""
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Optional
+
+import msgpack
+import pyarrow as pa
+import redis
+
+from cluster.graph.job_graph import OperatorSpec
+from cluster.operators import OPERATORS
+from cluster.operators.base import OperatorContext
+from cluster.operators.records import MALFORMED
+
+WHERE = "operator 'under test' (test.py:1)"
+
+
+class Driven:
+    """An opened operator of a connector, with what it sent to its side outputs."""
+
+    def __init__(self, connector, subtask: int = 0, parallelism: int = 1, side: bool = False):
+        self.side_tables: list[pa.Table] = []
+        spec = OperatorSpec(uid="op", kind=connector.kind, name="under test", call_site="test.py:1",
+                            params=connector.params)
+        self.ctx = OperatorContext(
+            job_id="job", job_name="test", attempt=0, subtask=subtask, parallelism=parallelism,
+            max_parallelism=128, config={}, result_address=None, cancelled=threading.Event(), sender=None,
+            side_outputs=frozenset({("op", MALFORMED)}) if side else frozenset(),
+            emit_side=lambda uid, tag, table: self.side_tables.append(table))
+        self.op = OPERATORS[connector.kind](spec, self.ctx)
+        self.op.open()
+
+    def malformed(self) -> pa.Table:
+        return pa.concat_tables(self.side_tables) if self.side_tables else pa.table({})
+
+    def poll(self, batches: int) -> list[pa.Table]:
+        """The next ``batches`` non-empty tables (fewer if the source ends)."""
+        out = []
+        while len(out) < batches:
+            table = self.op.poll()
+            if table is None:
+                break
+            if table.num_rows:
+                out.append(table)
+        return out
+
+    def drain(self, limit: int = 100_000) -> list[pa.Table]:
+        """Every table up to the end of a bounded source."""
+        out = []
+        for _ in range(limit):
+            table = self.op.poll()
+            if table is None:
+                return out
+            if table.num_rows:
+                out.append(table)
+        raise AssertionError(f"the source did not end within {limit} polls")
+
+    def position(self) -> dict:
+        """The position as checkpoint storage would give it back: through msgpack (plain data only)."""
+        return msgpack.unpackb(msgpack.packb(self.op.snapshot_position()), strict_map_key=False)
+
+
+def rows(tables: list[pa.Table]) -> list[dict]:
+    return [row for t in tables for row in t.to_pylist()]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RedisServer:
+    """A real redis-server on a free port of 127.0.0.1, persistence off."""
+
+    def __init__(self, directory: Path):
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("redis-server is not installed; the Redis connector tests need a real server "
+                               "(Debian/Ubuntu: apt-get install redis-server; conda: conda install redis)")
+        self.log = directory / "redis.log"
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.process: Optional[subprocess.Popen] = subprocess.Popen(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", str(directory), "--logfile", str(self.log)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        self._wait_ready()
+
+    def _wait_ready(self, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        client = redis.Redis.from_url(self.url, socket_connect_timeout=1)
+        try:
+            while True:
+                if self.process.poll() is not None:
+                    raise RuntimeError(f"redis-server exited with {self.process.returncode}: {self.log_tail()}")
+                try:
+                    client.ping()
+                    return
+                except redis.ConnectionError:
+                    if time.monotonic() > deadline:
+                        self.stop()
+                        raise RuntimeError(f"redis-server did not answer within {timeout} s: {self.log_tail()}")
+                    time.sleep(0.05)
+        finally:
+            client.close()
+
+    def log_tail(self) -> str:
+        return self.log.read_text(errors="replace")[-2000:] if self.log.exists() else "(no log)"
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+            self.process = None
