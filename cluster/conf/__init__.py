@@ -58,6 +58,23 @@ def _str(value: Any) -> str:
     return value
 
 
+def _str_or_empty(value: Any) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise ValueError("a string")
+    return value
+
+
+def _enum_exact(*choices: str) -> Callable[[Any], str]:
+    def parse(value: Any) -> str:
+        text = str(value).upper().replace("-", "_") if isinstance(value, str) else ""
+        if text not in choices:
+            raise ValueError("one of " + ", ".join(choices))
+        return text
+    return parse
+
+
 def _bool(value: Any) -> bool:
     if isinstance(value, bool):
         return value
@@ -116,6 +133,21 @@ OPTIONS: dict[str, ConfigOption] = {
                      "eager: start the SparkSession when the TaskManager starts; lazy: on the first Spark task."),
         ConfigOption("taskmanager.spark.master", _str, "Spark master of each TaskManager's session."),
         ConfigOption("taskmanager.spark.driver-memory", _str, "JVM heap of each TaskManager's SparkSession."),
+        ConfigOption("execution.checkpointing.interval", parse_duration_ms,
+                     "Time between checkpoints (0: checkpointing off)."),
+        ConfigOption("execution.checkpointing.mode", _enum_exact("EXACTLY_ONCE", "AT_LEAST_ONCE"),
+                     "EXACTLY_ONCE aligns barriers; AT_LEAST_ONCE does not."),
+        ConfigOption("execution.checkpointing.timeout", parse_duration_ms, "A checkpoint not done by then is aborted."),
+        ConfigOption("execution.checkpointing.min-pause", parse_duration_ms,
+                     "Least time between the end of one checkpoint and the start of the next."),
+        ConfigOption("execution.checkpointing.max-concurrent-checkpoints", _int(1), "Checkpoints pending at once."),
+        ConfigOption("execution.checkpointing.dir", _str_or_empty,
+                     "Where checkpoints go (empty: <cluster dir>/checkpoints)."),
+        ConfigOption("state.savepoints.dir", _str_or_empty, "Default savepoint folder (empty: <cluster dir>/savepoints)."),
+        ConfigOption("state.checkpoints.num-retained", _int(1), "Completed checkpoints kept."),
+        ConfigOption("state.backend.type", _enum("hashmap", "heap", "rocksdb"), "Keyed state backend."),
+        ConfigOption("execution.savepoint.path", _str_or_empty, "Savepoint (or checkpoint) a job starts from."),
+        ConfigOption("io.tmp.dirs", _str_or_empty, "Working directory of TaskManagers (RocksDB); empty: the system's."),
         ConfigOption("execution.buffer-timeout", parse_duration_ms,
                      "Longest a partly filled batch waits before it is sent."),
         ConfigOption("execution.batch-size", _int(1), "Rows at which a batch is sent at once."),
@@ -150,7 +182,9 @@ def _flatten(data: Mapping, prefix: str = "") -> dict[str, Any]:
 class Configuration:
     def __init__(self, values: Optional[Mapping[str, Any]] = None, source: str = "configuration"):
         self._values: dict[str, Any] = {}
+        self._explicit: set[str] = set()
         self.update(_load_yaml(DEFAULTS_FILE), str(DEFAULTS_FILE))
+        self._explicit.clear()
         if values:
             self.update(values, source)
 
@@ -173,7 +207,12 @@ class Configuration:
                 self._values[key] = option.parse(raw)
             except ValueError as exc:
                 raise ConfigError(f"invalid value {raw!r} for {key!r} in {source}: expected {exc}") from None
+            self._explicit.add(key)
         return self
+
+    def is_set(self, key: str) -> bool:
+        """Given explicitly (not only by the defaults file)."""
+        return key in self._explicit
 
     def __getitem__(self, key: str) -> Any:
         if key not in OPTIONS:
@@ -189,10 +228,12 @@ class Configuration:
     def copy(self) -> "Configuration":
         conf = Configuration.__new__(Configuration)
         conf._values = dict(self._values)
+        conf._explicit = set(self._explicit)
         return conf
 
     def write(self, path: Path) -> None:
-        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=True))
+        """The keys given explicitly; defaults stay defaults (Flink's rules depend on what was set)."""
+        Path(path).write_text(yaml.safe_dump({k: self._values[k] for k in sorted(self._explicit)}))
 
 
 def _load_yaml(path: Path) -> Mapping[str, Any]:

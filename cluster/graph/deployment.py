@@ -45,6 +45,8 @@ class TaskDeploymentDescriptor:
     outputs: list[OutputDescriptor]
     job_config: dict = field(default_factory=dict)
     result_address: Optional[str] = None
+    # the checkpoint to start from: {"checkpoint_id", "directory", "operators": {uid: [handles]}}
+    restore: Optional[dict] = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -61,4 +63,5 @@ class TaskDeploymentDescriptor:
                                       [tuple(c) for c in o["channels"]], o.get("side_output"))
                      for o in d["outputs"]],
             job_config=d.get("job_config", {}), result_address=d.get("result_address"),
+            restore=d.get("restore"),
         )

@@ -6,9 +6,12 @@ job they name, and keeps finished jobs with their final status.
 from __future__ import annotations
 
 import logging
+import shutil
 import time
+from pathlib import Path
 from typing import Callable, Optional
 
+from cluster.checkpoint.storage import CheckpointFormatError, read_metadata
 from cluster.conf import ConfigError
 from cluster.graph.job_graph import GraphValidationError, JobGraph
 from cluster.protocol import messages as m
@@ -22,7 +25,7 @@ log = logging.getLogger(__name__)
 
 # Keys a job may set for itself; the rest are the cluster's.
 JOB_SCOPED_PREFIXES = ("restart-strategy.", "slot.request.timeout", "execution.", "parallelism.default",
-                       "pipeline.")
+                       "pipeline.", "state.")
 
 
 class Dispatcher:
@@ -43,9 +46,12 @@ class Dispatcher:
             m.CancelJob: self.cancel_job,
             m.RequestClusterOverview: self.request_cluster_overview,
             m.RequestJobDetails: self.request_job_details,
+            m.TriggerSavepoint: self.trigger_savepoint,
+            m.DisposeSavepoint: self.dispose_savepoint,
             m.ShutdownCluster: self.shutdown_cluster,
         }
-        for op in (m.OfferSlots, m.UpdateTaskExecutionState):
+        for op in (m.OfferSlots, m.UpdateTaskExecutionState, m.AcknowledgeCheckpoint, m.DeclineCheckpoint,
+                   m.EndOfInput, m.AcknowledgeCollect):
             self.handlers[op] = self._route_to_job_master
 
     # ------------------------------------------------------------------ client handlers
@@ -64,9 +70,9 @@ class Dispatcher:
         except ConfigError as exc:
             raise RpcError(f"job rejected: {exc}") from None
         master = JobMaster(graph, conf, self.endpoint, self.rm, msg.result_address, self._job_reached_terminal)
+        master.start()  # refuses an unusable savepoint before the job is registered
         self.jobs[graph.job_id] = master
         log.info("job %s (%s) submitted", graph.job_id, graph.name)
-        master.start()
         return m.JobSubmitted(graph.job_id)
 
     def request_job_status(self, msg: m.RequestJobStatus, peer: Peer) -> m.JobStatus:
@@ -88,6 +94,18 @@ class Dispatcher:
     def request_job_details(self, msg: m.RequestJobDetails, peer: Peer) -> m.JobDetails:
         self.job(msg.job_id)  # an unknown job is an error answer, not a KeyError
         return m.JobDetails(job_json(self, msg.job_id) | {"subtasks": subtasks_json(self, msg.job_id)})
+
+    def trigger_savepoint(self, msg: m.TriggerSavepoint, peer: Peer):
+        return self.job(msg.job_id).trigger_savepoint(msg.target_directory, msg.stop)
+
+    def dispose_savepoint(self, msg: m.DisposeSavepoint, peer: Peer) -> m.Acknowledge:
+        directory = Path(msg.location[len("file://"):] if msg.location.startswith("file://") else msg.location)
+        try:
+            read_metadata(directory)  # never delete a folder that is not a savepoint
+        except CheckpointFormatError as exc:
+            raise RpcError(f"not disposed: {exc}") from None
+        shutil.rmtree(directory)
+        return m.Acknowledge()
 
     def shutdown_cluster(self, msg: m.ShutdownCluster, peer: Peer) -> m.Acknowledge:
         log.info("shutdown requested")

@@ -28,7 +28,10 @@ log = logging.getLogger("streamlab.jobmanager")
 
 
 class JobManager:
-    def __init__(self, conf: Configuration, secret: bytes):
+    def __init__(self, conf: Configuration, secret: bytes, cluster_dir: Path):
+        for key, folder in (("execution.checkpointing.dir", "checkpoints"), ("state.savepoints.dir", "savepoints")):
+            if not conf[key]:  # Flink has no default folder; a local cluster keeps them in its own
+                conf.update({key: str(cluster_dir / folder)}, "the cluster directory")
         self.conf = conf
         self.endpoint = RpcEndpoint("jobmanager", Codec(secret))
         self.rpc_address = self.endpoint.bind_router(
@@ -63,7 +66,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     conf = Configuration.from_file(args.cluster_dir / "config.yaml")
-    jm = JobManager(conf, load_secret(args.cluster_dir / "secret"))
+    jm = JobManager(conf, load_secret(args.cluster_dir / "secret"), args.cluster_dir.resolve())
     jm.start()
     info = {"rpc": jm.rpc_address, "rest": jm.rest_address, "pid": os.getpid()}
     tmp = args.cluster_dir / "jobmanager.json.tmp"

@@ -16,8 +16,9 @@ from cluster.graph.deployment import (InputGateDescriptor, OutputDescriptor,
 from cluster.graph.execution_graph import Execution, ExecutionGraph, ExecutionState, JobState
 from cluster.graph.job_graph import JobGraph
 from cluster.protocol import messages as m
-from cluster.protocol.endpoint import Peer, RpcEndpoint
+from cluster.protocol.endpoint import DeferredReply, Peer, RpcEndpoint
 
+from .checkpointing import JobCheckpointing
 from .resource_manager import ResourceManager
 from .restart_strategy import RestartStrategy
 from .slot_manager import SlotAllocation
@@ -46,9 +47,14 @@ class JobMaster:
         self._offered: set[str] = set()
         self._slot_timer = None
         self._restart_timer = None
+        self.checkpointing = JobCheckpointing(self)
         self.handlers = {
             m.OfferSlots: self.offer_slots,
             m.UpdateTaskExecutionState: self.update_task_execution_state,
+            m.AcknowledgeCheckpoint: lambda msg, peer: self.checkpointing.acknowledge_checkpoint(msg),
+            m.DeclineCheckpoint: lambda msg, peer: self.checkpointing.decline_checkpoint(msg),
+            m.EndOfInput: lambda msg, peer: self.checkpointing.end_of_input(msg),
+            m.AcknowledgeCollect: self.acknowledge_collect,
         }
 
     @property
@@ -57,6 +63,9 @@ class JobMaster:
 
     # ------------------------------------------------------------------ scheduling
     def start(self) -> None:
+        """Raises RpcError (the submission is refused) when the savepoint to start from is unusable."""
+        if self.conf["execution.savepoint.path"]:
+            self.checkpointing.restore_from_path(self.conf["execution.savepoint.path"])
         self._request_slots()
 
     def _request_slots(self) -> None:
@@ -108,7 +117,9 @@ class JobMaster:
                 return
             self.graph.set_state(execution, ExecutionState.DEPLOYING)
             gateway.submit_task(self._deployment(execution, alloc).to_dict())
-        log.info("job %s (%s) deployed, attempt %d", self.job_id, self.job_graph.name, self.graph.attempt)
+        log.info("job %s (%s) deployed, attempt %d%s", self.job_id, self.job_graph.name, self.graph.attempt,
+                 f" from checkpoint {self.checkpointing.restore['checkpoint_id']}" if self.checkpointing.restore else "")
+        self.checkpointing.on_running()
 
     def _address_of_subtask(self, subtask: int) -> str:
         return self.rm.data_address(self._allocations[subtask].task_manager_id)
@@ -130,7 +141,7 @@ class JobMaster:
         return TaskDeploymentDescriptor(
             job_id=self.job_id, job_name=g.name, attempt=attempt, execution_id=execution.execution_id,
             allocation_id=alloc.allocation_id, vertex=vertex, subtask=s, inputs=inputs, outputs=outputs,
-            job_config=self.conf.to_dict(), result_address=self.result_address)
+            job_config=self.conf.to_dict(), result_address=self.result_address, restore=self.checkpointing.restore)
 
     # ------------------------------------------------------------------ task reports
     def update_task_execution_state(self, msg: m.UpdateTaskExecutionState, peer: Peer) -> None:
@@ -173,6 +184,7 @@ class JobMaster:
                                   f"{execution.task_manager_id}:\n{error}")
             log.warning("job %s: %s", self.job_id, self.graph.failure.splitlines()[0])
             self.graph.transition(JobState.FAILING, now_ms())
+            self.checkpointing.on_stopped("the job is failing")
             self._cancel_running_tasks()
         if self.graph.all_terminal():
             self._all_terminal()
@@ -191,6 +203,7 @@ class JobMaster:
                 gateway.cancel_task(execution.execution_id)
 
     def _all_terminal(self) -> None:
+        self.checkpointing.on_stopped("the job ended")
         state = self.state
         if state == JobState.RUNNING and self.graph.all_finished():
             self.graph.transition(JobState.FINISHED, now_ms())
@@ -215,6 +228,7 @@ class JobMaster:
     def _restart(self) -> None:
         if self.state != JobState.RESTARTING:
             return
+        self.checkpointing.find_restore_point()
         self.graph.reset_executions()
         self.graph.transition(JobState.CREATED, now_ms())
         self._request_slots()
@@ -231,9 +245,21 @@ class JobMaster:
             self._release_and_report()
             return
         self.graph.transition(JobState.CANCELLING, now_ms())
+        self.checkpointing.on_stopped("the job was cancelled")
         self._cancel_running_tasks()
         if self.graph.all_terminal():
             self._all_terminal()
+
+    def acknowledge_collect(self, msg: m.AcknowledgeCollect, peer: Peer) -> m.Acknowledge:
+        self.checkpointing.acknowledge_collect(msg)
+        return m.Acknowledge()  # a client may send it as a request
+
+    def trigger_savepoint(self, target: Optional[str], stop: bool) -> DeferredReply:
+        pending = self.checkpointing.trigger_savepoint(target, stop)
+        reply = DeferredReply()
+        pending.on_done.append(lambda done, reason: reply.resolve(m.SavepointCompleted(self.job_id, done.directory))
+                               if done else reply.fail(f"the savepoint of job {self.job_id} failed: {reason}"))
+        return reply
 
     def _fail_globally(self, reason: str) -> None:
         self.graph.failure = reason

@@ -17,6 +17,9 @@ class RestartStrategy:
     @classmethod
     def from_config(cls, conf) -> "RestartStrategy":
         kind = conf["restart-strategy.type"]
+        if not conf.is_set("restart-strategy.type") and conf["execution.checkpointing.interval"] > 0:
+            # Flink's rule: with checkpointing and no strategy given, restart (fixed delay) forever
+            return cls("fixed-delay", 2**31 - 1, conf["restart-strategy.fixed-delay.delay"])
         if kind == "fixed-delay":
             return cls(kind, conf["restart-strategy.fixed-delay.attempts"],
                        conf["restart-strategy.fixed-delay.delay"])

@@ -16,6 +16,21 @@ import pyarrow as pa
 from cluster.graph.job_graph import OperatorSpec
 
 
+@dataclass
+class OperatorSnapshot:
+    """An operator's part of a checkpoint: plain data for the metadata, and keyed state to write.
+
+    ``keyed`` is the synchronous part of a state backend's snapshot; the task writes it to a file
+    on another thread while processing goes on."""
+
+    handle: dict
+    keyed: Any = None
+
+
+def checkpointing_enabled(config: dict) -> bool:
+    return int(config.get("execution.checkpointing.interval", 0) or 0) > 0
+
+
 class TaskCancelled(Exception):
     """Raised inside a task thread when its task was cancelled; not a failure."""
 
@@ -40,6 +55,7 @@ class OperatorContext:
     emit_side: Callable[[str, str, pa.Table], None] = lambda uid, tag, table: None
     execution_id: str = ""
     task_name: str = ""
+    restored_checkpoint: int = 0  # the checkpoint this attempt started from (0: none)
     set_detail: Callable[[str], None] = lambda detail: None  # what the task waits for, for the status
 
     def check_cancelled(self) -> None:
@@ -70,6 +86,19 @@ class Operator:
         """Operator-specific figures added to the task's metrics."""
         return {}
 
+    # ------------------------------------------------------------------ checkpoints
+    def snapshot_state(self, checkpoint_id: int) -> Optional[OperatorSnapshot]:
+        """Called on the task thread at the barrier; None for a stateless operator."""
+        return None
+
+    def restore_state(self, handles: list[dict]) -> None:
+        """Called after open() with the handles of EVERY subtask of this operator in the restored
+        checkpoint (each with "subtask" and "parallelism" of its writer), so an operator restored
+        at another parallelism can pick what is now its own."""
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        pass
+
     def has_side_output(self, tag: str) -> bool:
         """Whether the job reads this operator's side output ``tag`` (else such rows are an error)."""
         return (self.spec.uid, tag) in self.ctx.side_outputs
@@ -99,6 +128,16 @@ class SourceOperator(Operator):
 
     def restore_position(self, position: dict) -> None:
         raise NotImplementedError
+
+    def snapshot_state(self, checkpoint_id: int) -> Optional[OperatorSnapshot]:
+        return OperatorSnapshot({"position": self.snapshot_position()})
+
+    def restore_state(self, handles: list[dict]) -> None:
+        """A source's position belongs to its subtask; sources that can be rescaled override this."""
+        if len(handles) != self.ctx.parallelism:
+            raise ValueError(f"{self.spec.where()}: its position was saved at parallelism {len(handles)} and "
+                             f"this source cannot be rescaled to {self.ctx.parallelism}")
+        self.restore_position(next(h["position"] for h in handles if h["subtask"] == self.ctx.subtask))
 
     @property
     def is_bounded(self) -> bool:

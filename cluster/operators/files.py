@@ -24,7 +24,7 @@ from typing import Iterator, Optional
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .base import Operator, SourceOperator
+from .base import Operator, OperatorSnapshot, SourceOperator, checkpointing_enabled
 from .records import (MalformedInputError, MalformedRecords, infer_schema, parse_schema, schema_from_bytes,
                       schema_to_bytes, to_table)
 
@@ -298,15 +298,18 @@ class FileSink(Operator):
 
     Two-phase commit, as Flink's FileSink: rows go to a hidden in-progress file; ``prepare_commit``
     closes it and hands over the pending files; ``commit`` renames them to
-    ``part-<subtask>-<n>.parquet`` atomically, so a reader sees a whole file or none. Until
-    checkpoints drive it (on the barrier: prepare; on completion: commit), a file is committed
-    when it rolls and at the end of a bounded input."""
+    ``part-<subtask>-<n>.parquet`` atomically, so a reader sees a whole file or none. With
+    checkpoints, the barrier prepares (the pending files go into the checkpoint) and the
+    checkpoint's completion commits, so only what a completed checkpoint covers is ever visible;
+    a restore commits the pending files of the checkpoint it starts from (again: idempotent).
+    Without checkpoints, a file is committed when it rolls and at the end of a bounded input."""
 
     def open(self) -> None:
         self.directory: str = self.params["path"]
         self.rows_per_file = int(self.params.get("rows_per_file") or 1_000_000)
         self.compression: str = self.params.get("compression") or "snappy"
-        self.commit_on_roll = True  # issue 4: False when checkpoints commit
+        self.commit_on_roll = not checkpointing_enabled(self.ctx.config)
+        self._prepared: dict[int, list[dict]] = {}  # checkpoint id -> files waiting for its completion
         os.makedirs(self.directory, exist_ok=True)
         self._part = self._first_free_part()
         self._writer: Optional[pq.ParquetWriter] = None
@@ -377,7 +380,31 @@ class FileSink(Operator):
                 raise FileNotFoundError(f"{self.spec.where()}: cannot commit {file['final']}: its in-progress "
                                           f"file {file['in_progress']} is gone")
 
+    def snapshot_state(self, checkpoint_id: int) -> OperatorSnapshot:
+        pending = self.prepare_commit()
+        self._prepared[checkpoint_id] = pending
+        return OperatorSnapshot({"pending": pending})
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        for done in sorted(c for c in self._prepared if c <= checkpoint_id):
+            self.commit(self._prepared.pop(done))
+
+    def restore_state(self, handles: list[dict]) -> None:
+        # the old subtasks' pending files are committed by the new subtask with their index mod p
+        mine = [h for h in handles if h["subtask"] % self.ctx.parallelism == self.ctx.subtask]
+        keep = set()
+        for handle in mine:
+            self.commit(handle["pending"])
+            keep.update(f["in_progress"] for f in handle["pending"])
+        # in-progress files of this subtask that no checkpoint covers belong to a failed attempt
+        stray = re.compile(rf"\.part-{self.ctx.subtask}-\d+\.parquet\.inprogress\.")
+        for name in os.listdir(self.directory):
+            path = os.path.join(self.directory, name)
+            if stray.match(name) and path not in keep and path != self._in_progress:
+                os.remove(path)
+
     def finish(self) -> list[pa.Table]:
+        # the end of a bounded input: with checkpoints, the final checkpoint covered everything
         self.commit(self.prepare_commit())
         return []
 

@@ -1,33 +1,324 @@
-"""Keyed operators. The running count emits, per batch, the new count of every key it touched
-(an upsert stream: the latest row per key is the current value)."""
+"""Keyed operators: their state lives in a keyed state backend, partitioned by key group.
+
+Each subtask owns the key groups of its range (cluster.state.key_groups); a batch arrives
+hash-partitioned, so every key in it belongs here. Each operator emits, per batch, the new value
+of every key the batch touched: an upsert stream whose latest row per key is the current value.
+
+* count: a running count per key;
+* aggregate: named aggregations (sum, count, min, max, mean). Partial aggregates are computed
+  per batch before the exchange (in the upstream Spark plan when there is one, else in pandas)
+  and merged into keyed state here, so the shuffle carries one row per key and batch;
+* reduce: a user function folding a key's rows into one (vectorised over keys);
+* process: a user function per key and batch with Flink's value, list and map state.
+"""
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from .base import Operator
+from cluster.state.backend import create_backend
+from cluster.state.key_groups import key_group_range, key_groups_of
+
+from .base import Operator, OperatorSnapshot, UserFunctionError
+from .sources import to_table
+
+# partial aggregates: how each function is computed from a batch and merged into state
+PARTIALS = {"sum": ("s",), "count": ("c",), "min": ("min",), "max": ("max",), "mean": ("s", "c")}
+MERGE = {"s": lambda a, b: a + b, "c": lambda a, b: a + b, "min": min, "max": max}
+MERGE_IN_BATCH = {"s": "sum", "c": "sum", "min": "min", "max": "max"}
 
 
-class KeyedCount(Operator):
-    """params: key (list of column names)."""
+def partial_columns(aggregations: dict) -> list[tuple[str, str, Optional[str]]]:
+    """(partial column name, partial kind, source column) for named aggregations {out: [col, func]}."""
+    return [(f"__{out}__{kind}", kind, column) for out, (column, func) in aggregations.items()
+            for kind in PARTIALS[func]]
+
+
+def partial_aggregate_frame(frame: pd.DataFrame, key: list[str], aggregations: dict) -> pd.DataFrame:
+    """One row per key with the partial aggregates of this batch (pandas)."""
+    grouped = frame.groupby(key, sort=False, dropna=False)
+    out = {}
+    for name, kind, column in partial_columns(aggregations):
+        series = grouped[column]
+        out[name] = {"s": series.sum, "c": series.count, "min": series.min, "max": series.max}[kind]()
+    return pd.DataFrame(out).reset_index()
+
+
+def spark_partial_aggregate(df, key: list[str], aggregations: dict):
+    """The same partials as one more step of a Spark plan."""
+    from pyspark.sql import functions as F
+    exprs = [{"s": F.sum, "c": F.count, "min": F.min, "max": F.max}[kind](column).alias(name)
+             for name, kind, column in partial_columns(aggregations)]
+    return df.groupBy(*key).agg(*exprs)
+
+
+class KeyedOperator(Operator):
+    """Base of operators with keyed state: a backend over this subtask's key groups."""
 
     def open(self) -> None:
         self.key = list(self.params["key"])
-        self.counts: dict = {}
+        config = self.ctx.config
+        work = Path(config.get("io.tmp.dirs") or tempfile.gettempdir()) / "streamlab-state" / \
+            f"{self.ctx.execution_id or 'task'}-{self.spec.uid[:8]}"
+        self.key_groups = key_group_range(self.ctx.max_parallelism, self.ctx.parallelism, self.ctx.subtask)
+        self.backend = create_backend(config.get("state.backend.type", "hashmap"), self.key_groups,
+                                      self.ctx.max_parallelism, work)
 
-    def process(self, table: pa.Table) -> list[pa.Table]:
-        if table.num_rows == 0:
-            return []
+    def snapshot_state(self, checkpoint_id: int) -> OperatorSnapshot:
+        return OperatorSnapshot({}, keyed=self.backend.snapshot())
+
+    def restore_state(self, handles: list[dict]) -> None:
+        self.backend.restore([Path(h["directory"]) / h["keyed_file"] for h in handles if h.get("keyed_file")])
+
+    def close(self) -> None:
+        self.backend.close()
+
+    def group(self, table: pa.Table) -> tuple[pd.DataFrame, list, list, Any]:
+        """The batch's key frame, its distinct keys (python natives, in order of first
+        appearance), their key groups, and the pandas groupby over the keys."""
         missing = [k for k in self.key if k not in table.column_names]
         if missing:
             raise KeyError(f"{self.spec.where()}: key column(s) {missing} not in the input "
                            f"(columns: {table.column_names})")
-        sizes = table.select(self.key).to_pandas().groupby(self.key, sort=False, dropna=False).size()
-        totals = []
-        for key, n in zip(sizes.index, sizes.to_numpy()):
-            total = self.counts.get(key, 0) + int(n)
-            self.counts[key] = total
-            totals.append(total)
-        out = sizes.index.to_frame(index=False)
-        out["count"] = pd.Series(totals, dtype="int64")
+        frame = table.to_pandas()
+        # the key groups of the rows, exactly as the exchange routed them
+        groups_of_rows = key_groups_of(table, self.key, self.ctx.max_parallelism)
+        first = ~frame.duplicated(self.key).to_numpy()
+        firsts = frame.loc[first, self.key]
+        if len(self.key) == 1:
+            keys = firsts[self.key[0]].astype(object).tolist()
+        else:
+            keys = [tuple(row) for row in firsts.astype(object).values.tolist()]
+        return frame, keys, groups_of_rows[first].tolist(), frame.groupby(self.key, sort=False, dropna=False)
+
+    def key_frame(self, frame: pd.DataFrame) -> pd.DataFrame:
+        return frame.loc[~frame.duplicated(self.key), self.key].reset_index(drop=True)
+
+    def state_items(self, state: str):
+        return self.backend.items(state)
+
+
+class KeyedCount(KeyedOperator):
+    """params: key."""
+
+    def process(self, table: pa.Table) -> list[pa.Table]:
+        if table.num_rows == 0:
+            return []
+        frame, keys, groups, grouped = self.group(table)
+        sizes = grouped.size().to_numpy()
+        counts = [(old or 0) + int(n) for old, n in zip(self.backend.get_many("count", groups, keys), sizes)]
+        self.backend.put_many("count", groups, keys, counts)
+        out = self.key_frame(frame)
+        out["count"] = np.asarray(counts, dtype=np.int64)
         return [pa.Table.from_pandas(out, preserve_index=False)]
+
+
+class LocalAggregate(Operator):
+    """Partial aggregates per key of each batch, before the exchange (no state). params: key,
+    aggregations."""
+
+    def process(self, table: pa.Table) -> list[pa.Table]:
+        if table.num_rows == 0:
+            return []
+        frame = partial_aggregate_frame(table.to_pandas(), list(self.params["key"]), self.params["aggregations"])
+        return [pa.Table.from_pandas(frame, preserve_index=False)]
+
+
+class KeyedAggregate(KeyedOperator):
+    """params: key, aggregations {out: [column, func]}, pre_aggregated (the input already holds
+    partial columns)."""
+
+    def open(self) -> None:
+        super().open()
+        self.aggregations = self.params["aggregations"]
+        self.partials = partial_columns(self.aggregations)
+
+    def process(self, table: pa.Table) -> list[pa.Table]:
+        if table.num_rows == 0:
+            return []
+        frame = table.to_pandas()
+        if not self.params.get("pre_aggregated"):
+            frame = partial_aggregate_frame(frame, self.key, self.aggregations)
+        # several partial rows of one key come in one batch (one per producer): merge them first
+        grouped = frame.groupby(self.key, sort=False, dropna=False)
+        frame = pd.DataFrame({name: getattr(grouped[name], MERGE_IN_BATCH[kind])()
+                              for name, kind, _ in self.partials}).reset_index()
+        batch = pa.Table.from_pandas(frame, preserve_index=False)
+        frame, keys, groups, _ = self.group(batch)
+        new_values = frame[[n for n, _, _ in self.partials]].astype(object).values.tolist()
+        merged = []
+        for old, new in zip(self.backend.get_many("partials", groups, keys), new_values):
+            merged.append(tuple(new) if old is None else
+                          tuple(MERGE[kind](a, b) for (_, kind, _), a, b in zip(self.partials, old, new)))
+        self.backend.put_many("partials", groups, keys, merged)
+        out = frame[self.key].copy()
+        columns = {n: [m[i] for m in merged] for i, (n, _, _) in enumerate(self.partials)}
+        for name, (column, func) in self.aggregations.items():
+            if func == "mean":
+                out[name] = np.asarray(columns[f"__{name}__s"], dtype=float) / np.asarray(columns[f"__{name}__c"])
+            else:
+                out[name] = columns[f"__{name}__{PARTIALS[func][0]}"]
+        return [pa.Table.from_pandas(out, preserve_index=False)]
+
+
+class KeyedReduce(KeyedOperator):
+    """udf: fn(accumulated: DataFrame, new: DataFrame) -> DataFrame, over aligned rows (one per
+    key, the same columns, the key columns included); folds each key's rows in arrival order."""
+
+    def process(self, table: pa.Table) -> list[pa.Table]:
+        if table.num_rows == 0:
+            return []
+        frame, keys, groups, grouped = self.group(table)
+        columns = list(frame.columns)
+        rank = grouped.cumcount().to_numpy()
+        position = dict(zip(keys, range(len(keys))))
+        old = self.backend.get_many("reduced", groups, keys)
+        acc: list[Optional[tuple]] = list(old)
+        key_of_row = (frame[self.key[0]].astype(object).tolist() if len(self.key) == 1
+                      else [tuple(r) for r in frame[self.key].astype(object).values.tolist()])
+        for r in range(int(rank.max()) + 1):
+            rows = frame[rank == r].reset_index(drop=True)
+            slots = [position[key_of_row[i]] for i in np.flatnonzero(rank == r)]
+            have = [j for j, slot in enumerate(slots) if acc[slot] is not None]
+            fresh = [j for j, slot in enumerate(slots) if acc[slot] is None]
+            for j in fresh:
+                acc[slots[j]] = tuple(rows.iloc[j].astype(object).tolist())
+            if have:
+                previous = pd.DataFrame([acc[slots[j]] for j in have], columns=columns)
+                combined = self.call_user(previous, rows.iloc[have].reset_index(drop=True))
+                combined = to_table(combined, f"{self.spec.where()}: the reduce function").to_pandas()
+                if list(combined.columns) != columns or len(combined) != len(have):
+                    raise UserFunctionError(f"{self.spec.where()}: the reduce function must return one row per "
+                                            f"input row with the columns {columns}, got {list(combined.columns)} "
+                                            f"and {len(combined)} rows for {len(have)}")
+                for j, row in zip(have, combined.astype(object).values.tolist()):
+                    acc[slots[j]] = tuple(row)
+        self.backend.put_many("reduced", groups, keys, acc)
+        return [pa.Table.from_pandas(pd.DataFrame(acc, columns=columns), preserve_index=False)]
+
+
+class ValueState:
+    def __init__(self, access: "KeyedStateAccess", name: str):
+        self._access, self._name = access, f"v:{name}"
+
+    def value(self):
+        return self._access._get(self._name)
+
+    def update(self, value) -> None:
+        self._access._put(self._name, value)
+
+    def clear(self) -> None:
+        self._access._put(self._name, None)
+
+
+class ListState:
+    """Stored as a tuple: values are immutable in the backend, so every change stores a new one."""
+
+    def __init__(self, access: "KeyedStateAccess", name: str):
+        self._access, self._name = access, f"l:{name}"
+
+    def get(self) -> list:
+        return list(self._access._get(self._name) or ())
+
+    def add(self, value) -> None:
+        self._access._put(self._name, tuple(self.get()) + (value,))
+
+    def add_all(self, values) -> None:
+        self._access._put(self._name, tuple(self.get()) + tuple(values))
+
+    def update(self, values) -> None:
+        self._access._put(self._name, tuple(values) or None)
+
+    def clear(self) -> None:
+        self._access._put(self._name, None)
+
+
+class MapState:
+    """Stored as a dict that is copied on every change (values are immutable in the backend)."""
+
+    def __init__(self, access: "KeyedStateAccess", name: str):
+        self._access, self._name = access, f"m:{name}"
+
+    def _map(self) -> dict:
+        return self._access._get(self._name) or {}
+
+    def get(self, key, default=None):
+        return self._map().get(key, default)
+
+    def put(self, key, value) -> None:
+        self._access._put(self._name, {**self._map(), key: value})
+
+    def remove(self, key) -> None:
+        changed = dict(self._map())
+        changed.pop(key, None)
+        self._access._put(self._name, changed or None)
+
+    def contains(self, key) -> bool:
+        return key in self._map()
+
+    def keys(self) -> list:
+        return list(self._map())
+
+    def items(self) -> list:
+        return list(self._map().items())
+
+    def is_empty(self) -> bool:
+        return not self._map()
+
+    def clear(self) -> None:
+        self._access._put(self._name, None)
+
+
+class KeyedStateAccess:
+    """What a process function gets: the state of the current key, by name, as Flink's handles."""
+
+    def __init__(self, backend):
+        self._backend = backend
+        self.key: Any = None
+        self._group = 0
+
+    def _at(self, key, key_group: int) -> "KeyedStateAccess":
+        self.key, self._group = key, key_group
+        return self
+
+    def _get(self, name: str):
+        return self._backend.get(name, self._group, self.key)
+
+    def _put(self, name: str, value) -> None:
+        self._backend.put(name, self._group, self.key, value)
+
+    def value_state(self, name: str) -> ValueState:
+        return ValueState(self, name)
+
+    def list_state(self, name: str) -> ListState:
+        return ListState(self, name)
+
+    def map_state(self, name: str) -> MapState:
+        return MapState(self, name)
+
+
+class KeyedProcess(KeyedOperator):
+    """udf: fn(key, rows: DataFrame, state: KeyedStateAccess) -> DataFrame or None, per key and
+    batch."""
+
+    def open(self) -> None:
+        super().open()
+        self.access = KeyedStateAccess(self.backend)
+
+    def process(self, table: pa.Table) -> list[pa.Table]:
+        if table.num_rows == 0:
+            return []
+        frame, keys, groups, grouped = self.group(table)
+        out = []
+        for key, group, (_, rows) in zip(keys, groups, grouped):
+            result = self.call_user(key, rows.reset_index(drop=True), self.access._at(key, group))
+            if result is not None:
+                out.append(to_table(result, f"{self.spec.where()}: the process function"))
+        if not out:
+            return []
+        return [pa.concat_tables(out, promote_options="default")]

@@ -6,25 +6,40 @@ import sys
 
 import pyarrow as pa
 
-from cluster.protocol.messages import CollectBatch, CollectEnd
+from cluster.protocol.messages import CollectBarrier, CollectBatch, CollectEnd
 
-from .base import Operator
+from .base import Operator, OperatorSnapshot
 from cluster.protocol.serde import table_to_ipc
 
 log = logging.getLogger(__name__)
 
 
 class CollectSink(Operator):
+    """Streams batches to the client. Exactly once across restarts: each batch carries its epoch
+    (the last checkpoint barrier before it), and at every barrier a marker tells the client, which
+    acknowledges it to the JobManager: a checkpoint completes only once the client holds every row
+    before it. After a restore from checkpoint n the client drops earlier attempts' rows of
+    epochs >= n, which are replayed."""
+
     def open(self) -> None:
         self.address = self.ctx.result_address
+        self.epoch = self.ctx.restored_checkpoint
         if self.address is None:
             log.info("%s: no client to collect to (detached job): rows are discarded", self.spec.where())
 
     def process(self, table: pa.Table) -> list[pa.Table]:
         if self.address is not None and table.num_rows:
             self.ctx.sender.send(self.address, CollectBatch(
-                self.ctx.job_id, self.ctx.attempt, self.spec.uid, self.ctx.subtask), [table_to_ipc(table)])
+                self.ctx.job_id, self.ctx.attempt, self.spec.uid, self.ctx.subtask, self.epoch,
+                self.ctx.restored_checkpoint), [table_to_ipc(table)])
         return []
+
+    def snapshot_state(self, checkpoint_id: int):
+        if self.address is not None:
+            self.ctx.sender.send(self.address, CollectBarrier(
+                self.ctx.job_id, self.ctx.attempt, self.spec.uid, self.ctx.subtask, checkpoint_id))
+        self.epoch = checkpoint_id
+        return None
 
     def finish(self) -> list[pa.Table]:
         if self.address is not None:

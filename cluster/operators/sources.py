@@ -1,7 +1,11 @@
-"""Sources. The generator is deterministic: subtask i of p emits sequence numbers i, i+p, i+2p ...
+"""Sources. The generator is deterministic and replayable, and can be rescaled from a savepoint.
 
-so the rows of a bounded generator are the same whatever the parallelism, and a position (how
-many rows this subtask emitted) is all that replay needs.
+Its sequence 0, 1, 2, ... is cut into splits of ``split_size`` numbers (FLIP-27's splits); subtask
+i of p reads splits i, i+p, i+2p, ... in order. Its position is a set of facts that stay true
+whatever the parallelism: "splits s with s % p == i and s // p < done are read" and "split s is
+read up to offset o". A subtask restored at another parallelism takes the union of every old
+subtask's facts and reads the splits of its own residue class that are not done, resuming the
+partly read ones: every number is emitted exactly once, at any parallelism.
 """
 from __future__ import annotations
 
@@ -29,46 +33,65 @@ def to_table(result, where: str) -> pa.Table:
 
 class GeneratorSource(SourceOperator):
     """params: count (None: unbounded), rate (rows/s over all subtasks, None: as fast as possible),
-    batch_size; udf: optional fn(seq: numpy int64 array) -> DataFrame (default: one column 'seq')."""
+    batch_size, split_size; udf: optional fn(seq: numpy int64 array) -> DataFrame (default: one
+    column 'seq')."""
 
     def open(self) -> None:
-        count: Optional[int] = self.params.get("count")
-        p, i = self.ctx.parallelism, self.ctx.subtask
-        self.remaining = None if count is None else len(range(i, count, p))
-        self.position = 0  # rows emitted by this subtask
+        self.count: Optional[int] = self.params.get("count")
+        p = self.ctx.parallelism
+        self.batch_size = int(self.params.get("batch_size") or 1000)
+        # whole batches per split, so a split never ends in a short batch but the last
+        self.split_size = int(self.params.get("split_size") or 16 * self.batch_size)
         rate = self.params.get("rate")
         self.rate = None if rate is None else rate / p
-        self.batch_size = int(self.params.get("batch_size") or 1000)
+        self.inherited: list[dict] = []   # facts restored from earlier runs
+        self.partial: dict[int, int] = {}  # split -> offset, from earlier runs
+        self.k = 0                         # index into this subtask's own splits: split = subtask + k*p
+        self.offset = 0                    # rows read of the current split
+        self.emitted = 0                   # rows emitted by this run (for the rate)
         self.started = time.monotonic()
+        self._skip_done()
 
     @property
     def is_bounded(self) -> bool:
-        return self.remaining is not None
+        return self.count is not None
 
-    def snapshot_position(self) -> dict:
-        return {"position": self.position}
+    # ------------------------------------------------------------------ splits
+    def _split(self) -> int:
+        return self.ctx.subtask + self.k * self.ctx.parallelism
 
-    def restore_position(self, position: dict) -> None:
-        done = position["position"] - self.position
-        self.position = position["position"]
-        if self.remaining is not None:
-            self.remaining -= done
-        if self.rate is not None:  # keep the rate from here on, not catch up on the replayed part
-            self.started = time.monotonic() - self.position / self.rate
+    def _done_before(self, split: int) -> bool:
+        return any(split % f["p"] == f["i"] and split // f["p"] < f["done"] for f in self.inherited)
+
+    def _skip_done(self) -> None:
+        while self._done_before(self._split()):
+            self.k += 1
+        self.offset = self.partial.get(self._split(), 0)
+
+    def _split_rows(self, split: int) -> int:
+        if self.count is None:
+            return self.split_size
+        return max(0, min(self.split_size, self.count - split * self.split_size))
 
     def poll(self) -> Optional[pa.Table]:
-        n = self.batch_size if self.remaining is None else min(self.batch_size, self.remaining)
-        if n == 0:
-            return None
+        split = self._split()
+        remaining = self._split_rows(split) - self.offset
+        if remaining <= 0:
+            if self.count is not None and split * self.split_size >= self.count:
+                return None
+            self.k += 1
+            self._skip_done()
+            return pa.table({})
+        n = min(self.batch_size, remaining)
         if self.rate is not None:
-            due = int((time.monotonic() - self.started) * self.rate) - self.position
+            due = int((time.monotonic() - self.started) * self.rate) - self.emitted
             if due <= 0:
-                # sleep until the next row is due, at most the buffer timeout, so cancel stays quick
-                time.sleep(max(0.0, min(0.1, (self.position + 1) / self.rate - (time.monotonic() - self.started))))
+                # sleep until the next row is due, at most 100 ms, so cancellation stays quick
+                time.sleep(max(0.0, min(0.1, (self.emitted + 1) / self.rate - (time.monotonic() - self.started))))
                 return pa.table({})
             n = min(n, due)
-        p, i = self.ctx.parallelism, self.ctx.subtask
-        seq = np.arange(self.position, self.position + n, dtype=np.int64) * p + i
+        start = split * self.split_size + self.offset
+        seq = np.arange(start, start + n, dtype=np.int64)
         if self.udf is None:
             table = pa.table({"seq": seq})
         else:
@@ -76,7 +99,26 @@ class GeneratorSource(SourceOperator):
             if table.num_rows != n:
                 raise UserFunctionError(f"{self.spec.where()}: the generator function returned "
                                         f"{table.num_rows} rows for {n} sequence numbers")
-        self.position += n
-        if self.remaining is not None:
-            self.remaining -= n
+        self.offset += n
+        self.emitted += n
         return table
+
+    # ------------------------------------------------------------------ position
+    def snapshot_position(self) -> dict:
+        own = {"p": self.ctx.parallelism, "i": self.ctx.subtask, "done": self.k}
+        return {"facts": self.inherited + [own], "partial": {str(self._split()): self.offset}}
+
+    def restore_position(self, position: dict) -> None:
+        self.restore_state([{"subtask": self.ctx.subtask, "parallelism": self.ctx.parallelism,
+                             "position": position}])
+
+    def restore_state(self, handles: list[dict]) -> None:
+        facts, partial = [], {}
+        for h in handles:
+            facts += [f for f in h["position"]["facts"] if f not in facts]
+            for split, offset in h["position"]["partial"].items():
+                partial[int(split)] = max(offset, partial.get(int(split), 0))
+        self.inherited = [f for f in facts if f["done"] > 0]
+        self.partial = partial
+        self.k = 0
+        self._skip_done()

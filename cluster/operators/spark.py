@@ -142,6 +142,9 @@ class SparkChain(Operator):
                 if "sql" in spec.params:
                     df.createOrReplaceTempView("input")
                     df = self.session.sql(spec.params["sql"])
+                elif "partial_aggregate" in spec.params:  # a keyed aggregation's pre-aggregation
+                    from .keyed import spark_partial_aggregate
+                    df = spark_partial_aggregate(df, spec.params["key"], spec.params["partial_aggregate"])
                 else:
                     df = fn(df)
                     if not isinstance(df, DataFrame):

@@ -37,6 +37,27 @@ class RpcError(Exception):
     """An expected failure of a request (unknown job, bad argument): answered, not logged as a bug."""
 
 
+class DeferredReply:
+    """Returned by a handler whose answer comes later (e.g. when a savepoint completes)."""
+
+    def __init__(self):
+        self._target = None
+
+    def _bind(self, endpoint: "RpcEndpoint", peer: "Peer", cid: Optional[int]) -> None:
+        self._target = (endpoint, peer, cid)
+
+    def resolve(self, reply: Message) -> None:
+        """Send the answer (loop thread only)."""
+        if self._target is not None:
+            endpoint, peer, cid = self._target
+            if cid is not None:
+                endpoint.send(peer, reply, cid)
+            self._target = None
+
+    def fail(self, message: str) -> None:
+        self.resolve(ErrorResponse(message))
+
+
 @dataclass(frozen=True)
 class Peer:
     """Where a message came from, and so where its reply goes."""
@@ -260,7 +281,9 @@ class RpcEndpoint:
         except Exception as exc:
             log.error("%s: handler for %s failed:\n%s", self.name, msg.op, traceback.format_exc())
             reply = ErrorResponse(f"internal error handling {msg.op}: {exc}")
-        if reply is not None and cid is not None:
+        if isinstance(reply, DeferredReply):
+            reply._bind(self, peer, cid)
+        elif reply is not None and cid is not None:
             self.send(peer, reply, cid)
 
 

@@ -30,6 +30,16 @@ class TaskExecutorGateway:
     def free_slot(self, allocation_id: str) -> None:
         self._send(m.FreeSlot(allocation_id))
 
+    def trigger_checkpoint(self, job_id: str, execution_id: str, checkpoint_id: int, timestamp: int,
+                           kind: str, directory: str) -> None:
+        self._send(m.TriggerCheckpoint(job_id, execution_id, checkpoint_id, timestamp, kind, directory))
+
+    def notify_checkpoint_complete(self, job_id: str, checkpoint_id: int) -> None:
+        self._send(m.NotifyCheckpointComplete(job_id, checkpoint_id))
+
+    def notify_checkpoint_aborted(self, job_id: str, checkpoint_id: int) -> None:
+        self._send(m.NotifyCheckpointAborted(job_id, checkpoint_id))
+
     def request_registration(self) -> None:
         self._send(m.RequestRegistration())
 
@@ -58,6 +68,15 @@ class JobManagerGateway:
     def update_task_execution_state(self, job_id: str, execution_id: str, state: str,
                                     error=None, metrics=None) -> None:
         self._send(m.UpdateTaskExecutionState(job_id, execution_id, state, error, metrics or {}))
+
+    def acknowledge_checkpoint(self, job_id: str, execution_id: str, checkpoint_id: int, state: dict) -> None:
+        self._send(m.AcknowledgeCheckpoint(job_id, execution_id, checkpoint_id, state))
+
+    def decline_checkpoint(self, job_id: str, execution_id: str, checkpoint_id: int, reason: str) -> None:
+        self._send(m.DeclineCheckpoint(job_id, execution_id, checkpoint_id, reason))
+
+    def end_of_input(self, job_id: str, execution_id: str) -> None:
+        self._send(m.EndOfInput(job_id, execution_id))
 
     def disconnect_task_manager(self, tm_id: str, reason: str) -> None:
         self._send(m.DisconnectTaskManager(tm_id, reason))

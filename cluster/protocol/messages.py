@@ -163,6 +163,34 @@ class JobDetails(Message, op="job-details"):
 
 
 @dataclass(frozen=True)
+class TriggerSavepoint(Message, op="trigger-savepoint"):
+    job_id: str
+    target_directory: Optional[str]  # None: state.savepoints.dir
+    stop: bool                       # stop-with-savepoint: the job ends once the savepoint completes
+
+
+@dataclass(frozen=True)
+class SavepointCompleted(Message, op="savepoint-completed"):
+    job_id: str
+    location: str
+
+
+@dataclass(frozen=True)
+class DisposeSavepoint(Message, op="dispose-savepoint"):
+    location: str
+
+
+@dataclass(frozen=True)
+class AcknowledgeCollect(Message, op="acknowledge-collect"):
+    """The client received every row a collect sink subtask sent before checkpoint barrier n."""
+    job_id: str
+    attempt: int
+    sink: str
+    subtask: int
+    checkpoint_id: int
+
+
+@dataclass(frozen=True)
 class ShutdownCluster(Message, op="shutdown-cluster"):
     pass
 
@@ -251,6 +279,52 @@ class UpdateTaskExecutionState(Message, op="update-task-execution-state"):
     metrics: dict  # the task's counters at this moment (final ones on a terminal state)
 
 
+@dataclass(frozen=True)
+class TriggerCheckpoint(Message, op="trigger-checkpoint"):
+    """To a source task: inject barrier n into the stream."""
+    job_id: str
+    execution_id: str
+    checkpoint_id: int
+    timestamp: int
+    kind: str       # checkpoint | savepoint | final (all sources ended) | stop (stop-with-savepoint)
+    directory: str  # where this checkpoint's files go
+
+
+@dataclass(frozen=True)
+class AcknowledgeCheckpoint(Message, op="acknowledge-checkpoint"):
+    job_id: str
+    execution_id: str
+    checkpoint_id: int
+    state: dict  # operator uid -> state handle (file names relative to the checkpoint directory)
+
+
+@dataclass(frozen=True)
+class DeclineCheckpoint(Message, op="decline-checkpoint"):
+    job_id: str
+    execution_id: str
+    checkpoint_id: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class NotifyCheckpointComplete(Message, op="notify-checkpoint-complete"):
+    job_id: str
+    checkpoint_id: int
+
+
+@dataclass(frozen=True)
+class NotifyCheckpointAborted(Message, op="notify-checkpoint-aborted"):
+    job_id: str
+    checkpoint_id: int
+
+
+@dataclass(frozen=True)
+class EndOfInput(Message, op="end-of-input"):
+    """A source task read all of its input; with checkpointing it waits for a final checkpoint."""
+    job_id: str
+    execution_id: str
+
+
 # --------------------------------------------------------------------------- data plane (TM <-> TM)
 @dataclass(frozen=True)
 class BufferResponse(Message, op="buffer-response"):
@@ -269,6 +343,15 @@ class EndOfPartition(Message, op="end-of-partition"):
     channel: str
 
 
+@dataclass(frozen=True)
+class CheckpointBarrier(Message, op="checkpoint-barrier"):
+    channel: str
+    checkpoint_id: int
+    timestamp: int
+    kind: str
+    directory: str
+
+
 # --------------------------------------------------------------------------- collect sink -> client
 @dataclass(frozen=True)
 class CollectBatch(Message, op="collect-batch"):
@@ -276,6 +359,21 @@ class CollectBatch(Message, op="collect-batch"):
     attempt: int
     sink: str
     subtask: int
+    # the last checkpoint barrier the sink passed before these rows (0: none), and the checkpoint
+    # this attempt restored from: on a restart the client drops earlier attempts' rows of epochs
+    # >= the restored checkpoint, because they will be replayed
+    epoch: int
+    restored_from: int
+
+
+@dataclass(frozen=True)
+class CollectBarrier(Message, op="collect-barrier"):
+    """Every row before checkpoint barrier n was sent: the client acknowledges it to the JobManager."""
+    job_id: str
+    attempt: int
+    sink: str
+    subtask: int
+    checkpoint_id: int
 
 
 @dataclass(frozen=True)

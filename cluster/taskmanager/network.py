@@ -23,7 +23,9 @@ import zmq
 
 from cluster.protocol.codec import Codec
 from cluster.protocol.endpoint import bound_address, make_socket
-from cluster.protocol.messages import AddCredit, BufferResponse, EndOfPartition, MalformedMessage, Message
+from cluster.checkpoint.barriers import Barrier
+from cluster.protocol.messages import (AddCredit, BufferResponse, CheckpointBarrier, EndOfPartition, MalformedMessage,
+                                       Message)
 
 from cluster.operators.base import TaskCancelled
 
@@ -38,12 +40,23 @@ class CreditAccount:
 
     def __init__(self):
         self.credit = 0
+        self.announced = False  # the consumer registered the channel (its first credit came)
         self._cond = threading.Condition()
 
     def add(self, n: int) -> None:
         with self._cond:
             self.credit += n
+            self.announced = True
             self._cond.notify_all()
+
+    def wait_announced(self, cancelled: threading.Event) -> None:
+        """Events (end of partition, barriers) take no credit, but must not reach a consumer that
+        has not registered the channel yet, or they would be dropped there."""
+        with self._cond:
+            while not self.announced:
+                if cancelled.is_set():
+                    raise TaskCancelled()
+                self._cond.wait(WAIT_SLICE)
 
     def take(self, cancelled: threading.Event) -> float:
         """Take one credit, waiting as long as needed; returns the seconds spent back-pressured."""
@@ -83,14 +96,17 @@ class InputGate:
     def finished(self) -> bool:
         return not self._open
 
-    def poll(self, timeout: float) -> Optional[tuple[str, tuple]]:
-        """The next (channel, item) in round-robin order, or None if nothing came within timeout."""
+    def poll(self, timeout: float, blocked: frozenset = frozenset()) -> Optional[tuple[str, tuple]]:
+        """The next (channel, item) in round-robin order, or None if nothing came within timeout.
+        Blocked channels (aligning a checkpoint barrier) are left alone."""
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
                 n = len(self.channel_ids)
                 for k in range(n):
                     channel = self.channel_ids[(self._next + k) % n]
+                    if channel in blocked:
+                        continue
                     queue = self._queues[channel]
                     if queue:
                         self._next = (self._next + k + 1) % n
@@ -226,13 +242,15 @@ class NetworkEnvironment:
             if msg.credit > 0:
                 self.credit_account(msg.channel).add(msg.credit)
             return
-        if isinstance(msg, (BufferResponse, EndOfPartition)):
+        if isinstance(msg, (BufferResponse, EndOfPartition, CheckpointBarrier)):
             with self._lock:
                 gate = self._gates.get(msg.channel)
             if gate is None:
                 log.debug("%s for unknown channel %s dropped", msg.op, msg.channel)
             elif isinstance(msg, EndOfPartition):
                 gate.push(msg.channel, END)
+            elif isinstance(msg, CheckpointBarrier):
+                gate.push(msg.channel, ("barrier", Barrier(msg.checkpoint_id, msg.timestamp, msg.kind, msg.directory)))
             elif len(payload) == 1:
                 gate.push(msg.channel, ("ipc", payload[0].buffer))
             else:

@@ -13,21 +13,26 @@ from __future__ import annotations
 
 import itertools
 import logging
+import queue
 import threading
 import time
 import traceback
-from typing import Callable, Optional
+from concurrent.futures import Executor
+from pathlib import Path
+from typing import Callable, Optional, Protocol
 
 import numpy as np
 import pyarrow as pa
 
+from cluster.checkpoint.barriers import Barrier, BarrierAligner
 from cluster.graph.deployment import OutputDescriptor, TaskDeploymentDescriptor
 from cluster.graph.execution_graph import ExecutionState
 from cluster.graph.job_graph import OperatorSpec
 from cluster.operators import OPERATORS
-from cluster.operators.base import OperatorContext, SourceOperator, TaskCancelled, UserFunctionError
+from cluster.operators.base import (OperatorContext, SourceOperator, TaskCancelled, UserFunctionError,
+                                   checkpointing_enabled)
 from cluster.operators.spark import SparkChain
-from cluster.protocol.messages import AddCredit, BufferResponse, EndOfPartition
+from cluster.protocol.messages import AddCredit, BufferResponse, CheckpointBarrier, EndOfPartition
 from cluster.protocol.serde import ipc_to_table, table_to_ipc
 from cluster.state.key_groups import key_groups_of, operator_index_for_key_group
 
@@ -35,6 +40,15 @@ from .network import END, WAIT_SLICE, ChannelSender, InputGate, NetworkEnvironme
 
 log = logging.getLogger(__name__)
 IDLE, BACKPRESSURED = "idle", "backpressured"
+ENDING_KINDS = ("final", "stop")  # checkpoints after which the sources end
+
+
+class CheckpointResponder(Protocol):
+    """How a task reports checkpoint progress (Flink's CheckpointResponder); any thread may call."""
+
+    def acknowledge_checkpoint(self, task: "Task", checkpoint_id: int, state: dict) -> None: ...
+    def decline_checkpoint(self, task: "Task", checkpoint_id: int, reason: str) -> None: ...
+    def end_of_input(self, task: "Task") -> None: ...
 
 
 class TaskMetrics:
@@ -182,12 +196,21 @@ class RecordWriter:
             self.sender.send(address, BufferResponse(channel, next(self._sequence)), [data])
 
     def end(self) -> None:
+        self._event(END, EndOfPartition)
+
+    def emit_barrier(self, barrier: Barrier) -> None:
+        """In-band, after every row before it (the buffers are flushed first)."""
+        self._event(("barrier", barrier), lambda channel: CheckpointBarrier(
+            channel, barrier.checkpoint_id, barrier.timestamp, barrier.kind, barrier.directory))
+
+    def _event(self, local_item: tuple, remote: Callable[[str], object]) -> None:
         self.flush_all()
-        for channel, address in self.desc.channels:
+        for (channel, address), account in zip(self.desc.channels, self.accounts):
+            account.wait_announced(self.cancelled)
             if self.network.is_local(address):
-                self.network.deliver_local(channel, END)
+                self.network.deliver_local(channel, local_item)
             else:
-                self.sender.send(address, EndOfPartition(channel))
+                self.sender.send(address, remote(channel))
 
 
 def concat(tables: list[pa.Table]) -> pa.Table:
@@ -198,11 +221,19 @@ def concat(tables: list[pa.Table]) -> pa.Table:
 
 class Task:
     def __init__(self, tdd: TaskDeploymentDescriptor, network: NetworkEnvironment,
-                 report: Callable[["Task", str, Optional[str]], None]):
+                 report: Callable[["Task", str, Optional[str]], None], responder: CheckpointResponder,
+                 snapshot_executor: Executor):
         self.tdd = tdd
         self.execution_id = tdd.execution_id
         self.network = network
         self.report = report
+        self.responder = responder
+        self.snapshot_executor = snapshot_executor
+        self.checkpointing = checkpointing_enabled(tdd.job_config)
+        self.exactly_once = tdd.job_config.get("execution.checkpointing.mode", "EXACTLY_ONCE") == "EXACTLY_ONCE"
+        self._control: queue.SimpleQueue = queue.SimpleQueue()  # triggers and notifications, from the TM
+        self._ending_after: Optional[int] = None  # the final/stop checkpoint after which a source ends
+        self._end_confirmed = False
         self.cancelled = threading.Event()
         self.metrics = TaskMetrics()
         self.state = ExecutionState.DEPLOYING
@@ -223,6 +254,16 @@ class Task:
     def cancel(self) -> None:
         self.cancelled.set()
 
+    # called on the TaskManager's loop thread; the task thread acts on them between batches
+    def trigger_checkpoint(self, barrier: Barrier) -> None:
+        self._control.put(("trigger", barrier))
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        self._control.put(("complete", checkpoint_id))
+
+    def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
+        self._control.put(("aborted", checkpoint_id))
+
     def metrics_snapshot(self) -> dict:
         operator_metrics: dict = {}
         for op in self._chain:
@@ -238,19 +279,22 @@ class Task:
 
     def _run(self) -> None:
         sender = ChannelSender(self.network.ctx, self.network.codec, self.cancelled)
+        opened = []
         try:
             self._set_state(ExecutionState.INITIALIZING)
             chain = self._chain = self._build_chain(sender)
             for op in chain:
                 op.open()
+                opened.append(op)
+            self._restore(chain)
             self._set_state(ExecutionState.RUNNING)
             if isinstance(chain[0], SourceOperator):
                 self._run_source(chain)
             else:
                 self._run_inputs(chain, sender)
             self._finish(chain)
-            for op in chain:
-                op.close()
+            while opened:
+                opened.pop(0).close()
             self._set_state(ExecutionState.FINISHED)
         except TaskCancelled:
             self._set_state(ExecutionState.CANCELED)
@@ -260,6 +304,11 @@ class Task:
             else:
                 self._set_state(ExecutionState.FAILED, self._describe_failure(exc))
         finally:
+            for op in opened:  # failed or cancelled: release what the operators hold (Flink's dispose)
+                try:
+                    op.close()
+                except Exception:
+                    log.exception("closing %s after a failure", op.spec.where())
             channels = list(self._producer_address)
             channels += [c for w in self._all_writers() for c in w.channel_ids()]
             self.network.unregister(channels)
@@ -288,7 +337,8 @@ class Task:
             parallelism=tdd.vertex["parallelism"], max_parallelism=tdd.vertex["max_parallelism"],
             config=tdd.job_config, result_address=tdd.result_address, cancelled=self.cancelled, sender=sender,
             side_outputs=frozenset(self._side_writers), emit_side=self._emit_side,
-            execution_id=tdd.execution_id, task_name=self.name, set_detail=self._set_detail)
+            execution_id=tdd.execution_id, task_name=self.name, set_detail=self._set_detail,
+            restored_checkpoint=tdd.restore["checkpoint_id"] if tdd.restore else 0)
         chain = []
         specs = [OperatorSpec(**o) for o in tdd.vertex["operators"]]
         # consecutive Spark operators become one SparkChain: one Spark plan per batch
@@ -326,14 +376,28 @@ class Task:
 
     def _run_source(self, chain: list) -> None:
         source = chain[0]
+        exhausted = False
         while True:
             if self.cancelled.is_set():
                 raise TaskCancelled()
+            self._process_control()
+            if self._end_confirmed:
+                return
             started = time.monotonic()
+            if exhausted or self._ending_after is not None:
+                # waiting for the checkpoint after which this source ends (all was read, or stop)
+                time.sleep(0.005)
+                self.metrics.spent[IDLE] += time.monotonic() - started
+                continue
             table = source.poll()
             if table is None:
-                return
-            if table.num_rows == 0:  # nothing ready: the source waited, and that is idle time
+                if not self.checkpointing:
+                    return
+                # With checkpoints a source ends only after a final checkpoint covers everything
+                # it read, so a sink never commits at end of input what a restore would replay.
+                exhausted = True
+                self.responder.end_of_input(self)
+            elif table.num_rows == 0:  # nothing ready: the source waited, and that is idle time
                 self.metrics.spent[IDLE] += time.monotonic() - started
             else:
                 self.metrics.records_in += table.num_rows
@@ -342,28 +406,30 @@ class Task:
 
     def _run_inputs(self, chain: list, sender: ChannelSender) -> None:
         gate = self._gate
+        aligner = BarrierAligner(list(self._producer_address), self.exactly_once)
         while not gate.finished:
+            self._process_control()
             deadline = self._flush_due()
             timeout = WAIT_SLICE if deadline is None else max(0.0, min(WAIT_SLICE, deadline - time.monotonic()))
             self.metrics.wait_begin(IDLE)
-            got = gate.poll(timeout)
+            got = gate.poll(timeout, aligner.blocked)
             self.metrics.wait_end()
             if got is None:
                 if self.cancelled.is_set():
                     raise TaskCancelled()
                 continue
-            # a busy task takes everything already waiting, up to one batch: batches grow under load
+            # a busy task takes everything already waiting, up to one batch: batches grow under
+            # load; a barrier or an end of partition closes the batch
             tables, rows = [], 0
-            while got is not None:
+            while got is not None and got[1][0] in ("ipc", "table"):
                 channel, (kind, data) = got
-                if kind != "end":
-                    if kind == "ipc":
-                        self.metrics.bytes_in += len(data)
-                        data = ipc_to_table(data)
-                    tables.append(data)
-                    rows += data.num_rows
-                    self._grant(sender, channel, self._producer_address[channel], 1)
-                got = gate.poll(0) if rows < self.batch_size else None
+                if kind == "ipc":
+                    self.metrics.bytes_in += len(data)
+                    data = ipc_to_table(data)
+                tables.append(data)
+                rows += data.num_rows
+                self._grant(sender, channel, self._producer_address[channel], 1)
+                got = gate.poll(0, aligner.blocked) if rows < self.batch_size else None
             if tables:
                 self.metrics.records_in += rows
                 try:
@@ -371,6 +437,77 @@ class Task:
                 except pa.ArrowInvalid:  # inputs of a union with schemas that do not merge
                     batches = tables
                 self._push(chain, 0, batches)
+            if got is not None:
+                channel, (kind, data) = got
+                result = aligner.on_barrier(channel, data) if kind == "barrier" else aligner.on_end_of_partition(channel)
+                if result.aborted is not None:
+                    self.responder.decline_checkpoint(self, result.aborted, "a newer barrier came before it aligned")
+                if result.snapshot is not None:
+                    self._perform_checkpoint(result.snapshot)
+
+    # ------------------------------------------------------------------ checkpoints
+    def _process_control(self) -> None:
+        while True:
+            try:
+                kind, arg = self._control.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "trigger":
+                self._perform_checkpoint(arg)
+            elif kind == "complete":
+                for op in self._chain:
+                    op.notify_checkpoint_complete(arg)
+                if self._ending_after is not None and arg >= self._ending_after:
+                    self._end_confirmed = True
+            elif kind == "aborted" and arg == self._ending_after:
+                self._ending_after = None  # a stop that did not happen: go on reading
+
+    def _perform_checkpoint(self, barrier: Barrier) -> None:
+        """The synchronous part, on the task thread: flush, snapshot, forward the barrier. The
+        state files are written on the snapshot executor while processing goes on."""
+        cid = barrier.checkpoint_id
+        for writer in self._all_writers():
+            writer.flush_all()
+        try:
+            snapshots = {}
+            for op in self._chain:
+                snapshot = op.snapshot_state(cid)
+                if snapshot is not None:
+                    snapshots[op.spec.uid] = snapshot
+        except Exception as exc:
+            log.exception("%s: snapshot of checkpoint %d failed", self.name, cid)
+            self.responder.decline_checkpoint(self, cid, f"snapshot failed in {self.name}: {type(exc).__name__}: {exc}")
+            return
+        if barrier.kind in ENDING_KINDS and isinstance(self._chain[0], SourceOperator):
+            self._ending_after = cid
+        for writer in self._all_writers():
+            writer.emit_barrier(barrier)
+        self.snapshot_executor.submit(self._write_snapshots, barrier, snapshots)
+
+    def _write_snapshots(self, barrier: Barrier, snapshots: dict) -> None:
+        try:
+            directory = Path(barrier.directory)
+            directory.mkdir(parents=True, exist_ok=True)
+            state = {}
+            for uid, snapshot in snapshots.items():
+                handle = dict(snapshot.handle)
+                if snapshot.keyed is not None:
+                    name = f"{uid}-{self.tdd.subtask}.state"
+                    handle.update(snapshot.keyed.write(directory / name), keyed_file=name)
+                state[uid] = handle
+            self.responder.acknowledge_checkpoint(self, barrier.checkpoint_id, state)
+        except Exception as exc:
+            log.exception("%s: writing checkpoint %d failed", self.name, barrier.checkpoint_id)
+            self.responder.decline_checkpoint(self, barrier.checkpoint_id, f"{type(exc).__name__}: {exc}")
+
+    def _restore(self, chain: list) -> None:
+        restore = self.tdd.restore
+        if not restore:
+            return
+        for op in chain:
+            handles = restore["operators"].get(op.spec.uid)
+            if handles is not None:
+                op.restore_state([dict(h, directory=restore["directory"]) for h in handles])
 
     def _push(self, chain: list, start: int, tables: list[pa.Table]) -> None:
         for op in chain[start:]:

@@ -14,11 +14,13 @@ import os
 import signal
 import threading
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Optional
 
 import psutil
 
+from cluster.checkpoint.barriers import Barrier
 from cluster.conf import Configuration
 from cluster.graph.deployment import TaskDeploymentDescriptor
 from cluster.graph.execution_graph import ExecutionState
@@ -56,6 +58,8 @@ class TaskExecutor:
         self.network = NetworkEnvironment(conf["taskmanager.host"], conf["taskmanager.data.port"], codec,
                                           conf["taskmanager.network.memory.buffers-per-channel"])
         self.tasks: dict[str, Task] = {}
+        # writes checkpoint files while the tasks go on processing (the asynchronous part)
+        self.snapshot_executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="snapshot")
         self.registered = False
         self._heartbeating = False
         self.stopped = threading.Event()
@@ -67,6 +71,9 @@ class TaskExecutor:
             m.SubmitTask: self.submit_task,
             m.CancelTask: self.cancel_task,
             m.FreeSlot: self.free_slot,
+            m.TriggerCheckpoint: self.trigger_checkpoint,
+            m.NotifyCheckpointComplete: self.notify_checkpoint_complete,
+            m.NotifyCheckpointAborted: self.notify_checkpoint_aborted,
             m.ShutdownTaskManager: self.shutdown_task_manager,
         }
         self.endpoint.handlers.update(self.handlers)
@@ -145,7 +152,7 @@ class TaskExecutor:
                 tdd.job_id, tdd.execution_id, ExecutionState.FAILED,
                 f"TaskManager {self.task_manager_id} has no slot {tdd.allocation_id} for job {tdd.job_id}")
             return
-        task = Task(tdd, self.network, self._report_from_task)
+        task = Task(tdd, self.network, self._report_from_task, self, self.snapshot_executor)
         self.tasks[tdd.execution_id] = task
         task.start()
 
@@ -161,6 +168,38 @@ class TaskExecutor:
                 task.cancel()
         if job_id is not None and job_id not in self.slot_table.jobs():
             self.network.release_job(job_id)
+
+    # ------------------------------------------------------------------ checkpoints
+    def trigger_checkpoint(self, msg: m.TriggerCheckpoint, peer: Peer) -> None:
+        task = self.tasks.get(msg.execution_id)
+        if task is None:
+            self.jobmanager.decline_checkpoint(msg.job_id, msg.execution_id, msg.checkpoint_id,
+                                               f"task {msg.execution_id} is not running on {self.task_manager_id}")
+            return
+        task.trigger_checkpoint(Barrier(msg.checkpoint_id, msg.timestamp, msg.kind, msg.directory))
+
+    def notify_checkpoint_complete(self, msg: m.NotifyCheckpointComplete, peer: Peer) -> None:
+        for task in self._tasks_of(msg.job_id):
+            task.notify_checkpoint_complete(msg.checkpoint_id)
+
+    def notify_checkpoint_aborted(self, msg: m.NotifyCheckpointAborted, peer: Peer) -> None:
+        for task in self._tasks_of(msg.job_id):
+            task.notify_checkpoint_aborted(msg.checkpoint_id)
+
+    def _tasks_of(self, job_id: str) -> list[Task]:
+        return [t for t in self.tasks.values() if t.tdd.job_id == job_id]
+
+    # the CheckpointResponder of the tasks: any thread; the loop thread owns the socket
+    def acknowledge_checkpoint(self, task: Task, checkpoint_id: int, state: dict) -> None:
+        self.endpoint.call_soon(self.jobmanager.acknowledge_checkpoint, task.tdd.job_id, task.execution_id,
+                                checkpoint_id, state)
+
+    def decline_checkpoint(self, task: Task, checkpoint_id: int, reason: str) -> None:
+        self.endpoint.call_soon(self.jobmanager.decline_checkpoint, task.tdd.job_id, task.execution_id,
+                                checkpoint_id, reason)
+
+    def end_of_input(self, task: Task) -> None:
+        self.endpoint.call_soon(self.jobmanager.end_of_input, task.tdd.job_id, task.execution_id)
 
     def shutdown_task_manager(self, msg: m.ShutdownTaskManager, peer: Peer) -> None:
         threading.Thread(target=self.stop, args=("the cluster is shutting down",), daemon=True).start()

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 import cloudpickle
 
 from cluster.graph.chaining import StreamEdge, StreamNode
-from cluster.graph.job_graph import OPERATOR_KINDS, GraphValidationError, OperatorSpec, new_id
+from cluster.graph.job_graph import OPERATOR_KINDS, GraphValidationError, OperatorSpec
 
 if TYPE_CHECKING:
     from .connectors import Connector
@@ -72,10 +72,10 @@ class DataStream:
              parallelism: Optional[int] = None, partitioning: Optional[tuple[str, list[str]]] = None) -> StreamNode:
         site = call_site()
         where = f"operator '{name}' ({site})"
-        spec = OperatorSpec(uid=new_id(), kind=kind, name=name, call_site=site, params=params or {},
-                            udf=pickle_udf(fn, where))
-        node = StreamNode(spec, check_parallelism(parallelism, where) or self.env.parallelism,
-                          self._edges(partitioning))
+        edges = self._edges(partitioning)
+        spec = OperatorSpec(uid=self.env._operator_uid(kind, name, edges), kind=kind, name=name, call_site=site,
+                            params=params or {}, udf=pickle_udf(fn, where))
+        node = StreamNode(spec, check_parallelism(parallelism, where) or self.env.parallelism, edges)
         self.env._nodes.append(node)
         return node
 
@@ -173,4 +173,47 @@ class KeyedStream:
     def count(self, name: str = "count", parallelism: Optional[int] = None) -> DataStream:
         """A running count per key: each batch emits the new count of every key it holds."""
         return self.stream._then("keyed-count", name, params={"key": self.key}, parallelism=parallelism,
+                                 partitioning=("HASH", self.key))
+
+    def aggregate(self, name: str = "aggregate", parallelism: Optional[int] = None,
+                  **aggregations: tuple[str, str]) -> DataStream:
+        """Running aggregates per key, named as pandas does: ``aggregate(total=("amount", "sum"),
+        n=("amount", "count"), avg=("amount", "mean"))``; functions: sum, count, min, max, mean.
+
+        Partial aggregates are computed per batch before the exchange, inside the upstream Spark
+        plan when the upstream is a Spark step, and merged into keyed state after it."""
+        site = call_site()
+        if not aggregations:
+            raise GraphValidationError(f"aggregate ({site}): name at least one aggregation, "
+                                       "e.g. aggregate(total=('amount', 'sum'))")
+        spec = {}
+        for out, agg in aggregations.items():
+            if (not isinstance(agg, tuple) or len(agg) != 2 or not isinstance(agg[0], str)
+                    or agg[1] not in ("sum", "count", "min", "max", "mean")):
+                raise GraphValidationError(f"aggregate ({site}): {out}={agg!r} must be (column, function) with "
+                                           "function one of sum, count, min, max, mean")
+            spec[out] = [agg[0], agg[1]]
+        upstream = self.stream.node
+        pre = None
+        if upstream is not None and self.stream._partitioning is None and len(self.stream._upstreams) == 1 \
+                and self.stream._upstreams[0][1] is None:
+            params = {"key": self.key, "partial_aggregate": spec} if upstream.spec.kind == "spark" \
+                else {"key": self.key, "aggregations": spec}
+            kind = "spark" if upstream.spec.kind == "spark" else "local-aggregate"
+            pre = self.stream._then(kind, f"{name} (partial)", params=params, parallelism=upstream.parallelism)
+        source = pre or self.stream
+        return source._then("keyed-aggregate", name, params={"key": self.key, "aggregations": spec,
+                                                              "pre_aggregated": pre is not None},
+                            parallelism=parallelism, partitioning=("HASH", self.key))
+
+    def reduce(self, fn: Callable, name: str = "reduce", parallelism: Optional[int] = None) -> DataStream:
+        """fn(accumulated, new) -> combined, on DataFrames of aligned rows (one per key, all columns):
+        folds each key's rows into one, kept in keyed state; emits each touched key's value."""
+        return self.stream._then("keyed-reduce", name, fn, params={"key": self.key}, parallelism=parallelism,
+                                 partitioning=("HASH", self.key))
+
+    def process(self, fn: Callable, name: str = "process", parallelism: Optional[int] = None) -> DataStream:
+        """fn(key, rows, state) -> DataFrame or None, per key and batch, with Flink's keyed state:
+        ``state.value_state("n")`` (.value()/.update()), ``state.list_state(..)``, ``state.map_state(..)``."""
+        return self.stream._then("keyed-process", name, fn, params={"key": self.key}, parallelism=parallelism,
                                  partitioning=("HASH", self.key))

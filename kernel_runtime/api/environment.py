@@ -6,6 +6,7 @@ As in Flink, ``get_execution_environment()`` gives the context's environment: in
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 from pathlib import Path
@@ -13,7 +14,7 @@ from typing import Any, Callable, Optional
 
 from cluster.conf import Configuration, ConfigError
 from cluster.graph.chaining import StreamEdge, StreamNode, build_job_graph
-from cluster.graph.job_graph import OPERATOR_KINDS, GraphValidationError, JobGraph, OperatorSpec, new_id
+from cluster.graph.job_graph import OPERATOR_KINDS, GraphValidationError, JobGraph, OperatorSpec
 
 from ..client import JobClient, JobExecutionResult, JobHandle
 from ..local_cluster import ClusterInfo, LocalCluster
@@ -39,6 +40,7 @@ class StreamEnvironment:
         self.max_parallelism = self._conf["pipeline.max-parallelism"]
         self.cluster_dir = Path(cluster) if cluster else None
         self._nodes: list[StreamNode] = []
+        self._uids: dict[str, int] = {}
 
     @classmethod
     def get_execution_environment(cls, **kwargs) -> "StreamEnvironment":
@@ -75,10 +77,17 @@ class StreamEnvironment:
             raise GraphValidationError(f"from_source ({site}): {source!r} is not a source connector")
         return self._source(source.kind, name or source.name, site, dict(source.params), source.fn, parallelism)
 
+    def _operator_uid(self, kind: str, name: str, inputs: list[StreamEdge]) -> str:
+        """Where the operator stands in the pipeline, hashed (as Flink's generated uids): the same
+        script gives the same uids, whatever the parallelism, so its state is found in a savepoint."""
+        basis = f"{kind}|{name}|" + ",".join(f"{e.source}/{e.side_output}" for e in inputs)
+        self._uids[basis] = self._uids.get(basis, 0) + 1
+        return hashlib.sha1(f"{basis}|{self._uids[basis]}".encode()).hexdigest()[:32]
+
     def _source(self, kind: str, name: str, site: str, params: dict, fn, parallelism) -> DataStream:
         where = f"operator '{name}' ({site})"
-        spec = OperatorSpec(uid=new_id(), kind=kind, name=name, call_site=site, params=params,
-                            udf=pickle_udf(fn, where))
+        spec = OperatorSpec(uid=self._operator_uid(kind, name, []), kind=kind, name=name, call_site=site,
+                            params=params, udf=pickle_udf(fn, where))
         node = StreamNode(spec, check_parallelism(parallelism, where) or self.parallelism)
         self._nodes.append(node)
         return DataStream(self, node)
