@@ -14,7 +14,7 @@ from rich.table import Table
 from cluster.conf import ConfigError
 from cluster.protocol.endpoint import RpcError
 
-from .api.environment import CONTEXT_CLUSTER_DIR, CONTEXT_DETACHED, CONTEXT_VERBOSE
+from .api.environment import CONTEXT_CLUSTER_DIR, CONTEXT_DETACHED, CONTEXT_SAVEPOINT, CONTEXT_VERBOSE
 from .client import JobCancelledError, JobClient, JobExecutionError
 from .local_cluster import ClusterInfo, ClusterNotRunning, LocalCluster, default_cluster_dir, stop_cluster
 
@@ -97,10 +97,11 @@ def cluster_status(cluster_dir) -> None:
 
 @main.command("run", context_settings={"ignore_unknown_options": True})
 @click.option("--detached", "-d", is_flag=True, help="Submit and return the job id.")
+@click.option("--fromSavepoint", "-s", "savepoint", help="Start from this savepoint (or retained checkpoint).")
 @cluster_dir_option
 @click.argument("script", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def run(detached, cluster_dir, script, args) -> None:
+def run(detached, savepoint, cluster_dir, script, args) -> None:
     """Run a job script on the cluster (as `flink run`): its execute() submits there."""
     info = ClusterInfo.load(cluster_dir) if cluster_dir else None
     try:
@@ -110,6 +111,8 @@ def run(detached, cluster_dir, script, args) -> None:
     os.environ[CONTEXT_CLUSTER_DIR] = str(info.cluster_dir)
     os.environ[CONTEXT_DETACHED] = "1" if detached else "0"
     os.environ[CONTEXT_VERBOSE] = "1"
+    if savepoint:
+        os.environ[CONTEXT_SAVEPOINT] = savepoint
     sys.argv = [str(script), *args]
     sys.path.insert(0, str(script.parent.resolve()))
     try:
@@ -149,6 +152,47 @@ def cancel(job_id, cluster_dir) -> None:
     finally:
         client.close()
     console.print(f"Cancelling job {job_id}")
+
+
+@main.command("savepoint")
+@click.argument("job_id", required=False)
+@click.argument("target_directory", required=False)
+@click.option("--dispose", "-d", "dispose", metavar="PATH", help="Delete this savepoint instead.")
+@click.option("--timeout", default=600.0, show_default=True, help="Seconds to wait for it.")
+@cluster_dir_option
+def savepoint(job_id, target_directory, dispose, timeout, cluster_dir) -> None:
+    """Take a savepoint of a running job (or dispose of one), as `flink savepoint`."""
+    if bool(job_id) == bool(dispose):
+        raise click.UsageError("give a JOB_ID, or --dispose PATH")
+    client = _client(cluster_dir)
+    try:
+        if dispose:
+            client.dispose_savepoint(dispose)
+            console.print(f"Savepoint {dispose} disposed")
+        else:
+            location = client.trigger_savepoint(job_id, target_directory, timeout=timeout)
+            console.print(f"Savepoint completed. Path: file:{location}")
+    except (RpcError, TimeoutError) as exc:
+        raise click.ClickException(str(exc)) from None
+    finally:
+        client.close()
+
+
+@main.command("stop")
+@click.argument("job_id")
+@click.option("--savepointPath", "-p", "target_directory", help="Where the final savepoint goes.")
+@click.option("--timeout", default=600.0, show_default=True, help="Seconds to wait for it.")
+@cluster_dir_option
+def stop(job_id, target_directory, timeout, cluster_dir) -> None:
+    """Stop a job with a savepoint (it ends FINISHED), as `flink stop`."""
+    client = _client(cluster_dir)
+    try:
+        location = client.trigger_savepoint(job_id, target_directory, stop=True, timeout=timeout)
+        console.print(f"Savepoint completed. Path: file:{location}")
+    except (RpcError, TimeoutError) as exc:
+        raise click.ClickException(str(exc)) from None
+    finally:
+        client.close()
 
 
 if __name__ == "__main__":

@@ -14,8 +14,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, urlsplit
 
-from .views import (backpressure_json, config_json, exceptions_json, job_json, jobs_overview_json, overview_json,
-                    plan_json, taskmanagers_json, vertex_json)
+from cluster.protocol.endpoint import RpcError
+
+from .views import (backpressure_json, checkpoint_config_json, checkpoint_details_json, checkpoints_json,
+                    config_json, exceptions_json, job_json, jobs_overview_json, overview_json, plan_json,
+                    taskmanagers_json, vertex_json)
 
 if TYPE_CHECKING:
     from .dispatcher import Dispatcher
@@ -36,6 +39,11 @@ _GET_ROUTES = [
     (re.compile(rf"^{_JOB}/status$"), lambda d, jid: {"status": d.jobs[jid].state}),
     (re.compile(rf"^{_JOB}/plan$"), lambda d, jid: {"plan": plan_json(d.jobs[jid])}),
     (re.compile(rf"^{_JOB}/exceptions$"), lambda d, jid: exceptions_json(d.jobs[jid])),
+    (re.compile(rf"^{_JOB}/checkpoints$"), lambda d, jid: checkpoints_json(d, jid)),
+    (re.compile(rf"^{_JOB}/checkpoints/config$"), lambda d, jid: checkpoint_config_json(d, jid)),
+    (re.compile(rf"^{_JOB}/checkpoints/details/(?P<vid>\d+)$"),
+     lambda d, jid, cid: checkpoint_details_json(d, jid, int(cid))),
+    (re.compile(rf"^{_JOB}/savepoints/(?P<vid>[0-9a-f]{{32}})$"), lambda d, jid, tid: savepoint_status_json(d, jid, tid)),
     (re.compile(rf"^{_VERTEX}$"), lambda d, jid, vid: vertex_json(d, jid, vid)),
     (re.compile(rf"^{_VERTEX}/backpressure$"), lambda d, jid, vid: backpressure_json(d, jid, vid)),
 ]
@@ -83,9 +91,12 @@ class RestServer:
         if path.startswith("/v1/"):
             path = path[3:]  # Flink serves every path under /v1 too
         try:
-            status, body = self._route(method, path, parse_qs(url.query))
+            status, body = self._route(method, path, parse_qs(url.query),
+                                       self._read_json(req) if method == "POST" else {})
         except KeyError:
             status, body = HTTPStatus.NOT_FOUND, {"errors": [f"Job could not be found: {path}"]}
+        except (RpcError, ValueError) as exc:
+            status, body = HTTPStatus.BAD_REQUEST, {"errors": [str(exc)]}
         except Exception as exc:
             log.exception("rest: %s %s failed", method, path)
             status, body = HTTPStatus.INTERNAL_SERVER_ERROR, {"errors": [f"Internal server error: {exc}"]}
@@ -99,7 +110,16 @@ class RestServer:
         except (BrokenPipeError, ConnectionResetError):
             pass  # the client left before the answer
 
-    def _route(self, method: str, path: str, query: dict) -> tuple[int, dict]:
+    def _read_json(self, req: BaseHTTPRequestHandler) -> dict:
+        length = int(req.headers.get("Content-Length") or 0)
+        if not length:
+            return {}
+        body = json.loads(req.rfile.read(length))
+        if not isinstance(body, dict):
+            raise ValueError("the request body must be a JSON object")
+        return body
+
+    def _route(self, method: str, path: str, query: dict, body: dict) -> tuple[int, dict]:
         endpoint = self.dispatcher.endpoint
         if method == "GET":
             for pattern, view in _GET_ROUTES:
@@ -116,5 +136,14 @@ class RestServer:
                     return HTTPStatus.BAD_REQUEST, {"errors": [f"unsupported mode {mode!r}; use mode=cancel"]}
                 endpoint.call(lambda: self.dispatcher.jobs[match["jid"]].cancel())
                 return HTTPStatus.ACCEPTED, {}
+        if method == "POST":
+            match = re.match(rf"^{_JOB}/(savepoints|stop)$", path)
+            if match:
+                # Flink's asynchronous operations: 202 with a trigger id, then GET .../savepoints/<id>
+                stop = match.group(2) == "stop" or bool(body.get("cancel-job"))
+                target = body.get("target-directory") or body.get("targetDirectory")
+                trigger = endpoint.call(lambda: self.dispatcher.job(match["jid"]).checkpointing
+                                        .trigger_savepoint_async(target, stop))
+                return HTTPStatus.ACCEPTED, {"request-id": trigger}
         return HTTPStatus.NOT_FOUND, {"errors": [f"Not found: {path}"]}
 

@@ -139,6 +139,8 @@ def job_json(d: "Dispatcher", job_id: str) -> dict:
         "plan": plan_json(job), "pending-operators": 0,
         # streamlab's own: why a job waits, and the failure cause with the user's traceback
         "status-reason": job.status_reason, "failure-cause": job.graph.failure,
+        # the dashboard's checkpoint view
+        "checkpoints": checkpoints_json(d, job_id),
     }
 
 
@@ -219,3 +221,77 @@ def config_json() -> dict:
             "features": {"web-submit": False, "web-cancel": True, "web-rescale": False, "web-history": False}}
 
 
+
+
+# ---------------------------------------------------------------------- checkpoints
+def _checkpoint_entry(record) -> dict:
+    duration = (record.end_ms if record.end_ms > 0 else _now_ms()) - record.trigger_ms
+    return {"className": {"COMPLETED": "completed", "FAILED": "failed"}.get(record.status, "in_progress"),
+            "id": record.checkpoint_id, "status": record.status, "is_savepoint": record.kind in ("savepoint", "stop"),
+            "savepointFormat": "CANONICAL" if record.kind in ("savepoint", "stop") else None,
+            "trigger_timestamp": record.trigger_ms, "latest_ack_timestamp": record.latest_ack_ms,
+            "checkpointed_size": record.size, "state_size": record.size, "end_to_end_duration": duration,
+            "alignment_buffered": 0, "processed_data": 0, "persisted_data": 0,
+            "num_subtasks": record.participants, "num_acknowledged_subtasks": record.acknowledged,
+            "checkpoint_type": {"savepoint": "SAVEPOINT", "stop": "SAVEPOINT"}.get(record.kind, "CHECKPOINT"),
+            "tasks": {}, "external_path": f"file:{record.directory}", "discarded": False,
+            "failure_message": record.failure}
+
+
+def _summary(values: list) -> dict:
+    values = sorted(values) or [0]
+    pick = lambda q: float(values[min(len(values) - 1, int(q * len(values)))])
+    return {"min": values[0], "max": values[-1], "avg": sum(values) // len(values), "p50": pick(0.5),
+            "p90": pick(0.9), "p95": pick(0.95), "p99": pick(0.99), "p999": pick(0.999)}
+
+
+def checkpoints_json(d: "Dispatcher", job_id: str) -> dict:
+    c = d.jobs[job_id].checkpointing.coordinator
+    records = sorted(c.records.values(), key=lambda r: r.checkpoint_id, reverse=True)
+    completed = [r for r in records if r.status == "COMPLETED"]
+    latest = lambda pred: next((_checkpoint_entry(r) for r in records if pred(r)), None)
+    restored = None
+    if c.restored:
+        rid, when, path, is_savepoint = c.restored
+        restored = {"id": rid, "restore_timestamp": when, "is_savepoint": is_savepoint, "external_path": f"file:{path}"}
+    sizes = [r.size for r in completed]
+    return {
+        "counts": {"restored": 1 if c.restored else 0, "total": c.counts["completed"] + c.counts["failed"] + len(c.pending),
+                   "in_progress": len(c.pending), "completed": c.counts["completed"], "failed": c.counts["failed"]},
+        "summary": {"checkpointed_size": _summary(sizes), "state_size": _summary(sizes),
+                    "end_to_end_duration": _summary([r.end_ms - r.trigger_ms for r in completed]),
+                    "alignment_buffered": _summary([]), "processed_data": _summary([]),
+                    "persisted_data": _summary([])},
+        "latest": {"completed": latest(lambda r: r.status == "COMPLETED" and r.kind not in ("savepoint", "stop")),
+                   "savepoint": latest(lambda r: r.status == "COMPLETED" and r.kind in ("savepoint", "stop")),
+                   "failed": latest(lambda r: r.status == "FAILED"), "restored": restored},
+        "history": [_checkpoint_entry(r) for r in records],
+    }
+
+
+def checkpoint_details_json(d: "Dispatcher", job_id: str, checkpoint_id: int) -> dict:
+    return _checkpoint_entry(d.jobs[job_id].checkpointing.coordinator.records[checkpoint_id])
+
+
+def checkpoint_config_json(d: "Dispatcher", job_id: str) -> dict:
+    conf = d.jobs[job_id].conf
+    return {"mode": conf["execution.checkpointing.mode"].lower(), "interval": conf["execution.checkpointing.interval"],
+            "timeout": conf["execution.checkpointing.timeout"], "min_pause": conf["execution.checkpointing.min-pause"],
+            "max_concurrent": conf["execution.checkpointing.max-concurrent-checkpoints"],
+            "externalization": {"enabled": True, "delete_on_cancellation": False},
+            "state_backend": {"rocksdb": "EmbeddedRocksDBStateBackend"}.get(conf["state.backend.type"],
+                                                                            "HashMapStateBackend"),
+            "checkpoint_storage": "FileSystemCheckpointStorage", "unaligned_checkpoints": False,
+            "tolerable_failed_checkpoints": 0, "aligned_checkpoint_timeout": 0,
+            "checkpoints_after_tasks_finish": True, "state_changelog_enabled": False,
+            "changelog_periodic_materialization_interval": 600000, "changelog_storage": "memory"}
+
+
+def savepoint_status_json(d: "Dispatcher", job_id: str, trigger_id: str) -> dict:
+    request = d.jobs[job_id].checkpointing.savepoint_requests[trigger_id]
+    if request["status"] == "IN_PROGRESS":
+        return {"status": {"id": "IN_PROGRESS"}, "operation": None}
+    if "location" in request:
+        return {"status": {"id": "COMPLETED"}, "operation": {"location": f"file:{request['location']}"}}
+    return {"status": {"id": "COMPLETED"}, "operation": {"failure-cause": {"class": "CheckpointException",
+                                                                          "stack-trace": request["failure"]}}}

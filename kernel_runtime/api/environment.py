@@ -26,6 +26,7 @@ from .schema import annotate_spark_input_schemas
 CONTEXT_CLUSTER_DIR = "STREAMLAB_CONTEXT_CLUSTER_DIR"
 CONTEXT_DETACHED = "STREAMLAB_CONTEXT_DETACHED"
 CONTEXT_VERBOSE = "STREAMLAB_CONTEXT_VERBOSE"
+CONTEXT_SAVEPOINT = "STREAMLAB_CONTEXT_SAVEPOINT"
 
 
 class StreamEnvironment:
@@ -53,21 +54,22 @@ class StreamEnvironment:
     # ------------------------------------------------------------------ sources
     def from_generator(self, fn: Optional[Callable] = None, *, count: Optional[int] = None,
                        rate: Optional[float] = None, batch_size: int = 1000, name: str = "generator",
-                       parallelism: Optional[int] = None) -> DataStream:
+                       parallelism: Optional[int] = None, split_size: Optional[int] = None) -> DataStream:
         """Deterministic rows from sequence numbers 0, 1, 2, ... (``count`` of them, or unbounded).
 
         ``fn(seq)`` turns a numpy array of sequence numbers into a DataFrame with one row each;
         without it the rows have one column ``seq``. ``rate`` limits rows per second (all
-        subtasks together)."""
+        subtasks together). The sequence is cut into splits of ``split_size`` numbers (default 16
+        batches), which the subtasks take in turn: subtask i of p reads splits i, i+p, ..."""
         site = call_site()
         where = f"operator '{name}' ({site})"
-        for label, value, low in (("count", count, 0), ("batch_size", batch_size, 1)):
+        for label, value, low in (("count", count, 0), ("batch_size", batch_size, 1), ("split_size", split_size, 1)):
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < low):
                 raise GraphValidationError(f"{where}: {label} must be an integer >= {low}, got {value!r}")
         if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float)) or rate <= 0):
             raise GraphValidationError(f"{where}: rate must be a positive number of rows per second, got {rate!r}")
-        return self._source("generator-source", name, site, {"count": count, "rate": rate, "batch_size": batch_size},
-                            fn, parallelism)
+        return self._source("generator-source", name, site, {"count": count, "rate": rate, "batch_size": batch_size,
+                                                             "split_size": split_size}, fn, parallelism)
 
     def from_source(self, source: "Connector", name: Optional[str] = None,
                     parallelism: Optional[int] = None) -> DataStream:
@@ -111,7 +113,10 @@ class StreamEnvironment:
                         f"{node.spec.where()}: parallelism {node.parallelism} exceeds pipeline.max-parallelism "
                         f"{self.max_parallelism}")
         annotate_spark_input_schemas(self._nodes)
-        return build_job_graph(self._nodes, name, self.max_parallelism, self.config)
+        config = dict(self.config)
+        if os.environ.get(CONTEXT_SAVEPOINT):  # streamlab run -s PATH
+            config.setdefault("execution.savepoint.path", os.environ[CONTEXT_SAVEPOINT])
+        return build_job_graph(self._nodes, name, self.max_parallelism, config)
 
     # ------------------------------------------------------------------ execution
     def execute_async(self, name: str = "streamlab job", client: Optional[JobClient] = None,
