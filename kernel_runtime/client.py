@@ -7,10 +7,11 @@ TaskManagers. A JobHandle follows one job: its status, its live results as panda
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 import pandas as pd
 import pyarrow as pa
@@ -24,6 +25,7 @@ from cluster.protocol.endpoint import RpcClient, bound_address, make_socket
 from cluster.protocol.serde import ipc_to_table
 
 from .local_cluster import ClusterInfo
+from .results import KEEP_ALL, ResultBuffer, ResultMode
 
 log = logging.getLogger(__name__)
 STATUS_POLL_S = 0.1
@@ -42,36 +44,58 @@ class JobCancelledError(RuntimeError):
 
 
 class _SinkResults:
-    """The rows one collect sink delivered, for the newest attempt of the job only."""
+    """The rows one collect sink delivered, exactly once across restarts.
 
-    def __init__(self, parallelism: int):
+    Each batch carries its epoch (the last checkpoint barrier before it) and the checkpoint its
+    attempt restored from. When a newer attempt's first batch arrives, the rows of epochs from
+    the restored checkpoint on are dropped, because the new attempt replays them; with no
+    checkpoint to restore (0), everything the old attempts sent is void. A barrier is answered
+    with an acknowledgement for the JobManager: the rows before it came first on the same
+    ordered channel, so the client holds them all."""
+
+    def __init__(self, parallelism: int, buffer: ResultBuffer):
         self.parallelism = parallelism
-        self.attempt = 0
-        self.tables: list[pa.Table] = []
-        self.ended: set[int] = set()
-        self.rows = 0
+        self.attempt = 0  # the attempt whose rows the buffer holds
+        self.latest_attempt = 0  # the newest attempt heard of
+        self.buffer = buffer
+        self.ended: dict[int, set[int]] = {}  # attempt -> subtasks that ended
+        self.error: Optional[str] = None
 
-    def add(self, attempt: int, table: Optional[pa.Table], subtask: int, end: bool) -> None:
-        if attempt < self.attempt:
-            return  # a straggler from before a restart
-        if attempt > self.attempt:  # the job restarted: what the old attempt sent is void
-            self.attempt, self.tables, self.ended, self.rows = attempt, [], set(), 0
-        if end:
-            self.ended.add(subtask)
-        elif table is not None:
-            self.tables.append(table)
-            self.rows += table.num_rows
+    def receive(self, msg: m.Message, table: Optional[pa.Table] = None) -> Optional[m.AcknowledgeCollect]:
+        self.latest_attempt = max(self.latest_attempt, msg.attempt)
+        if isinstance(msg, m.CollectEnd):
+            self.ended.setdefault(msg.attempt, set()).add(msg.subtask)
+        elif isinstance(msg, m.CollectBarrier):
+            return m.AcknowledgeCollect(msg.job_id, msg.attempt, msg.sink, msg.subtask, msg.checkpoint_id)
+        elif msg.attempt >= self.attempt:  # else a straggler from before a restart
+            if msg.attempt > self.attempt:
+                self.attempt, self.error = msg.attempt, None
+                self.buffer = self.buffer.restored(msg.restored_from)
+            self.buffer.add(table, msg.epoch)
+        return None
 
     @property
     def complete(self) -> bool:
-        return len(self.ended) == self.parallelism
+        return len(self.ended.get(self.latest_attempt, ())) == self.parallelism
+
+
+@dataclass(frozen=True)
+class ResultSummary:
+    """Where one collect sink stands: rows received and kept, the mode, a few rows to show."""
+
+    received: int
+    kept: int
+    mode: str
+    preview: pd.DataFrame
+    error: Optional[str] = None
 
 
 class ResultReceiver:
     """A ROUTER socket on 127.0.0.1 and a thread that files incoming batches by job and sink."""
 
-    def __init__(self, codec: Codec, host: str = "127.0.0.1"):
+    def __init__(self, codec: Codec, acknowledge: Callable[[m.AcknowledgeCollect], None], host: str = "127.0.0.1"):
         self.codec = codec
+        self.acknowledge = acknowledge  # called on the receiver thread: must not block
         self._sock = make_socket(zmq.Context.instance(), zmq.ROUTER)
         self._sock.bind(f"tcp://{host}:0")
         self.address = bound_address(self._sock)
@@ -81,9 +105,10 @@ class ResultReceiver:
         self._thread = threading.Thread(target=self._run, name="results", daemon=True)
         self._thread.start()
 
-    def expect(self, job_id: str, sinks: dict[str, int]) -> None:
+    def expect(self, job_id: str, sinks: dict[str, tuple[int, ResultBuffer]]) -> None:
+        """Be ready for a job's collect sinks: uid -> (parallelism, the buffer that keeps its rows)."""
         with self._lock:
-            self._jobs[job_id] = {uid: _SinkResults(p) for uid, p in sinks.items()}
+            self._jobs[job_id] = {uid: _SinkResults(p, buffer) for uid, (p, buffer) in sinks.items()}
 
     def _run(self) -> None:
         try:
@@ -93,30 +118,48 @@ class ResultReceiver:
                 frames = self._sock.recv_multipart(copy=False)[1:]
                 try:
                     msg, _, payload = self.codec.decode(frames)
-                    if not isinstance(msg, (m.CollectBatch, m.CollectEnd)):
+                    if not isinstance(msg, (m.CollectBatch, m.CollectBarrier, m.CollectEnd)):
                         raise m.MalformedMessage(f"{msg.op} is not a result message")
                     table = ipc_to_table(payload[0].buffer) if isinstance(msg, m.CollectBatch) else None
                 except Exception as exc:
                     log.warning("result socket: dropped a malformed message: %s", exc)
                     continue
+                ack = None
                 with self._lock:
                     sink = self._jobs.get(msg.job_id, {}).get(msg.sink)
                     if sink is not None:
-                        sink.add(msg.attempt, table, msg.subtask, isinstance(msg, m.CollectEnd))
+                        try:
+                            ack = sink.receive(msg, table)
+                        except Exception as exc:  # e.g. rows without the update mode's key
+                            sink.error = f"{type(exc).__name__}: {exc}"
+                            log.warning("result socket: job %s sink %s: %s", msg.job_id, msg.sink, sink.error)
                         self._lock.notify_all()
+                if ack is not None:
+                    self.acknowledge(ack)
         finally:
             self._sock.close(0)
 
+    def _sink(self, job_id: str, sink: str) -> _SinkResults:
+        results = self._jobs[job_id][sink]
+        if results.error:
+            raise RuntimeError(f"the rows of collect sink {sink} could not be kept: {results.error}")
+        return results
+
     def frame(self, job_id: str, sink: str) -> pd.DataFrame:
         with self._lock:
-            tables = list(self._jobs[job_id][sink].tables)
-        if not tables:
-            return pd.DataFrame()
-        return pa.concat_tables(tables, promote_options="default").to_pandas()
+            return self._sink(job_id, sink).buffer.frame()
+
+    def summary(self, job_id: str, sink: str, n: int) -> "ResultSummary":
+        with self._lock:
+            results = self._jobs[job_id][sink]
+            buffer = results.buffer
+            preview = buffer.preview(n) if not results.error else pd.DataFrame()
+            return ResultSummary(buffer.total, len(buffer), buffer.describe(), preview, results.error)
 
     def rows(self, job_id: str, sink: str) -> int:
+        """Rows received from the current attempt, kept or not."""
         with self._lock:
-            return self._jobs[job_id][sink].rows
+            return self._jobs[job_id][sink].buffer.total
 
     def wait_complete(self, job_id: str, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -154,12 +197,23 @@ def _pick(results: dict, sink: Optional[str]):
 
 
 class JobHandle:
-    def __init__(self, client: "JobClient", job_id: str, name: str, sinks: dict[str, str]):
+    """One submitted job: its status, its collected rows (live, as pandas), its metrics, its end.
+
+    In a notebook its rich display is the live dashboard with the result table."""
+
+    def __init__(self, client: "JobClient", job_id: str, name: str, sinks: dict[str, str],
+                 job_graph: Optional[JobGraph] = None, detached: bool = False):
         self.client = client
         self.job_id = job_id
         self.name = name
+        self.job_graph = job_graph
+        self.detached = detached
         self._sinks = sinks  # collect sink name -> uid
         self.submitted_at = time.monotonic()
+        self._dashboard = None
+        # called (on the waiting thread) at every status poll of wait(): the dashboard applies
+        # its pending update there, since a cell blocked in wait() holds the kernel's loop
+        self.wait_hooks: list[Callable[[], None]] = []
 
     def __repr__(self) -> str:
         return f"<JobHandle {self.name!r} {self.job_id}>"
@@ -171,20 +225,102 @@ class JobHandle:
     def status(self) -> str:
         return self.job_status().state
 
+    @property
+    def sinks(self) -> list[str]:
+        return list(self._sinks)
+
+    def _uid(self, sink: Optional[str]) -> str:
+        if self.detached:
+            raise RuntimeError(f"job '{self.name}' ({self.job_id}) was submitted detached: "
+                               "its collected rows are not sent to this client")
+        if sink is not None and sink not in self._sinks:
+            raise KeyError(f"job '{self.name}' has no collect sink {sink!r}; it has {sorted(self._sinks)}")
+        return self._sinks[sink] if sink is not None else _pick(self._sinks, None)
+
     def results_of(self, sink: Optional[str] = None) -> pd.DataFrame:
-        uid = self._sinks[sink] if sink is not None else _pick(self._sinks, None)
-        return self.client.results.frame(self.job_id, uid)
+        return self.client.results.frame(self.job_id, self._uid(sink))
 
     @property
     def results(self) -> pd.DataFrame:
-        """The rows collected so far (a fresh DataFrame each time)."""
+        """The rows kept so far, as the result mode keeps them (a fresh DataFrame each time)."""
         return self.results_of()
 
     def to_pandas(self, sink: Optional[str] = None) -> pd.DataFrame:
         return self.results_of(sink)
 
+    def summary(self, sink: Optional[str] = None, rows: int = 10) -> ResultSummary:
+        """Rows received and kept, the result mode, and at most ``rows`` rows to look at: the
+        newest (append), the first keys (update), the one row (single)."""
+        return self.client.results.summary(self.job_id, self._uid(sink), rows)
+
+    def row_count(self, sink: Optional[str] = None) -> int:
+        """Rows received so far (of the current attempt), including those no longer kept."""
+        return self.client.results.rows(self.job_id, self._uid(sink))
+
     def cancel(self) -> None:
         self.client.cancel(self.job_id)
+
+    def savepoint(self, target_directory: Optional[str] = None, timeout: float = 600.0) -> str:
+        """A savepoint of the running job; returns its location (start a job from it with the
+        configuration key execution.savepoint.path)."""
+        return self.client.trigger_savepoint(self.job_id, target_directory, timeout=timeout)
+
+    def stop(self, savepoint: bool = True, target_directory: Optional[str] = None, timeout: float = 600.0):
+        """Stop with a savepoint (the job ends FINISHED; returns the location), or just cancel."""
+        if not savepoint:
+            self.cancel()
+            return None
+        return self.client.trigger_savepoint(self.job_id, target_directory, stop=True, timeout=timeout)
+
+    def metrics(self) -> pd.DataFrame:
+        """One row per subtask: vertex, subtask, attempt, status, TaskManager, slot and its metrics."""
+        rows = []
+        for subtask in self.client.job_details(self.job_id)["subtasks"]:
+            row = {k: v for k, v in subtask.items() if k != "metrics"}
+            row.update((k, v) for k, v in subtask["metrics"].items() if k not in row and k != "job_id")
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+    def dashboard(self, **options):
+        """The live dashboard widget of this job (one per handle; ``options`` count on the first
+        call: ``poll_interval`` in seconds, ``rows`` of the result table)."""
+        if self._dashboard is None:
+            from .widgets import Dashboard
+            self._dashboard = Dashboard(self, **options)
+        return self._dashboard
+
+    def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
+        from .widgets import in_kernel
+        bundle = self.dashboard()._repr_mimebundle_(include, exclude) if in_kernel() else {}
+        return (bundle or {}) | {"text/plain": self._summary()}
+
+    def _summary(self) -> str:
+        try:
+            state = self.status
+        except Exception as exc:  # the cluster is gone; say so rather than fail the display
+            state = f"status unknown ({exc})"
+        lines = [f"Job '{self.name}' ({self.job_id}): {state}"]
+        if not self.detached:
+            for sink in self._sinks:
+                summary = self.summary(sink, rows=0)
+                lines.append(f"  {sink}: {summary.received:,} rows received, {summary.kept:,} kept ({summary.mode})")
+        return "\n".join(lines)
+
+    def wait_for_rows(self, n: int = 1, timeout: Optional[float] = None, sink: Optional[str] = None) -> int:
+        """Block until at least n rows arrived (e.g. before a first look at a live job's results);
+        returns the rows received. Raises if the job ends, or the timeout passes, first."""
+        uid = self._uid(sink)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (received := self.client.results.rows(self.job_id, uid)) < n:
+            for hook in self.wait_hooks:
+                hook()
+            state = self.status
+            if state in JobState.GLOBALLY_TERMINAL and self.client.results.rows(self.job_id, uid) < n:
+                raise RuntimeError(f"job '{self.name}' ({self.job_id}) is {state} after {received} of {n} rows")
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"job '{self.name}' ({self.job_id}): {received} of {n} rows after {timeout:g} s")
+            time.sleep(STATUS_POLL_S)
+        return received
 
     def wait(self, timeout: Optional[float] = None, on_status=None) -> JobExecutionResult:
         """Wait for the job's end. FINISHED returns the result; FAILED and CANCELED raise."""
@@ -195,6 +331,8 @@ class JobHandle:
             if on_status and (status.state, status.reason) != last:
                 on_status(status)
                 last = (status.state, status.reason)
+            for hook in self.wait_hooks:
+                hook()
             if status.state in JobState.GLOBALLY_TERMINAL:
                 break
             if deadline is not None and time.monotonic() > deadline:
@@ -204,11 +342,36 @@ class JobHandle:
             raise JobExecutionError(self.job_id, self.name, status.failure or "unknown cause")
         if status.state == JobState.CANCELED:
             raise JobCancelledError(f"job '{self.name}' ({self.job_id}) was cancelled")
-        if self._sinks and not self.client.results.wait_complete(self.job_id, 30):
+        if self._sinks and not self.detached and not self.client.results.wait_complete(self.job_id, 30):
             raise RuntimeError(f"job '{self.name}' finished but not every collect sink's results arrived")
         duration = int((time.monotonic() - self.submitted_at) * 1000)
-        return JobExecutionResult(self.job_id, self.name, status.state, duration,
-                                  {n: self.results_of(n) for n in self._sinks})
+        results = {} if self.detached else {n: self.results_of(n) for n in self._sinks}
+        return JobExecutionResult(self.job_id, self.name, status.state, duration, results)
+
+
+class _Acknowledger:
+    """Sends the acknowledgements of collect barriers to the JobManager from a thread of its own,
+    so the result socket never waits for an answer."""
+
+    def __init__(self, rpc: RpcClient):
+        self.rpc = rpc
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="result acks", daemon=True)
+        self._thread.start()
+
+    def send(self, ack: m.AcknowledgeCollect) -> None:
+        self._queue.put(ack)
+
+    def _run(self) -> None:
+        while (ack := self._queue.get()) is not None:
+            try:
+                self.rpc.request(ack, timeout=5)
+            except Exception as exc:  # the job ended or restarted meanwhile: the checkpoint is moot
+                log.warning("could not acknowledge checkpoint %s of job %s: %s", ack.checkpoint_id, ack.job_id, exc)
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(1)
 
 
 class JobClient:
@@ -221,18 +384,24 @@ class JobClient:
     @property
     def results(self) -> ResultReceiver:
         if self._results is None:
-            self._results = ResultReceiver(self.codec)
+            self._acknowledger = _Acknowledger(self.rpc)
+            self._results = ResultReceiver(self.codec, self._acknowledger.send)
         return self._results
 
-    def submit(self, job_graph: JobGraph, detached: bool = False) -> JobHandle:
+    def submit(self, job_graph: JobGraph, detached: bool = False,
+               result_mode: ResultMode = KEEP_ALL) -> JobHandle:
+        """Submit a job. Attached, its collect sinks stream to this client, which keeps their rows
+        as ``result_mode`` says (by default every row: what a script waiting for a bounded job wants)."""
         sinks = {o.name: o.uid for v in job_graph.vertices for o in v.operators if o.kind == "collect-sink"}
         parallelism = {o.uid: v.parallelism for v in job_graph.vertices for o in v.operators}
         result_address = None
         if sinks and not detached:
-            self.results.expect(job_graph.job_id, {uid: parallelism[uid] for uid in sinks.values()})
+            buffers = {uid: (parallelism[uid], result_mode.buffer_for(job_graph, uid, name))
+                       for name, uid in sinks.items()}
+            self.results.expect(job_graph.job_id, buffers)
             result_address = self.results.address
         reply = self.rpc.request(m.SubmitJob(job_graph.to_dict(), result_address))
-        return JobHandle(self, reply.job_id, job_graph.name, sinks)
+        return JobHandle(self, reply.job_id, job_graph.name, sinks, job_graph, detached)
 
     def job_status(self, job_id: str) -> m.JobStatus:
         return self.rpc.request(m.RequestJobStatus(job_id))
@@ -250,10 +419,19 @@ class JobClient:
         """GET /jobs/<jobid> as a dict, plus "subtasks": state, TaskManager, slot and metrics of each."""
         return self.rpc.request(m.RequestJobDetails(job_id)).details
 
+    def trigger_savepoint(self, job_id: str, target_directory: Optional[str] = None, stop: bool = False,
+                          timeout: float = 600.0) -> str:
+        """Take a savepoint (stop=True: then end the job); returns its location once complete."""
+        return self.rpc.request(m.TriggerSavepoint(job_id, target_directory, stop), timeout=timeout).location
+
+    def dispose_savepoint(self, location: str) -> None:
+        self.rpc.request(m.DisposeSavepoint(location))
+
     def shutdown_cluster(self) -> None:
         self.rpc.request(m.ShutdownCluster())
 
     def close(self) -> None:
         if self._results is not None:
             self._results.close()
+            self._acknowledger.close()
         self.rpc.close()

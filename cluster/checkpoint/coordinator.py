@@ -65,6 +65,7 @@ class CheckpointRecord:
     size: int = 0
     failure: Optional[str] = None
     directory: str = ""
+    tasks: dict = field(default_factory=dict)  # per vertex: acknowledged subtasks, size, latest ack
 
 
 class CheckpointCoordinator:

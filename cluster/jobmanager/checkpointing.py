@@ -157,10 +157,17 @@ class JobCheckpointing:
     def _complete(self, pending: PendingCheckpoint) -> None:
         operators: dict[str, dict] = {}
         size = 0
+        tasks: dict[str, dict] = {}
         for participant, state in pending.acks.items():
             execution = self.jm.graph.executions.get(participant)
             if execution is None:
                 continue  # a client's collect acknowledgement carries no state
+            stats = tasks.setdefault(execution.vertex.id, {"num_subtasks": execution.vertex.parallelism,
+                                                           "num_acknowledged_subtasks": 0, "size": 0,
+                                                           "latest_ack": 0})
+            stats["num_acknowledged_subtasks"] += 1
+            stats["size"] += sum(int(h.get("bytes", 0)) for h in state.values())
+            stats["latest_ack"] = max(stats["latest_ack"], pending.ack_times[participant])
             for uid, handle in state.items():
                 entry = operators.setdefault(uid, {"vertex": execution.vertex.name,
                                                    "max_parallelism": execution.vertex.max_parallelism,
@@ -177,6 +184,7 @@ class JobCheckpointing:
             self._notify_aborted(pending.checkpoint_id)
             return
         completed, dropped = self.coordinator.complete(pending, now_ms(), size)
+        self.coordinator.records[completed.checkpoint_id].tasks = tasks
         for old in dropped:
             dispose(Path(old.directory))
         log.info("job %s: %s %d complete (%d bytes, %d ms)", self.jm.job_id, completed.kind, completed.checkpoint_id,

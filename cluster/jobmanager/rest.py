@@ -18,7 +18,7 @@ from cluster.protocol.endpoint import RpcError
 
 from .views import (backpressure_json, checkpoint_config_json, checkpoint_details_json, checkpoints_json,
                     config_json, exceptions_json, job_json, jobs_overview_json, overview_json, plan_json,
-                    taskmanagers_json, vertex_json)
+                    savepoint_status_json, taskmanagers_json, vertex_json)
 
 if TYPE_CHECKING:
     from .dispatcher import Dispatcher
@@ -91,8 +91,7 @@ class RestServer:
         if path.startswith("/v1/"):
             path = path[3:]  # Flink serves every path under /v1 too
         try:
-            status, body = self._route(method, path, parse_qs(url.query),
-                                       self._read_json(req) if method == "POST" else {})
+            status, body = self._route(method, path, parse_qs(url.query), req)
         except KeyError:
             status, body = HTTPStatus.NOT_FOUND, {"errors": [f"Job could not be found: {path}"]}
         except (RpcError, ValueError) as exc:
@@ -119,7 +118,7 @@ class RestServer:
             raise ValueError("the request body must be a JSON object")
         return body
 
-    def _route(self, method: str, path: str, query: dict, body: dict) -> tuple[int, dict]:
+    def _route(self, method: str, path: str, query: dict, req: BaseHTTPRequestHandler) -> tuple[int, dict]:
         endpoint = self.dispatcher.endpoint
         if method == "GET":
             for pattern, view in _GET_ROUTES:
@@ -140,6 +139,7 @@ class RestServer:
             match = re.match(rf"^{_JOB}/(savepoints|stop)$", path)
             if match:
                 # Flink's asynchronous operations: 202 with a trigger id, then GET .../savepoints/<id>
+                body = self._read_json(req)
                 stop = match.group(2) == "stop" or bool(body.get("cancel-job"))
                 target = body.get("target-directory") or body.get("targetDirectory")
                 trigger = endpoint.call(lambda: self.dispatcher.job(match["jid"]).checkpointing

@@ -234,7 +234,14 @@ def _checkpoint_entry(record) -> dict:
             "alignment_buffered": 0, "processed_data": 0, "persisted_data": 0,
             "num_subtasks": record.participants, "num_acknowledged_subtasks": record.acknowledged,
             "checkpoint_type": {"savepoint": "SAVEPOINT", "stop": "SAVEPOINT"}.get(record.kind, "CHECKPOINT"),
-            "tasks": {}, "external_path": f"file:{record.directory}", "discarded": False,
+            "tasks": {vid: {"id": record.checkpoint_id, "status": record.status,
+                            "latest_ack_timestamp": t["latest_ack"], "checkpointed_size": t["size"],
+                            "state_size": t["size"], "end_to_end_duration": t["latest_ack"] - record.trigger_ms,
+                            "alignment_buffered": 0, "processed_data": 0, "persisted_data": 0,
+                            "num_subtasks": t["num_subtasks"],
+                            "num_acknowledged_subtasks": t["num_acknowledged_subtasks"]}
+                      for vid, t in record.tasks.items()},
+            "external_path": f"file:{record.directory}", "discarded": False,
             "failure_message": record.failure}
 
 

@@ -404,7 +404,10 @@ class FileSink(Operator):
                 os.remove(path)
 
     def finish(self) -> list[pa.Table]:
-        # the end of a bounded input: with checkpoints, the final checkpoint covered everything
+        # The end of the input. With checkpoints the sources end only once the final checkpoint
+        # completed, so everything prepared is covered, even when that checkpoint's completion
+        # notice (JobManager -> this TaskManager) is still on its way behind the end of partition.
+        self.notify_checkpoint_complete(max(self._prepared, default=0))
         self.commit(self.prepare_commit())
         return []
 

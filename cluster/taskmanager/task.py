@@ -292,6 +292,7 @@ class Task:
                 self._run_source(chain)
             else:
                 self._run_inputs(chain, sender)
+            self._process_control()  # notifications that came with the end of the input
             self._finish(chain)
             while opened:
                 opened.pop(0).close()

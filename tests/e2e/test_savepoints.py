@@ -1,0 +1,134 @@
+"""Savepoints: stop-with-savepoint, resume at another parallelism, corrupt ones, REST visibility."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from cluster.protocol.endpoint import RpcError
+from kernel_runtime import StreamEnvironment
+from kernel_runtime.api import FileSink
+from tests.conftest import rest, wait_for
+from tests.e2e.test_rest import flink, missing_fields
+
+N = 30_000
+
+
+def orders(seq):
+    return pd.DataFrame({"user": seq % 37, "amount": (seq % 101).astype("int64"), "seq": seq})
+
+
+def pipeline(cluster, parallelism: int, out: str, savepoint: str = "", rate=6_000, backend="hashmap"):
+    config = {"execution.checkpointing.interval": "300 ms", "state.backend.type": backend}
+    if savepoint:
+        config["execution.savepoint.path"] = savepoint
+    env = StreamEnvironment(parallelism=parallelism, cluster=cluster.cluster_dir, config=config)
+    (env.from_generator(orders, count=N, rate=rate, batch_size=250)
+        .key_by("user").aggregate(total=("amount", "sum"), n=("amount", "count"), top=("amount", "max"))
+        .sink_to(FileSink.parquet(out, rows_per_file=500)))
+    return env
+
+
+def final_values(out: str) -> pd.DataFrame:
+    frame = pd.concat([pq.read_table(f).to_pandas() for f in glob.glob(os.path.join(out, "part-*.parquet"))])
+    latest = frame.sort_values("n").groupby("user").tail(1)  # n only grows: the last row per key
+    return latest.sort_values("user").reset_index(drop=True)[["user", "total", "n", "top"]]
+
+
+def expected() -> pd.DataFrame:
+    df = orders(np.arange(N, dtype=np.int64))
+    return (df.groupby("user").agg(total=("amount", "sum"), n=("amount", "count"), top=("amount", "max"))
+            .reset_index())
+
+
+@pytest.fixture(scope="module")
+def savepoint(cluster, tmp_path_factory):
+    """A job at parallelism 2, stopped with a savepoint about half-way."""
+    from kernel_runtime import JobClient
+    client = JobClient(cluster.info)
+    first = str(tmp_path_factory.mktemp("first"))
+    handle = pipeline(cluster, 2, first).execute_async("savepoint p2", client=client)
+    wait_for(lambda: client.job_details(handle.job_id)["vertices"][0]["metrics"]["write-records"] > N // 3, 60,
+             "a third of the input read")
+    location = handle.stop(target_directory=str(tmp_path_factory.mktemp("savepoints")))
+    handle.wait(60)  # stop-with-savepoint ends the job FINISHED
+    assert handle.status == "FINISHED"
+    client.close()
+    return location
+
+
+@pytest.mark.parametrize("parallelism", [3, 1])
+def test_a_savepoint_at_parallelism_2_restores_at_3_and_1_with_identical_results(
+        cluster, client, savepoint, parallelism, tmp_path):
+    out = str(tmp_path / "out")
+    env = pipeline(cluster, parallelism, out, savepoint=savepoint, rate=None)
+    handle = env.execute_async(f"restored at {parallelism}", client=client)
+    handle.wait(120)
+    pd.testing.assert_frame_equal(final_values(out), expected(), check_dtype=False)
+    checkpoints = rest(cluster, f"/jobs/{handle.job_id}/checkpoints")[1]
+    assert checkpoints["latest"]["restored"]["is_savepoint"] is True
+
+
+def test_savepoint_is_a_folder_with_metadata_and_state(savepoint):
+    body = json.loads(open(os.path.join(savepoint, "_metadata")).read())["body"]
+    assert body["kind"] == "stop" and len(body["operators"]) >= 3
+    assert any(name.endswith(".state") for name in os.listdir(savepoint))
+
+
+def test_a_corrupt_savepoint_is_refused_with_a_clear_error(cluster, client, savepoint, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(savepoint, broken)
+    meta = broken / "_metadata"
+    meta.write_text(meta.read_text().replace('"kind": "stop"', '"kind": "stolen"'))
+    env = pipeline(cluster, 2, str(tmp_path / "out"), savepoint=str(broken))
+    with pytest.raises(RpcError, match=r"cannot start from savepoint .*broken.*checksum: corrupt"):
+        env.execute_async("from a corrupt savepoint", client=client)
+    (broken / "_metadata").unlink()
+    with pytest.raises(RpcError, match=r"cannot start from savepoint .*_metadata is missing"):
+        env.execute_async("from a savepoint without metadata", client=client)
+
+
+def test_savepoint_trigger_and_dispose_and_checkpoint_stats_over_rest(cluster, client, tmp_path):
+    env = pipeline(cluster, 2, str(tmp_path / "out"), rate=2_000)
+    handle = env.execute_async("rest savepoint", client=client)
+    wait_for(lambda: rest(cluster, f"/jobs/{handle.job_id}/checkpoints")[1]["counts"]["completed"] >= 2, 60,
+             "two checkpoints")
+    stats = rest(cluster, f"/jobs/{handle.job_id}/checkpoints")[1]
+    assert not missing_fields(flink("jobs_ID_checkpoints.json"), stats)
+    assert stats["latest"]["completed"]["num_acknowledged_subtasks"] == stats["latest"]["completed"]["num_subtasks"]
+    latest = stats["latest"]["completed"]["id"]
+    details = rest(cluster, f"/jobs/{handle.job_id}/checkpoints/details/{latest}")[1]
+    reference = flink("jobs_ID_checkpoints_details_22.json")
+    flink_tasks = reference.pop("tasks")  # keyed by vertex id: compare one entry's fields
+    assert not missing_fields(reference, details)
+    assert set(details["tasks"]) == {v["id"] for v in client.job_details(handle.job_id)["vertices"]}
+    for entry in details["tasks"].values():
+        assert not missing_fields(next(iter(flink_tasks.values())), entry)
+        assert entry["num_acknowledged_subtasks"] == entry["num_subtasks"] == 2
+    config = rest(cluster, f"/jobs/{handle.job_id}/checkpoints/config")[1]
+    assert not missing_fields(flink("jobs_ID_checkpoints_config.json"), config)
+    assert (config["mode"], config["interval"]) == ("exactly_once", 300)
+
+    import urllib.request
+    req = urllib.request.Request(f"{cluster.info.rest_address}/jobs/{handle.job_id}/savepoints", method="POST",
+                                 data=json.dumps({"target-directory": str(tmp_path / "sp")}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req) as resp:
+        assert resp.status == 202
+        trigger = json.loads(resp.read())["request-id"]
+    status = wait_for(lambda: (b := rest(cluster, f"/jobs/{handle.job_id}/savepoints/{trigger}")[1])["status"]["id"]
+                      == "COMPLETED" and b, 30, "savepoint completed")
+    location = status["operation"]["location"].removeprefix("file:")
+    assert os.path.exists(os.path.join(location, "_metadata"))
+    handle.cancel()
+    wait_for(lambda: handle.status == "CANCELED", 30, "cancelled")
+    client.dispose_savepoint(location)
+    assert not os.path.exists(location)
+    with pytest.raises(RpcError, match="not disposed"):
+        client.dispose_savepoint(str(tmp_path))  # not a savepoint: never deleted
