@@ -183,11 +183,12 @@ class KeyedReduce(KeyedOperator):
                       else [tuple(r) for r in frame[self.key].astype(object).values.tolist()])
         for r in range(int(rank.max()) + 1):
             rows = frame[rank == r].reset_index(drop=True)
+            values = rows.astype(object).values.tolist()  # column-wise: ints stay ints (a row-wise iloc upcasts)
             slots = [position[key_of_row[i]] for i in np.flatnonzero(rank == r)]
             have = [j for j, slot in enumerate(slots) if acc[slot] is not None]
-            fresh = [j for j, slot in enumerate(slots) if acc[slot] is None]
-            for j in fresh:
-                acc[slots[j]] = tuple(rows.iloc[j].astype(object).tolist())
+            for j, slot in enumerate(slots):
+                if acc[slot] is None:
+                    acc[slot] = tuple(values[j])
             if have:
                 previous = pd.DataFrame([acc[slots[j]] for j in have], columns=columns)
                 combined = self.call_user(previous, rows.iloc[have].reset_index(drop=True))

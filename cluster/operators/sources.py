@@ -31,6 +31,14 @@ def to_table(result, where: str) -> pa.Table:
     raise UserFunctionError(f"{where} must return a pandas DataFrame, got {type(result).__name__}")
 
 
+def default_split_size(count: Optional[int], batch_size: int) -> int:
+    """Whole batches (no short batch but at a split's end), 16 of them, fewer for a bounded count
+    so that it still makes some 64 splits to share. Never a function of the parallelism: the
+    splits must stay the same when a savepoint is restored at another one."""
+    batches = 16 if count is None else max(1, min(16, -(-count // (64 * batch_size))))
+    return batches * batch_size
+
+
 class GeneratorSource(SourceOperator):
     """params: count (None: unbounded), rate (rows/s over all subtasks, None: as fast as possible),
     batch_size, split_size; udf: optional fn(seq: numpy int64 array) -> DataFrame (default: one
@@ -40,8 +48,7 @@ class GeneratorSource(SourceOperator):
         self.count: Optional[int] = self.params.get("count")
         p = self.ctx.parallelism
         self.batch_size = int(self.params.get("batch_size") or 1000)
-        # whole batches per split, so a split never ends in a short batch but the last
-        self.split_size = int(self.params.get("split_size") or 16 * self.batch_size)
+        self.split_size = int(self.params.get("split_size") or default_split_size(self.count, self.batch_size))
         rate = self.params.get("rate")
         self.rate = None if rate is None else rate / p
         self.inherited: list[dict] = []   # facts restored from earlier runs
