@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -45,11 +46,29 @@ def test_cli_session(shell_env):
     listing = sh(["list"], shell_env).stdout
     assert job_id in listing and "live page counts" in listing
     sh(["cancel", job_id], shell_env)
-    import time
     deadline = time.monotonic() + 20
     while "CANCELED" not in sh(["list"], shell_env).stdout:
         assert time.monotonic() < deadline, "job not cancelled"
         time.sleep(0.2)
+
+    # a savepoint of a running job, then stop-with-savepoint, then start again from it
+    detached = sh(["run", "-d", "examples/live_counts.py"], shell_env).stdout
+    job_id = re.search(r"JobID ([0-9a-f]{32})", detached).group(1)
+    deadline = time.monotonic() + 60
+    while "RUNNING" not in sh(["list"], shell_env).stdout:
+        assert time.monotonic() < deadline, "job not running"
+        time.sleep(0.2)
+    taken = sh(["savepoint", job_id], shell_env).stdout
+    path = re.search(r"Path: file:(\S+)", taken).group(1)
+    assert os.path.exists(os.path.join(path, "_metadata"))
+    stopped = sh(["stop", job_id], shell_env).stdout
+    final = re.search(r"Path: file:(\S+)", stopped).group(1)
+    assert "FINISHED" in sh(["list"], shell_env).stdout
+    resumed = sh(["run", "-d", "-s", final, "examples/live_counts.py"], shell_env).stdout
+    resumed_id = re.search(r"JobID ([0-9a-f]{32})", resumed).group(1)
+    sh(["cancel", resumed_id], shell_env)
+    assert "disposed" in sh(["savepoint", "--dispose", path], shell_env).stdout
+    assert not os.path.exists(path)
 
     bad = sh(["cancel", "0" * 32], shell_env, check=False)
     assert bad.returncode != 0 and "no job with id" in bad.stderr

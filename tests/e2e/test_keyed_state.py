@@ -93,3 +93,17 @@ def test_process_with_value_list_and_map_state(cluster, client, backend):
     assert out.set_index("shop")["seen"].to_dict() == counts.to_dict()
     assert (out["items"] == out["seen"]).all()
     assert all(len(eval(r)) == 3 for r in out["recent"])
+
+
+def test_at_least_once_checkpoints_complete_without_alignment(cluster, client):
+    env = StreamEnvironment(parallelism=2, cluster=cluster.cluster_dir, config={
+        "execution.checkpointing.interval": "200 ms", "execution.checkpointing.mode": "AT_LEAST_ONCE"})
+    (env.from_generator(sales, count=N, rate=10_000, batch_size=500).key_by("shop")
+        .aggregate(n=("price", "count")).collect())
+    handle = env.execute_async("at least once", client=client)
+    out = latest(handle.wait(60).to_pandas(), ["shop"], "n")
+    assert out["n"].sum() == N
+    from tests.conftest import rest
+    stats = rest(cluster, f"/jobs/{handle.job_id}/checkpoints")[1]
+    assert stats["counts"]["completed"] >= 3
+    assert rest(cluster, f"/jobs/{handle.job_id}/checkpoints/config")[1]["mode"] == "at_least_once"

@@ -1,6 +1,8 @@
 """Spark operators on a real 2-TaskManager cluster, compared with the same query as a Spark batch job."""
 from __future__ import annotations
 
+import time
+
 import pandas as pd
 import pytest
 from pyspark.sql import functions as F
@@ -125,3 +127,24 @@ def test_sql_needs_the_input_view(cluster):
     env = StreamEnvironment(cluster=cluster.cluster_dir)
     with pytest.raises(GraphValidationError, match=r"operator 'sql' \(test_spark.py:\d+\).*view 'input'"):
         env.from_generator(count=1).sql("SELECT 1")
+
+
+@pytest.mark.slow
+def test_a_job_deployed_before_spark_is_ready_waits_and_says_so(tmp_path):
+    from kernel_runtime import JobClient
+    from tests.conftest import start_cluster
+    local = start_cluster(tmp_path / "fresh", taskmanagers=1, slots=1)  # Spark starts now, in the background
+    client = JobClient(local.info)
+    try:
+        env = StreamEnvironment(parallelism=1, cluster=local.cluster_dir)
+        env.from_generator(orders, count=1_000).sql("SELECT order_id FROM input WHERE amount > 50").collect()
+        handle = env.execute_async("early", client=client)
+        reasons = set()
+        while handle.status not in ("FINISHED", "FAILED"):
+            reasons.add(handle.job_status().reason)
+            time.sleep(0.05)
+        assert any(r and "waiting for the TaskManager's SparkSession to start" in r for r in reasons), reasons
+        assert len(handle.wait(5).to_pandas()) == sum(1 for i in range(1_000) if i % 97 > 50)
+    finally:
+        client.close()
+        local.stop()
