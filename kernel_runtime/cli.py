@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import runpy
 import sys
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 
@@ -25,11 +26,19 @@ cluster_dir_option = click.option(
     help="The cluster's directory (default: $STREAMLAB_CLUSTER_DIR or ~/.streamlab/cluster).")
 
 
-def _client(cluster_dir) -> JobClient:
+@contextmanager
+def connected(cluster_dir):
+    """A JobClient for the command; expected failures become one-line errors, not tracebacks."""
     try:
-        return JobClient(ClusterInfo.load(cluster_dir))
+        client = JobClient(ClusterInfo.load(cluster_dir))
     except ClusterNotRunning as exc:
         raise click.ClickException(str(exc)) from None
+    try:
+        yield client
+    except (RpcError, TimeoutError) as exc:
+        raise click.ClickException(str(exc)) from None
+    finally:
+        client.close()
 
 
 @click.group()
@@ -79,11 +88,8 @@ def cluster_stop(cluster_dir) -> None:
 @cluster.command("status")
 @cluster_dir_option
 def cluster_status(cluster_dir) -> None:
-    client = _client(cluster_dir)
-    try:
+    with connected(cluster_dir) as client:
         ov = client.cluster_overview()
-    finally:
-        client.close()
     o = ov.overview
     console.print(f"JobManager {client.cluster.rpc_address}  REST {client.cluster.rest_address}")
     console.print(f"TaskManagers: {o['taskmanagers']}  slots: {o['slots-available']} free of "
@@ -117,9 +123,7 @@ def run(detached, savepoint, cluster_dir, script, args) -> None:
     sys.path.insert(0, str(script.parent.resolve()))
     try:
         runpy.run_path(str(script), run_name="__main__")
-    except JobExecutionError as exc:
-        raise click.ClickException(str(exc)) from None
-    except (JobCancelledError, RpcError) as exc:
+    except (JobExecutionError, JobCancelledError, RpcError) as exc:
         raise click.ClickException(str(exc)) from None
 
 
@@ -127,11 +131,8 @@ def run(detached, savepoint, cluster_dir, script, args) -> None:
 @cluster_dir_option
 def list_jobs(cluster_dir) -> None:
     """List the cluster's jobs."""
-    client = _client(cluster_dir)
-    try:
+    with connected(cluster_dir) as client:
         jobs = client.list_jobs()
-    finally:
-        client.close()
     table = Table("JobID", "name", "state", "started", "reason")
     for job in jobs:
         started = datetime.fromtimestamp(job["start-time"] / 1000).strftime("%Y-%m-%d %H:%M:%S")
@@ -144,13 +145,8 @@ def list_jobs(cluster_dir) -> None:
 @cluster_dir_option
 def cancel(job_id, cluster_dir) -> None:
     """Cancel a job."""
-    client = _client(cluster_dir)
-    try:
+    with connected(cluster_dir) as client:
         client.cancel(job_id)
-    except RpcError as exc:
-        raise click.ClickException(str(exc)) from None
-    finally:
-        client.close()
     console.print(f"Cancelling job {job_id}")
 
 
@@ -164,18 +160,13 @@ def savepoint(job_id, target_directory, dispose, timeout, cluster_dir) -> None:
     """Take a savepoint of a running job (or dispose of one), as `flink savepoint`."""
     if bool(job_id) == bool(dispose):
         raise click.UsageError("give a JOB_ID, or --dispose PATH")
-    client = _client(cluster_dir)
-    try:
+    with connected(cluster_dir) as client:
         if dispose:
             client.dispose_savepoint(dispose)
             console.print(f"Savepoint {dispose} disposed")
         else:
             location = client.trigger_savepoint(job_id, target_directory, timeout=timeout)
             console.print(f"Savepoint completed. Path: file:{location}")
-    except (RpcError, TimeoutError) as exc:
-        raise click.ClickException(str(exc)) from None
-    finally:
-        client.close()
 
 
 @main.command("stop")
@@ -185,14 +176,9 @@ def savepoint(job_id, target_directory, dispose, timeout, cluster_dir) -> None:
 @cluster_dir_option
 def stop(job_id, target_directory, timeout, cluster_dir) -> None:
     """Stop a job with a savepoint (it ends FINISHED), as `flink stop`."""
-    client = _client(cluster_dir)
-    try:
+    with connected(cluster_dir) as client:
         location = client.trigger_savepoint(job_id, target_directory, stop=True, timeout=timeout)
-        console.print(f"Savepoint completed. Path: file:{location}")
-    except (RpcError, TimeoutError) as exc:
-        raise click.ClickException(str(exc)) from None
-    finally:
-        client.close()
+    console.print(f"Savepoint completed. Path: file:{location}")
 
 
 if __name__ == "__main__":
