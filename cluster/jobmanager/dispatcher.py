@@ -69,7 +69,7 @@ class Dispatcher:
             conf = self.conf.copy().update(graph.config, f"the configuration of job '{graph.name}'")
         except ConfigError as exc:
             raise RpcError(f"job rejected: {exc}") from None
-        master = JobMaster(graph, conf, self.endpoint, self.rm, msg.result_address, self._job_reached_terminal)
+        master = JobMaster(graph, conf, self.endpoint, self.rm, msg.result_address)
         master.start()  # refuses an unusable savepoint before the job is registered
         self.jobs[graph.job_id] = master
         log.info("job %s (%s) submitted", graph.job_id, graph.name)
@@ -141,6 +141,3 @@ class Dispatcher:
             master = self.jobs.get(job_id)
             if master is not None:
                 master.on_task_metrics(job_tasks)
-
-    def _job_reached_terminal(self, master: JobMaster) -> None:
-        pass  # finished jobs stay in self.jobs with their final status (Flink's archived job)

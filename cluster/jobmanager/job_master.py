@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, Optional
+from typing import Optional
 
 from cluster.graph.deployment import (InputGateDescriptor, OutputDescriptor,
                                       TaskDeploymentDescriptor, channel_id)
@@ -32,14 +32,13 @@ def now_ms() -> int:
 
 class JobMaster:
     def __init__(self, job_graph: JobGraph, conf, endpoint: RpcEndpoint, resource_manager: ResourceManager,
-                 result_address: Optional[str], on_terminal: Callable[["JobMaster"], None]):
+                 result_address: Optional[str]):
         self.job_graph = job_graph
         self.job_id = job_graph.job_id
         self.conf = conf
         self.endpoint = endpoint
         self.rm = resource_manager
         self.result_address = result_address
-        self.on_terminal = on_terminal
         self.graph = ExecutionGraph(job_graph, now_ms(), clock=now_ms)
         self.restart_strategy = RestartStrategy.from_config(conf)
         self.reason: Optional[str] = None
@@ -271,8 +270,8 @@ class JobMaster:
     def _release_and_report(self) -> None:
         self.reason = None
         self.rm.release_slots(self.job_id)
+        # the job stays in the Dispatcher with its final status (Flink's archived job)
         log.info("job %s (%s) is %s", self.job_id, self.job_graph.name, self.state)
-        self.on_terminal(self)
 
     # ------------------------------------------------------------------ views
     @property
