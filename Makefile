@@ -6,14 +6,18 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup system-deps quickstart test test-fast bench cluster-start cluster-stop clean check-python check-java
+.PHONY: setup system-deps quickstart lab test test-fast bench cluster-start cluster-stop clean check-python check-java
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml | check-python check-java
+$(STAMP): pyproject.toml kernel_runtime/widgets/jupyter-config/streamlab.json | check-python check-java
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
+	@# the Jupyter server extension that serves BokehJS to notebooks (no CDN): an editable
+	@# install does not place data files, so put its config where this venv's Jupyter reads it
+	mkdir -p $(VENV)/etc/jupyter/jupyter_server_config.d
+	cp kernel_runtime/widgets/jupyter-config/streamlab.json $(VENV)/etc/jupyter/jupyter_server_config.d/
 	touch $(STAMP)
 
 check-python:
@@ -40,6 +44,9 @@ system-deps:
 
 quickstart: setup
 	$(PY) examples/keyed_count.py
+
+lab: setup
+	$(VENV)/bin/jupyter lab notebooks/01-quickstart.ipynb
 
 test: setup system-deps
 	$(PY) -m pytest

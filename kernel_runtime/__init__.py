@@ -7,3 +7,15 @@ __version__ = "0.1.0"
 __all__ = ["StreamEnvironment", "DataStream", "KeyedStream", "GraphValidationError", "JobClient",
            "JobHandle", "JobExecutionResult", "JobExecutionError", "JobCancelledError", "LocalCluster",
            "ClusterInfo"]
+
+
+def load_ipython_extension(shell) -> None:
+    """``%load_ext kernel_runtime``: the %%stream and %stream_cluster magics (IPython is imported
+    only here, so the package works without it)."""
+    from .magic import load_ipython_extension as load
+    load(shell)
+
+
+def unload_ipython_extension(shell) -> None:
+    from .magic import unload_ipython_extension as unload
+    unload(shell)

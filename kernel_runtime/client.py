@@ -60,6 +60,7 @@ class _SinkResults:
         self.buffer = buffer
         self.ended: dict[int, set[int]] = {}  # attempt -> subtasks that ended
         self.error: Optional[str] = None
+        self.first_row_at: Optional[float] = None  # time.perf_counter() of the first row kept
 
     def receive(self, msg: m.Message, table: Optional[pa.Table] = None) -> Optional[m.AcknowledgeCollect]:
         self.latest_attempt = max(self.latest_attempt, msg.attempt)
@@ -72,6 +73,8 @@ class _SinkResults:
                 self.attempt, self.error = msg.attempt, None
                 self.buffer = self.buffer.restored(msg.restored_from)
             self.buffer.add(table, msg.epoch)
+            if self.first_row_at is None and table.num_rows:
+                self.first_row_at = time.perf_counter()
         return None
 
     @property
@@ -88,6 +91,7 @@ class ResultSummary:
     mode: str
     preview: pd.DataFrame
     error: Optional[str] = None
+    first_row_at: Optional[float] = None  # time.perf_counter() when the first row arrived
 
 
 class ResultReceiver:
@@ -154,7 +158,8 @@ class ResultReceiver:
             results = self._jobs[job_id][sink]
             buffer = results.buffer
             preview = buffer.preview(n) if not results.error else pd.DataFrame()
-            return ResultSummary(buffer.total, len(buffer), buffer.describe(), preview, results.error)
+            return ResultSummary(buffer.total, len(buffer), buffer.describe(), preview, results.error,
+                                 results.first_row_at)
 
     def rows(self, job_id: str, sink: str) -> int:
         """Rows received from the current attempt, kept or not."""

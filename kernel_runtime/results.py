@@ -223,11 +223,14 @@ class SingleRowBuffer(ResultBuffer):
 
 
 # --------------------------------------------------------------------------- choosing a mode
-def upsert_key(graph: JobGraph, sink_uid: str) -> Optional[list[str]]:
-    """The key of the keyed aggregation feeding this collect sink directly, if one does.
+# Running aggregations per key: each emits the new value of every key it touched, an upsert
+# stream. A keyed process function emits whatever it likes, so it is not one of them.
+RUNNING_AGGREGATIONS = ("keyed-count", "keyed-aggregate", "keyed-reduce")
 
-    A running keyed aggregation (``keyed-*`` with a ``key`` parameter) emits the new value of
-    each key it touched: an upsert stream. Whatever else feeds the sink is an append stream."""
+
+def upsert_key(graph: JobGraph, sink_uid: str) -> Optional[list[str]]:
+    """The key of the running keyed aggregation feeding this collect sink directly, if one does;
+    whatever else feeds the sink is an append stream."""
     for vertex in graph.vertices:
         uids = [o.uid for o in vertex.operators]
         if sink_uid not in uids:
@@ -241,9 +244,7 @@ def upsert_key(graph: JobGraph, sink_uid: str) -> Optional[list[str]]:
                 return None
             upstream = graph.vertex(inputs[0][1].source).operators[-1]
         key = upstream.params.get("key")
-        if upstream.kind.startswith("keyed-") and key:
-            return list(key)
-        return None
+        return list(key) if upstream.kind in RUNNING_AGGREGATIONS and key else None
     raise KeyError(f"the job graph has no operator {sink_uid}")
 
 

@@ -1,0 +1,327 @@
+"""``%%stream`` and ``%stream_cluster``: the notebook's job client.
+
+Thin on purpose: parse the arguments (magic_args), run the cell body on a fresh ``env``, submit
+through the JobClient, return the JobHandle (whose display is the live dashboard). Without
+``--cluster`` a cell runs on this kernel's embedded cluster, started on first use on free ports
+of 127.0.0.1 and stopped when the kernel exits.
+
+Errors are reported where the user made them: a cell body's traceback starts at the cell, and
+the API's "file:line" call sites read "cell line N" (line 1 is the ``%%stream`` line).
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from traitlets import Dict, Float, Int
+
+from cluster.conf import OPTIONS, ConfigError
+from cluster.graph.job_graph import GraphValidationError
+from cluster.protocol.endpoint import RpcError
+
+from .api import StreamEnvironment
+from .client import JobClient, JobHandle
+from .local_cluster import ClusterInfo, ClusterNotRunning, LocalCluster, default_cluster_dir
+from .magic_args import ClusterAddress, parse_cluster_args, parse_stream_args, stream, stream_cluster
+from .results import ResultMode
+
+# Errors a user makes or meets in normal use: shown as one message, without a traceback.
+EXPECTED_ERRORS = (GraphValidationError, ConfigError, ClusterNotRunning, RpcError, TimeoutError, ValueError)
+
+
+class StreamCellError(Exception):
+    """What a %%stream cell reports: an expected error as one message, or the user's own
+    exception with the traceback cut to start at the cell."""
+
+    def __init__(self, message: str, traceback_lines: Optional[list[str]] = None):
+        super().__init__(message)
+        self.traceback_lines = traceback_lines
+
+    def _render_traceback_(self) -> list[str]:  # IPython shows this instead of a traceback
+        return self.traceback_lines or [str(self)]
+
+
+def _expected(exc: BaseException, cell_sites: "CellSites") -> StreamCellError:
+    return StreamCellError(f"{type(exc).__name__}: {cell_sites.rewrite(str(exc))}")
+
+
+class CellSites:
+    """Turns the call sites the API records ("3141592653.py:4") into cell positions."""
+
+    def __init__(self, shell, current: Optional[str] = None):
+        self.current = current
+        names = getattr(shell.compile, "_filename_map", {})  # IPython's cell file -> execution count
+        self.cells = {os.path.basename(f): n for f, n in names.items()}
+
+    def rewrite(self, text: str) -> str:
+        def replace(match: re.Match) -> str:
+            name, line = match.group(1), match.group(2)
+            if self.current is not None and name == os.path.basename(self.current):
+                return f"cell line {line}"
+            return f"cell In[{self.cells[name]}] line {line}"
+        if not self.cells:
+            return text
+        names = "|".join(re.escape(n) for n in sorted(self.cells, key=len, reverse=True))
+        return re.sub(rf"({names}):(\d+)", replace, text)
+
+
+class StreamSession:
+    """This kernel's clusters: the embedded one (started on first use, stopped at exit) and the
+    running clusters cells attached to with --cluster, each with one JobClient."""
+
+    def __init__(self, config: dict, taskmanagers: int, slots: int):
+        self.config, self.taskmanagers, self.slots = config, taskmanagers, slots
+        self.embedded: Optional[LocalCluster] = None
+        self._clients: dict[str, JobClient] = {}  # cluster directory -> client
+        self.current: Optional[ClusterInfo] = None  # the cluster of the latest cell
+        atexit.register(self.stop)
+
+    # ------------------------------------------------------------------ the embedded cluster
+    def start(self, taskmanagers: Optional[int] = None, slots: Optional[int] = None) -> LocalCluster:
+        if self.embedded is not None:
+            if self.embedded.jobmanager.poll() is None:
+                return self.embedded
+            self.stop()  # its JobManager died (killed, out of memory): start a new cluster
+        directory = Path(tempfile.mkdtemp(prefix="streamlab-notebook-"))
+        cluster = LocalCluster(directory, taskmanagers=taskmanagers or self.taskmanagers,
+                               slots=slots or self.slots, config=self.config, embedded=True)
+        try:
+            cluster.start()
+        except BaseException:
+            cluster.stop(timeout=4)
+            raise
+        _start_watchdog(directory)
+        self.embedded = cluster
+        return cluster
+
+    def stop(self) -> bool:
+        """Stop the embedded cluster (quickly: a kernel restart waits for this)."""
+        cluster, self.embedded = self.embedded, None
+        if cluster is None:
+            return False
+        client = self._clients.pop(str(cluster.cluster_dir), None)
+        if client is not None:
+            client.close()
+        if self.current is not None and self.current.cluster_dir == cluster.cluster_dir:
+            self.current = None
+        cluster.stop(timeout=4)
+        shutil.rmtree(cluster.cluster_dir, ignore_errors=True)
+        return True
+
+    # ------------------------------------------------------------------ clients
+    def client(self, address: Optional[str] = None) -> JobClient:
+        info = self._resolve(address) if address else self.start().info
+        client = self._clients.get(str(info.cluster_dir))
+        if client is None or client.cluster != info:  # a restarted cluster has new ports and secret
+            if client is not None:
+                client.close()
+            client = self._clients[str(info.cluster_dir)] = JobClient(info)
+        self.current = info
+        return client
+
+    def _resolve(self, address: str) -> ClusterInfo:
+        where = ClusterAddress.parse(address)
+        if where.directory is not None:
+            return ClusterInfo.load(Path(where.directory).expanduser())
+        # Messages are signed with the cluster's secret, which lives in its directory: find the
+        # directory of the cluster that listens there.
+        known = [default_cluster_dir()] + ([self.embedded.cluster_dir] if self.embedded else [])
+        for directory in known:
+            try:
+                info = ClusterInfo.load(directory)
+            except ClusterNotRunning:
+                continue
+            if _same_address(info.rpc_address, where.rpc_address):
+                return info
+        raise ClusterNotRunning(
+            f"no running cluster known at {where.rpc_address} (looked in {', '.join(map(str, known))}); "
+            "a client needs the cluster's secret, which is in its directory: use --cluster DIR")
+
+
+# A kernel killed outright (SIGKILL, out of memory) runs no atexit handler, and the cluster's
+# processes live in sessions of their own: this small process stops them when the kernel is gone.
+# Standard library only, so it costs a few MB rather than a second copy of the kernel's imports.
+_WATCHDOG = """
+import json, os, shutil, signal, sys, time
+kernel, directory = int(sys.argv[1]), sys.argv[2]
+pids_file = os.path.join(directory, "cluster.json")
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[-1][0] != "Z"
+    except (ProcessLookupError, FileNotFoundError):
+        return False
+    except OSError:
+        return True
+
+while alive(kernel) and os.path.exists(pids_file):
+    time.sleep(1)
+if os.path.exists(pids_file):
+    pids = json.load(open(pids_file))
+    pids = [pids["jobmanager"], *pids["taskmanagers"]]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            if alive(pid):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + 3
+        while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    shutil.rmtree(directory, ignore_errors=True)
+"""
+
+
+def _start_watchdog(directory: Path) -> None:
+    subprocess.Popen([sys.executable, "-I", "-c", _WATCHDOG, str(os.getpid()), str(directory)],
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     start_new_session=True)
+
+
+def _same_address(a: str, b: str) -> bool:
+    def norm(addr: str) -> str:
+        return addr.replace("tcp://", "").replace("localhost:", "127.0.0.1:")
+    return norm(a) == norm(b)
+
+
+def default_cluster_config() -> dict:
+    """The embedded cluster's defaults: metrics reported more often than on a production
+    cluster, so the dashboard moves smoothly; Spark started by the first Spark task only, as
+    many notebooks never use it and each SparkSession costs a JVM and seconds of CPU."""
+    wanted = {"heartbeat.interval": "500 ms", "metrics.fetcher.update-interval": "500 ms",
+              "taskmanager.spark.startup": "lazy"}
+    return {k: v for k, v in wanted.items() if k in OPTIONS}
+
+
+@magics_class
+class StreamMagics(Magics):
+    taskmanagers = Int(2, help="TaskManagers of the embedded cluster.").tag(config=True)
+    slots = Int(2, help="Slots per TaskManager of the embedded cluster.").tag(config=True)
+    cluster_config = Dict(help="Configuration (Flink's keys) of the embedded cluster, over the "
+                               "notebook defaults.").tag(config=True)
+    poll_interval = Float(0.3, help="Seconds between the dashboard's polls of the JobManager.").tag(config=True)
+    display_rows = Int(10, help="Result rows the dashboard shows (the newest).").tag(config=True)
+
+    def __init__(self, shell):
+        super().__init__(shell)
+        self._session: Optional[StreamSession] = None
+
+    @property
+    def session(self) -> StreamSession:
+        if self._session is None:
+            self._session = StreamSession(default_cluster_config() | dict(self.cluster_config),
+                                          self.taskmanagers, self.slots)
+        return self._session
+
+    # ------------------------------------------------------------------ %%stream
+    @cell_magic
+    def stream(self, line: str, cell: str) -> JobHandle:
+        args = parse_stream_args(line)
+        sites = CellSites(self.shell)
+        try:
+            env = StreamEnvironment(parallelism=args.parallelism, config=args.job_config())
+        except GraphValidationError as exc:
+            raise _expected(exc, sites) from None
+        filename = self._run_body(line, cell, env)
+        sites = CellSites(self.shell, filename)
+        name = args.name or f"cell {self.shell.execution_count}"
+        try:
+            graph = env.get_job_graph(name)
+            result_mode = ResultMode(args.mode, args.max_rows)
+            client = self.session.client(args.cluster)
+            handle = client.submit(graph, detached=args.detached, result_mode=result_mode)
+        except EXPECTED_ERRORS as exc:
+            raise _expected(exc, sites) from None
+        if args.output:
+            self.shell.user_ns[args.output] = handle
+        if args.detached:
+            print(f"Job has been submitted with JobID {handle.job_id}")
+        from .widgets import in_kernel
+        if in_kernel():  # start the feed now: the first picture is ready when the output shows
+            handle.dashboard(poll_interval=self.poll_interval, rows=self.display_rows)
+        return handle
+
+    def _run_body(self, line: str, cell: str, env: StreamEnvironment) -> str:
+        """Run the cell body with ``env`` in the user's namespace; returns the body's file name."""
+        shell = self.shell
+        # a blank first line stands for the %%stream line, so line numbers are the cell's own
+        source = "\n" + shell.transform_cell(cell)
+        filename = shell.compile.cache(source, shell.execution_count, raw_code=f"%%stream {line}\n{cell}")
+        sites = CellSites(shell, filename)
+        try:
+            code = compile(source, filename, "exec", dont_inherit=True)
+        except SyntaxError as exc:
+            raise StreamCellError(f"SyntaxError: {exc.msg} (cell line {exc.lineno})") from None
+        shell.user_ns["env"] = env
+        try:
+            exec(code, shell.user_ns)
+        except GraphValidationError as exc:
+            raise _expected(exc, sites) from None
+        except Exception as exc:
+            tb = exc.__traceback__
+            while tb is not None and tb.tb_frame.f_code.co_filename != filename:
+                tb = tb.tb_next
+            lines = shell.InteractiveTB.structured_traceback(type(exc), exc, tb or exc.__traceback__)
+            raise StreamCellError(sites.rewrite(f"{type(exc).__name__}: {exc}"), lines) from exc
+        return filename
+
+    # ------------------------------------------------------------------ %stream_cluster
+    @line_magic
+    def stream_cluster(self, line: str) -> None:
+        args = parse_cluster_args(line)
+        session = self.session
+        try:
+            if args.action == "start":
+                if session.embedded is not None:
+                    print("The embedded cluster is already running (%stream_cluster stop, then start to resize it).")
+                else:
+                    session.start(args.taskmanagers, args.slots)
+                session.current = session.embedded.info
+                self._print_status(session.client())
+            elif args.action == "stop":
+                print("Embedded cluster stopped." if session.stop() else "No embedded cluster is running.")
+            elif session.current is None:
+                print("No cluster yet: %stream_cluster start, or the first %%stream cell, starts one.")
+            else:
+                self._print_status(session.client(str(session.current.cluster_dir)))
+        except EXPECTED_ERRORS as exc:
+            raise StreamCellError(f"{type(exc).__name__}: {exc}") from None
+
+    @staticmethod
+    def _print_status(client: JobClient) -> None:
+        overview = client.cluster_overview()
+        o = overview.overview
+        print(f"JobManager {client.cluster.rpc_address}  REST {client.cluster.rest_address}")
+        print(f"{o['taskmanagers']} TaskManagers, {o['slots-available']} of {o['slots-total']} slots free, "
+              f"{o['jobs-running']} jobs running")
+        for tm in sorted(overview.taskmanagers, key=lambda t: t["id"]):
+            print(f"  TaskManager {tm['id']}: {tm['freeSlots']} of {tm['slotsNumber']} slots free")
+        for job in client.list_jobs():
+            print(f"  job {job['jid']} {job['name']!r}: {job['state']}")
+
+
+StreamMagics.stream.__doc__ = stream.__doc__
+StreamMagics.stream_cluster.__doc__ = stream_cluster.__doc__
+
+
+def load_ipython_extension(shell) -> None:
+    magics = StreamMagics(shell)
+    shell.register_magics(magics)
+    shell.configurables.append(magics)  # so %config StreamMagics.<option> = ... reaches it
+    from .widgets import bokeh_resources
+    bokeh_resources.display_loader()
+
+
+def unload_ipython_extension(shell) -> None:
+    for magics in [c for c in shell.configurables if isinstance(c, StreamMagics)]:
+        if magics._session is not None:
+            magics._session.stop()
+        shell.configurables.remove(magics)

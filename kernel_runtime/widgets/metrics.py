@@ -1,0 +1,119 @@
+"""What the dashboard derives from the JobManager's answers: rates, time shares, Flink's grades.
+
+Plain classes without widgets or sockets: fed ``job_details()`` dicts with a timestamp, they
+answer per vertex. Time shares are Flink's ``busyTimeMsPerSecond``,
+``backPressuredTimeMsPerSecond`` and ``idleTimeMsPerSecond`` when the TaskManagers report them,
+else derived from the cumulative ``busy-ms``, ``backpressured-ms`` and ``idle-ms``.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Optional
+
+OK, LOW, HIGH = "OK", "LOW", "HIGH"
+PER_SECOND = {"busy": "busyTimeMsPerSecond", "backpressured": "backPressuredTimeMsPerSecond",
+              "idle": "idleTimeMsPerSecond"}
+CUMULATIVE = {"busy": "busy-ms", "backpressured": "backpressured-ms", "idle": "idle-ms"}
+
+
+def backpressure_level(ratio: float) -> str:
+    """Flink's grading of a back-pressure ratio (share of time back-pressured)."""
+    if ratio <= 0.10:
+        return OK
+    if ratio <= 0.5:
+        return LOW
+    return HIGH
+
+
+class RateMeter:
+    """The rate of a growing counter, over a sliding window of samples (smooths the steps of
+    metrics that arrive once per heartbeat while the dashboard polls more often)."""
+
+    def __init__(self, window_s: float = 2.0):
+        self.window_s = window_s
+        self._samples: deque[tuple[float, float]] = deque()
+
+    def add(self, t: float, value: float) -> float:
+        if self._samples and value < self._samples[-1][1]:
+            self._samples.clear()  # the counter restarted (a new attempt)
+        self._samples.append((t, value))
+        while len(self._samples) > 2 and t - self._samples[1][0] >= self.window_s:
+            self._samples.popleft()
+        t0, v0 = self._samples[0]
+        return (value - v0) / (t - t0) if t > t0 else 0.0
+
+
+@dataclass(frozen=True)
+class VertexStats:
+    vertex_id: str
+    name: str
+    parallelism: int
+    status: str
+    records_in: int
+    records_out: int
+    in_rate: float  # records per second
+    out_rate: float
+    busy: float  # shares of time, 0..1: the busiest and most back-pressured subtask, mean idle
+    backpressured: float
+    idle: float
+
+    @property
+    def level(self) -> str:
+        return backpressure_level(self.backpressured)
+
+
+class JobMetrics:
+    """Follows one job's subtask metrics from one job_details() answer to the next."""
+
+    def __init__(self, window_s: float = 2.0):
+        self.window_s = window_s
+        self._meters: dict[tuple, RateMeter] = {}
+
+    def _rate(self, key: tuple, t: float, value: float) -> float:
+        meter = self._meters.get(key)
+        if meter is None:
+            meter = self._meters[key] = RateMeter(self.window_s)
+        return meter.add(t, value)
+
+    def _shares(self, t: float, subtask: dict) -> dict[str, float]:
+        metrics = subtask.get("metrics") or {}
+        if all(k in metrics for k in PER_SECOND.values()):
+            return {name: min(1.0, max(0.0, metrics[k] / 1000)) for name, k in PER_SECOND.items()}
+        key = (subtask["vertex_id"], subtask["subtask"], subtask.get("attempt", 0))
+        return {name: min(1.0, max(0.0, self._rate(key + (k,), t, metrics.get(k, 0)) / 1000))
+                for name, k in CUMULATIVE.items()}
+
+    def observe(self, t: float, details: dict) -> list[VertexStats]:
+        by_vertex: dict[str, list[dict]] = {}
+        for subtask in details.get("subtasks", []):
+            by_vertex.setdefault(subtask["vertex_id"], []).append(subtask)
+        stats = []
+        for vertex in details.get("vertices", []):
+            subtasks = by_vertex.get(vertex["id"], [])
+            records_in = sum((s.get("metrics") or {}).get("records-in", 0) for s in subtasks)
+            records_out = sum((s.get("metrics") or {}).get("records-out", 0) for s in subtasks)
+            running = [self._shares(t, s) for s in subtasks if s.get("status") == "RUNNING"]
+            stats.append(VertexStats(
+                vertex_id=vertex["id"], name=vertex["name"], parallelism=vertex["parallelism"],
+                status=vertex.get("status", ""), records_in=records_in, records_out=records_out,
+                in_rate=self._rate((vertex["id"], "in"), t, records_in),
+                out_rate=self._rate((vertex["id"], "out"), t, records_out),
+                busy=max((s["busy"] for s in running), default=0.0),
+                backpressured=max((s["backpressured"] for s in running), default=0.0),
+                idle=sum(s["idle"] for s in running) / len(running) if running else 0.0))
+        return stats
+
+
+def source_progress(job_graph, stats: list[VertexStats]) -> Optional[tuple[int, Optional[int]]]:
+    """(rows the sources emitted, rows they will emit in all, or None if any is unbounded).
+
+    A source task counts the rows it takes from its source as records in, whatever the chain
+    after it does with them."""
+    if job_graph is None:
+        return None
+    sources = {v.id: v.operators[0] for v in job_graph.vertices if v.is_source}
+    done = sum(s.records_in for s in stats if s.vertex_id in sources)
+    counts = [op.params.get("count") for op in sources.values()]
+    total = None if any(c is None for c in counts) else sum(counts)
+    return done, total

@@ -1,0 +1,19 @@
+"""A real IPython shell with the extension loaded, shared by the magic tests."""
+import pytest
+from IPython.testing.globalipapp import start_ipython
+from IPython.utils.capture import capture_output
+
+
+@pytest.fixture(scope="session")
+def shell():
+    ip = start_ipython()
+    ip.run_line_magic("load_ext", "kernel_runtime")
+    yield ip
+    ip.run_line_magic("stream_cluster", "stop")
+
+
+def run(shell, cell: str):
+    """Run a cell as a user would; (result, everything it printed)."""
+    with capture_output() as out:
+        result = shell.run_cell(cell)
+    return result, out.stdout + out.stderr

@@ -1,0 +1,91 @@
+"""The dashboard on a real job of the session cluster: a slow operator back-pressures its source.
+
+Outside a kernel the feed applies its updates on its own thread (nothing else touches the
+widgets here), so the components can be read as the page would show them."""
+import re
+import time
+
+import pandas as pd
+import pytest
+
+from kernel_runtime import JobClient, StreamEnvironment
+from kernel_runtime.results import ResultMode
+from kernel_runtime.widgets import Dashboard
+from kernel_runtime.widgets.feed import Snapshot
+
+from ..conftest import wait_for
+
+
+def slow(df):
+    time.sleep(len(df) * 20e-6)  # at most 50,000 rows/s, slower than the source
+    return df
+
+
+@pytest.fixture
+def dashboard(cluster):
+    env = StreamEnvironment(parallelism=1)
+    (env.from_generator(lambda seq: pd.DataFrame({"user": seq % 5}), count=400_000, batch_size=1000, name="events")
+        .rebalance().map_batches(slow, name="slow step")
+        .key_by("user").count(name="per user").collect(name="counts"))
+    client = JobClient(cluster.info)
+    handle = client.submit(env.get_job_graph("backpressure"), result_mode=ResultMode())
+    board = Dashboard(handle, poll_interval=0.2, rows=5)
+    yield board
+    board.close()
+    handle.cancel()
+    wait_for(lambda: handle.status == "CANCELED", 15, "the job cancelled")
+    client.close()
+
+
+def records_in(board) -> list[int]:
+    return [int(n.replace(",", "")) for n in re.findall(r"<td[^>]*>([\d,]+)</td>", board.throughput.table.value)[::2]]
+
+
+def test_the_views_follow_the_job(dashboard):
+    board = dashboard
+    def backpressure_rows():
+        return re.findall(r"<tr>(.*?)</tr>", board.backpressure.table.value)[1:]
+
+    def slow_step_busy_and_source_backpressured():
+        rows = backpressure_rows()
+        return ("slow step (1) RUNNING" in board.slots.root.value and len(rows) == 3
+                and 'data-level="HIGH"' in rows[0] and 'data-level="OK"' in rows[1])
+
+    wait_for(slow_step_busy_and_source_backpressured, 30, "the source back-pressured by the slow step")
+    source, step, _ = backpressure_rows()
+    assert "Source: events" in source and "slow step" in step
+    busy = int(re.findall(r">(\d+)%<", step)[0])
+    assert busy >= 50, step  # the slow step is busy, its source waits for credit
+
+    assert 'data-state="RUNNING"' in board.status.root.value
+    assert re.search(r"Slots: 1 of 4 held by this job", board.slots.root.value)
+    assert board.slots.root.value.count('data-state="busy"') == 1  # slot sharing: one slot holds all three
+    graph = board.graph.root.value
+    assert graph.count('class="streamlab-vertex"') == 3 and "REBALANCE" in graph and "HASH" in graph
+    assert "no checkpoints" in board.checkpoints.root.value
+
+    before = records_in(board)
+    wait_for(lambda: records_in(board)[0] > before[0] + 2000, 15, "more records")
+    assert board.progress.bar.value > 0 and "of 400,000 rows from the sources" in board.progress.label.value
+    wait_for(lambda: 'data-rows="0"' not in board.results.root.value, 15, "result rows")
+    assert "update by user" in board.results.root.value
+    assert len(board.backpressure.chart.source.data["t"]) >= 5  # a point per update
+    assert board.feed.running
+
+
+def test_an_update_that_changes_nothing_sends_nothing(dashboard):
+    board = dashboard
+    wait_for(lambda: board.updates > 3, 15, "updates")
+    board.close()
+    wait_for(lambda: not board.feed.running, 5, "the feed stopped")
+    client = board.handle.client
+    snapshot = Snapshot(time.monotonic(), client.job_details(board.handle.job_id),
+                        client.cluster_overview().overview, client.cluster_overview().taskmanagers)
+    board.apply(snapshot)
+    changes = []
+    for component in board.components:
+        for widget in component.synced():
+            widget.observe(changes.append)
+    points = len(board.throughput.chart.source.data["t"])
+    board.apply(snapshot)
+    assert changes == [] and len(board.throughput.chart.source.data["t"]) == points

@@ -1,0 +1,96 @@
+"""What the dashboard derives from the JobManager's answers (pure: dicts in, values out)."""
+import pytest
+
+from kernel_runtime import StreamEnvironment
+from kernel_runtime.widgets.job_graph import layout, operator_names
+from kernel_runtime.widgets.metrics import HIGH, LOW, OK, JobMetrics, RateMeter, backpressure_level, source_progress
+from kernel_runtime.widgets.slots import slot_table
+
+
+@pytest.mark.parametrize("ratio, level", [(0.0, OK), (0.10, OK), (0.11, LOW), (0.5, LOW), (0.51, HIGH), (1.0, HIGH)])
+def test_backpressure_is_graded_as_flink_grades_it(ratio, level):
+    assert backpressure_level(ratio) == level
+
+
+def test_rate_meter_smooths_over_its_window_and_restarts_with_the_counter():
+    meter = RateMeter(window_s=2.0)
+    assert meter.add(0.0, 0) == 0.0
+    assert meter.add(0.5, 0) == 0.0  # the counter moves once per heartbeat
+    assert meter.add(1.0, 1000) == pytest.approx(1000.0)
+    assert meter.add(3.0, 3000) == pytest.approx(1000.0)
+    assert meter.add(3.5, 10) == 0.0  # a new attempt counts from zero
+
+
+def subtask(vertex, index, status="RUNNING", attempt=1, **metrics):
+    return {"vertex_id": vertex, "vertex": vertex, "subtask": index, "attempt": attempt, "status": status,
+            "taskmanager_id": "tm-0", "slot": index, "metrics": metrics}
+
+
+def details(*subtasks):
+    return {"vertices": [{"id": "src", "name": "Source: events", "parallelism": 2, "status": "RUNNING"},
+                         {"id": "cnt", "name": "count -> collect", "parallelism": 1, "status": "RUNNING"}],
+            "subtasks": list(subtasks)}
+
+
+def test_time_shares_per_second_when_reported():
+    metrics = JobMetrics()
+    (src, cnt) = metrics.observe(1.0, details(
+        subtask("src", 0, busyTimeMsPerSecond=100, backPressuredTimeMsPerSecond=850, idleTimeMsPerSecond=50),
+        subtask("src", 1, busyTimeMsPerSecond=300, backPressuredTimeMsPerSecond=200, idleTimeMsPerSecond=500),
+        subtask("cnt", 0, busyTimeMsPerSecond=990, backPressuredTimeMsPerSecond=0, idleTimeMsPerSecond=10)))
+    assert (src.busy, src.backpressured, src.idle) == pytest.approx((0.3, 0.85, 0.275))
+    assert src.level == HIGH and cnt.level == OK and cnt.busy == pytest.approx(0.99)
+
+
+def test_time_shares_and_rates_derived_from_cumulative_counters():
+    metrics = JobMetrics(window_s=5.0)
+    metrics.observe(0.0, details(subtask("src", 0, **{"busy-ms": 0, "backpressured-ms": 0, "idle-ms": 0,
+                                                      "records-in": 0, "records-out": 0})))
+    (src, cnt) = metrics.observe(2.0, details(subtask("src", 0, **{
+        "busy-ms": 600, "backpressured-ms": 1200, "idle-ms": 200, "records-in": 4000, "records-out": 3000})))
+    assert (src.busy, src.backpressured, src.idle) == pytest.approx((0.3, 0.6, 0.1))
+    assert (src.in_rate, src.out_rate) == pytest.approx((2000.0, 1500.0))
+    assert src.level == HIGH and (cnt.records_in, cnt.busy) == (0, 0.0)
+
+
+def test_finished_subtasks_count_records_but_no_load():
+    (src, _) = JobMetrics().observe(1.0, details(
+        subtask("src", 0, status="FINISHED", **{"records-in": 5, "backPressuredTimeMsPerSecond": 900,
+                                                "busyTimeMsPerSecond": 100, "idleTimeMsPerSecond": 0})))
+    assert src.records_in == 5 and src.backpressured == 0.0
+
+
+def test_source_progress_counts_bounded_generators():
+    env = StreamEnvironment(parallelism=2)
+    env.from_generator(count=1000).key_by("seq").count().collect()
+    graph = env.get_job_graph("t")
+    source = next(v for v in graph.vertices if v.is_source)
+    stats = JobMetrics().observe(1.0, {"vertices": [{"id": source.id, "name": source.name, "parallelism": 2}],
+                                       "subtasks": [subtask(source.id, 0, **{"records-in": 300}),
+                                                    subtask(source.id, 1, **{"records-in": 200})]})
+    assert source_progress(graph, stats) == (500, 1000)
+    unbounded = StreamEnvironment()
+    unbounded.from_generator(rate=10).collect()
+    assert source_progress(unbounded.get_job_graph("u"), []) == (0, None)
+
+
+def test_slot_table_shows_free_busy_and_other_jobs_slots_with_their_subtasks():
+    taskmanagers = [{"id": "tm-1", "slots": [None, {"job_id": "other"}]},
+                    {"id": "tm-0", "slots": [{"job_id": "mine"}, None]}]
+    subtasks = [dict(subtask("count", 0), taskmanager_id="tm-0", slot=0),
+                dict(subtask("Source: events", 0), taskmanager_id="tm-0", slot=0)]
+    layout_ = slot_table("mine", taskmanagers, subtasks)
+    assert [tm for tm, _ in layout_] == ["tm-0", "tm-1"]
+    assert [s["state"] for _, slots in layout_ for s in slots] == ["busy", "free", "free", "other"]
+    assert layout_[0][1][0]["subtasks"] == ["count (1) RUNNING", "Source: events (1) RUNNING"]
+
+
+def test_job_graph_layout_puts_each_vertex_one_column_after_its_inputs():
+    plan = {"nodes": [  # as Flink lists them: sinks first
+        {"id": "sink", "description": "count [keyed-count] (a.py:3)<br/>collect [collect-sink] (a.py:4)",
+         "parallelism": 2, "inputs": [{"id": "map", "ship_strategy": "HASH"}]},
+        {"id": "map", "description": "slow [map-batches] (a.py:2)", "parallelism": 1,
+         "inputs": [{"id": "src", "ship_strategy": "FORWARD"}]},
+        {"id": "src", "description": "events [generator-source] (a.py:1)", "parallelism": 1}]}
+    assert layout(plan) == {"src": (0, 0), "map": (1, 0), "sink": (2, 0)}
+    assert operator_names(plan["nodes"][0]["description"]) == ["count", "collect"]

@@ -1,0 +1,98 @@
+"""Two notebooks at once: two real kernels, each running a %%stream cell on its own embedded
+cluster (free ports, never 6123/8081), both getting results; each cluster stops with its kernel."""
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+from jupyter_client.manager import KernelManager
+
+from kernel_runtime.local_cluster import PROJECT_ROOT, _alive, stop_cluster
+
+from ..conftest import wait_for
+
+CELL = """%%stream -o job
+import pandas as pd
+env.from_generator(lambda seq: pd.DataFrame({"user": seq % 3}), rate=1000, batch_size=20).key_by("user").count().collect()
+"""
+SPY = """import threading
+threads = set()
+def spy(snapshot, deliver=job.dashboard().feed.deliver):
+    threads.add(threading.current_thread().name)
+    deliver(snapshot)
+job.dashboard().feed.deliver = spy
+"""
+
+
+class Kernel:
+    def __init__(self):
+        self.manager = KernelManager(kernel_name="python3")
+        self.manager.start_kernel(cwd=str(PROJECT_ROOT), env=dict(os.environ))
+        self.client = self.manager.client()
+        self.client.start_channels()
+        self.cluster_dir = None
+
+    def execute(self, code: str, timeout: float = 60) -> dict:
+        reply = self.client.execute_interactive(code, timeout=timeout, output_hook=lambda msg: None,
+                                                user_expressions={})
+        assert reply["content"]["status"] == "ok", reply["content"]
+        return reply
+
+    def evaluate(self, expression: str):
+        reply = self.client.execute_interactive("", user_expressions={"x": expression}, timeout=30,
+                                                output_hook=lambda msg: None)
+        result = reply["content"]["user_expressions"]["x"]
+        assert result["status"] == "ok", result
+        return eval(result["data"]["text/plain"])
+
+    def shutdown(self) -> None:
+        self.client.stop_channels()
+        self.manager.shutdown_kernel(now=False)
+
+
+@pytest.fixture
+def kernels():
+    started = [Kernel(), Kernel()]
+    yield started
+    for kernel in started:
+        if kernel.manager.is_alive():
+            kernel.shutdown()
+        if kernel.cluster_dir is not None:  # a kernel that died without stopping its cluster
+            stop_cluster(kernel.cluster_dir)
+
+
+def test_two_kernels_each_run_a_job_on_their_own_embedded_cluster(kernels):
+    for kernel in kernels:
+        kernel.client.wait_for_ready(timeout=60)
+        kernel.execute("%load_ext kernel_runtime")
+    for kernel in kernels:
+        kernel.execute(CELL)
+    clusters = []
+    for kernel in kernels:
+        wait_for(lambda: kernel.evaluate("job.row_count()") > 0, 60, "result rows in the kernel")
+        assert kernel.evaluate("sorted(job.results.user)") == [0, 1, 2]
+        clusters.append(kernel.evaluate("(job.client.cluster.rpc_address, job.client.cluster.rest_address, "
+                                        "str(job.client.cluster.cluster_dir))"))
+        kernel.cluster_dir = Path(clusters[-1][2])
+    (rpc_a, rest_a, dir_a), (rpc_b, rest_b, dir_b) = clusters
+    assert rpc_a != rpc_b and rest_a != rest_b and dir_a != dir_b
+    for address in (rpc_a, rpc_b, rest_a, rest_b):
+        assert not address.endswith((":6123", ":8081"))
+
+    # the dashboard is fed on the kernel's main thread, while no cell runs
+    kernel = kernels[0]
+    kernel.execute(SPY)
+    updates = kernel.evaluate("job.dashboard().updates")
+    time.sleep(1.5)
+    assert kernel.evaluate("job.dashboard().updates") > updates + 1
+    assert kernel.evaluate("threads") == {"MainThread"}
+
+    pids = [json.loads((Path(d) / "cluster.json").read_text()) for d in (dir_a, dir_b)]
+    kernels[0].shutdown()  # a clean shutdown stops the cluster on the way out
+    kernels[1].client.stop_channels()
+    kernels[1].manager.shutdown_kernel(now=True)  # SIGKILL: no atexit, the watchdog stops it
+    for cluster_pids, directory in zip(pids, (dir_a, dir_b)):
+        every = [cluster_pids["jobmanager"], *cluster_pids["taskmanagers"]]
+        wait_for(lambda: not any(_alive(p) for p in every) and not Path(directory).exists(), 15,
+                 f"the cluster of {directory} gone with its kernel")
