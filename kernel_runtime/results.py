@@ -21,7 +21,7 @@ from typing import Optional
 import pandas as pd
 import pyarrow as pa
 
-from cluster.graph.job_graph import JobGraph
+from cluster.graph.job_graph import UPSERT_KINDS, JobGraph
 
 APPEND, UPDATE, SINGLE = "append", "update", "single"
 MODES = (APPEND, UPDATE, SINGLE)
@@ -223,11 +223,6 @@ class SingleRowBuffer(ResultBuffer):
 
 
 # --------------------------------------------------------------------------- choosing a mode
-# Running aggregations per key: each emits the new value of every key it touched, an upsert
-# stream. A keyed process function emits whatever it likes, so it is not one of them.
-RUNNING_AGGREGATIONS = ("keyed-count", "keyed-aggregate", "keyed-reduce")
-
-
 def upsert_key(graph: JobGraph, sink_uid: str) -> Optional[list[str]]:
     """The key of the running keyed aggregation feeding this collect sink directly, if one does;
     whatever else feeds the sink is an append stream."""
@@ -244,7 +239,7 @@ def upsert_key(graph: JobGraph, sink_uid: str) -> Optional[list[str]]:
                 return None
             upstream = graph.vertex(inputs[0][1].source).operators[-1]
         key = upstream.params.get("key")
-        return list(key) if upstream.kind in RUNNING_AGGREGATIONS and key else None
+        return list(key) if upstream.kind in UPSERT_KINDS and key else None
     raise KeyError(f"the job graph has no operator {sink_uid}")
 
 

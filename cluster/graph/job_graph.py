@@ -32,6 +32,10 @@ OPERATOR_KINDS = {
     "redis-stream-sink": "sink",
 }
 
+# Kinds whose output is an upsert stream: per batch, the new value of every key it touched (a
+# process function emits whatever it likes, so it is not one of them).
+UPSERT_KINDS = ("keyed-count", "keyed-aggregate", "keyed-reduce")
+
 SHIP_STRATEGIES = ("FORWARD", "HASH", "REBALANCE", "BROADCAST")
 
 
