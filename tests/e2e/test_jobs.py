@@ -74,7 +74,7 @@ def test_two_jobs_run_at_once(cluster, client):
     handles = []
     for name in ("first", "second"):
         env = StreamEnvironment(parallelism=2, cluster=cluster.cluster_dir)
-        env.from_generator(count=3_000, rate=2_000, batch_size=100).collect()
+        env.from_generator(count=3_000, rate=1_000, batch_size=100).collect()  # 3 s each: both surely overlap
         handles.append(env.execute_async(name, client=client))
     wait_for(lambda: all(h.status == JobState.RUNNING for h in handles), 20, "both jobs RUNNING")
     _, overview = rest(cluster, "/overview")
