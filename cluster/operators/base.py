@@ -58,10 +58,6 @@ class OperatorContext:
     restored_checkpoint: int = 0  # the checkpoint this attempt started from (0: none)
     set_detail: Callable[[str], None] = lambda detail: None  # what the task waits for, for the status
 
-    def check_cancelled(self) -> None:
-        if self.cancelled.is_set():
-            raise TaskCancelled()
-
 
 class Operator:
     def __init__(self, spec: OperatorSpec, ctx: OperatorContext):

@@ -99,9 +99,6 @@ class KeyedOperator(Operator):
     def key_frame(self, frame: pd.DataFrame) -> pd.DataFrame:
         return frame.loc[~frame.duplicated(self.key), self.key].reset_index(drop=True)
 
-    def state_items(self, state: str):
-        return self.backend.items(state)
-
 
 class KeyedCount(KeyedOperator):
     """params: key."""

@@ -133,7 +133,7 @@ class SparkChain(Operator):
             # Analysis only (no Spark job): schema errors surface at deployment, naming the
             # operator, before any batch runs.
             empty = pa.ipc.read_schema(pa.py_buffer(schema)).empty_table()
-            self.output_schema = self._plan(self.session.createDataFrame(empty)).schema
+            self._plan(self.session.createDataFrame(empty))
 
     def _plan(self, df):
         from pyspark.sql import DataFrame

@@ -189,13 +189,6 @@ class RpcEndpoint:
         if self._thread and threading.current_thread() is not self._thread:
             self._thread.join(5)
 
-    def join(self) -> None:
-        while self._thread and self._thread.is_alive():
-            self._thread.join(0.5)
-
-    def in_loop(self) -> bool:
-        return threading.current_thread() is self._thread
-
     def _run(self) -> None:
         poller = zmq.Poller()
         poller.register(self._wake_recv, zmq.POLLIN)
