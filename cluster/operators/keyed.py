@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 
 from cluster.state.backend import create_backend
-from cluster.state.key_groups import key_group_range, key_groups_of
+from cluster.state.key_groups import key_group_range, key_groups_of_frame
 
 from .base import Operator, OperatorSnapshot, UserFunctionError
 from .sources import to_table
@@ -57,6 +57,14 @@ def spark_partial_aggregate(df, key: list[str], aggregations: dict):
     return df.groupBy(*key).agg(*exprs)
 
 
+class KeyedBatch(NamedTuple):
+    frame: pd.DataFrame      # the batch (or only its key columns)
+    key_frame: pd.DataFrame  # one row per distinct key, in order of first appearance
+    keys: list               # those keys as python natives (tuples for several columns)
+    key_groups: list         # their key groups
+    grouped: Any             # the pandas groupby over the keys, in the same order
+
+
 class KeyedOperator(Operator):
     """Base of operators with keyed state: a backend over this subtask's key groups."""
 
@@ -78,26 +86,23 @@ class KeyedOperator(Operator):
     def close(self) -> None:
         self.backend.close()
 
-    def group(self, table: pa.Table) -> tuple[pd.DataFrame, list, list, Any]:
-        """The batch's key frame, its distinct keys (python natives, in order of first
-        appearance), their key groups, and the pandas groupby over the keys."""
+    def group(self, table: pa.Table, keys_only: bool = False) -> KeyedBatch:
+        """The batch by key; ``keys_only`` converts just the key columns to pandas."""
         missing = [k for k in self.key if k not in table.column_names]
         if missing:
             raise KeyError(f"{self.spec.where()}: key column(s) {missing} not in the input "
                            f"(columns: {table.column_names})")
-        frame = table.to_pandas()
+        frame = (table.select(self.key) if keys_only else table).to_pandas()
         # the key groups of the rows, exactly as the exchange routed them
-        groups_of_rows = key_groups_of(table, self.key, self.ctx.max_parallelism)
+        groups_of_rows = key_groups_of_frame(frame[self.key], self.ctx.max_parallelism)
         first = ~frame.duplicated(self.key).to_numpy()
-        firsts = frame.loc[first, self.key]
+        key_frame = frame.loc[first, self.key].reset_index(drop=True)
         if len(self.key) == 1:
-            keys = firsts[self.key[0]].astype(object).tolist()
+            keys = key_frame[self.key[0]].astype(object).tolist()
         else:
-            keys = [tuple(row) for row in firsts.astype(object).values.tolist()]
-        return frame, keys, groups_of_rows[first].tolist(), frame.groupby(self.key, sort=False, dropna=False)
-
-    def key_frame(self, frame: pd.DataFrame) -> pd.DataFrame:
-        return frame.loc[~frame.duplicated(self.key), self.key].reset_index(drop=True)
+            keys = [tuple(row) for row in key_frame.astype(object).values.tolist()]
+        return KeyedBatch(frame, key_frame, keys, groups_of_rows[first].tolist(),
+                          frame.groupby(self.key, sort=False, dropna=False))
 
 
 class KeyedCount(KeyedOperator):
@@ -106,11 +111,12 @@ class KeyedCount(KeyedOperator):
     def process(self, table: pa.Table) -> list[pa.Table]:
         if table.num_rows == 0:
             return []
-        frame, keys, groups, grouped = self.group(table)
-        sizes = grouped.size().to_numpy()
-        counts = [(old or 0) + int(n) for old, n in zip(self.backend.get_many("count", groups, keys), sizes)]
-        self.backend.put_many("count", groups, keys, counts)
-        out = self.key_frame(frame)
+        batch = self.group(table, keys_only=True)
+        sizes = batch.grouped.size().to_numpy()
+        old = self.backend.get_many("count", batch.key_groups, batch.keys)
+        counts = [(o or 0) + int(n) for o, n in zip(old, sizes)]
+        self.backend.put_many("count", batch.key_groups, batch.keys, counts)
+        out = batch.key_frame
         out["count"] = np.asarray(counts, dtype=np.int64)
         return [pa.Table.from_pandas(out, preserve_index=False)]
 
@@ -145,8 +151,7 @@ class KeyedAggregate(KeyedOperator):
         grouped = frame.groupby(self.key, sort=False, dropna=False)
         frame = pd.DataFrame({name: getattr(grouped[name], MERGE_IN_BATCH[kind])()
                               for name, kind, _ in self.partials}).reset_index()
-        batch = pa.Table.from_pandas(frame, preserve_index=False)
-        frame, keys, groups, _ = self.group(batch)
+        frame, _, keys, groups, _ = self.group(pa.Table.from_pandas(frame, preserve_index=False))
         new_values = frame[[n for n, _, _ in self.partials]].astype(object).values.tolist()
         merged = []
         for old, new in zip(self.backend.get_many("partials", groups, keys), new_values):
@@ -170,7 +175,7 @@ class KeyedReduce(KeyedOperator):
     def process(self, table: pa.Table) -> list[pa.Table]:
         if table.num_rows == 0:
             return []
-        frame, keys, groups, grouped = self.group(table)
+        frame, _, keys, groups, grouped = self.group(table)
         columns = list(frame.columns)
         rank = grouped.cumcount().to_numpy()
         position = dict(zip(keys, range(len(keys))))
@@ -311,7 +316,7 @@ class KeyedProcess(KeyedOperator):
     def process(self, table: pa.Table) -> list[pa.Table]:
         if table.num_rows == 0:
             return []
-        frame, keys, groups, grouped = self.group(table)
+        frame, _, keys, groups, grouped = self.group(table)
         out = []
         for key, group, (_, rows) in zip(keys, groups, grouped):
             result = self.call_user(key, rows.reset_index(drop=True), self.access._at(key, group))

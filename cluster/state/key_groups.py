@@ -12,8 +12,12 @@ import pyarrow as pa
 
 
 def key_groups_of(table: pa.Table, key: list[str], max_parallelism: int) -> np.ndarray:
-    frame = table.select(key).to_pandas()
-    hashes = pd.util.hash_pandas_object(frame, index=False).to_numpy()
+    return key_groups_of_frame(table.select(key).to_pandas(), max_parallelism)
+
+
+def key_groups_of_frame(keys: pd.DataFrame, max_parallelism: int) -> np.ndarray:
+    """The same, for key columns already converted to pandas (the same conversion, the same groups)."""
+    hashes = pd.util.hash_pandas_object(keys, index=False).to_numpy()
     return (hashes % np.uint64(max_parallelism)).astype(np.int64)
 
 
