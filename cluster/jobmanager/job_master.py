@@ -106,6 +106,9 @@ class JobMaster:
     def _deploy(self) -> None:
         self.graph.transition(JobState.RUNNING, now_ms())
         self.reason = None
+        # the wire form of every vertex and the configuration, once for all subtasks
+        vertices = {v["id"]: v for v in self.job_graph.to_dict()["vertices"]}
+        job_config = self.conf.to_dict()
         for execution in self.graph.executions.values():
             alloc = self._allocations[execution.subtask]
             execution.task_manager_id = alloc.task_manager_id
@@ -115,7 +118,7 @@ class JobMaster:
                 self._task_failed(execution, f"TaskManager {alloc.task_manager_id} is gone")
                 return
             self.graph.set_state(execution, ExecutionState.DEPLOYING)
-            gateway.submit_task(self._deployment(execution, alloc).to_dict())
+            gateway.submit_task(self._deployment(execution, alloc, vertices[execution.vertex.id], job_config).to_dict())
         log.info("job %s (%s) deployed, attempt %d%s", self.job_id, self.job_graph.name, self.graph.attempt,
                  f" from checkpoint {self.checkpointing.restore['checkpoint_id']}" if self.checkpointing.restore else "")
         self.checkpointing.on_running()
@@ -123,7 +126,8 @@ class JobMaster:
     def _address_of_subtask(self, subtask: int) -> str:
         return self.rm.data_address(self._allocations[subtask].task_manager_id)
 
-    def _deployment(self, execution: Execution, alloc: SlotAllocation) -> TaskDeploymentDescriptor:
+    def _deployment(self, execution: Execution, alloc: SlotAllocation, vertex: dict,
+                    job_config: dict) -> TaskDeploymentDescriptor:
         g, attempt, s = self.job_graph, self.graph.attempt, execution.subtask
         inputs, outputs = [], []
         for idx, edge in g.inputs_of(execution.vertex.id):
@@ -136,11 +140,10 @@ class JobMaster:
                                             g.vertex(edge.target).max_parallelism, [
                 (channel_id(self.job_id, attempt, idx, s, c), self._address_of_subtask(c)) for c in consumers],
                 edge.side_output))
-        vertex = next(v for v in g.to_dict()["vertices"] if v["id"] == execution.vertex.id)
         return TaskDeploymentDescriptor(
             job_id=self.job_id, job_name=g.name, attempt=attempt, execution_id=execution.execution_id,
             allocation_id=alloc.allocation_id, vertex=vertex, subtask=s, inputs=inputs, outputs=outputs,
-            job_config=self.conf.to_dict(), result_address=self.result_address, restore=self.checkpointing.restore)
+            job_config=job_config, result_address=self.result_address, restore=self.checkpointing.restore)
 
     # ------------------------------------------------------------------ task reports
     def update_task_execution_state(self, msg: m.UpdateTaskExecutionState, peer: Peer) -> None:
