@@ -27,8 +27,9 @@ log = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------------- routing
+# a route's ids: the job's, and "sub" for the one within it (vertex, checkpoint or savepoint trigger)
 _JOB = r"/jobs/(?P<jid>[0-9a-f]{32})"
-_VERTEX = _JOB + r"/vertices/(?P<vid>[0-9a-f]{32})"
+_VERTEX = _JOB + r"/vertices/(?P<sub>[0-9a-f]{32})"
 _GET_ROUTES = [
     (re.compile(r"^/overview$"), lambda d, jid: overview_json(d)),
     (re.compile(r"^/config$"), lambda d, jid: config_json()),
@@ -41,9 +42,9 @@ _GET_ROUTES = [
     (re.compile(rf"^{_JOB}/exceptions$"), lambda d, jid: exceptions_json(d.jobs[jid])),
     (re.compile(rf"^{_JOB}/checkpoints$"), lambda d, jid: checkpoints_json(d, jid)),
     (re.compile(rf"^{_JOB}/checkpoints/config$"), lambda d, jid: checkpoint_config_json(d, jid)),
-    (re.compile(rf"^{_JOB}/checkpoints/details/(?P<vid>\d+)$"),
+    (re.compile(rf"^{_JOB}/checkpoints/details/(?P<sub>\d+)$"),
      lambda d, jid, cid: checkpoint_details_json(d, jid, int(cid))),
-    (re.compile(rf"^{_JOB}/savepoints/(?P<vid>[0-9a-f]{{32}})$"), lambda d, jid, tid: savepoint_status_json(d, jid, tid)),
+    (re.compile(rf"^{_JOB}/savepoints/(?P<sub>[0-9a-f]{{32}})$"), lambda d, jid, tid: savepoint_status_json(d, jid, tid)),
     (re.compile(rf"^{_VERTEX}$"), lambda d, jid, vid: vertex_json(d, jid, vid)),
     (re.compile(rf"^{_VERTEX}/backpressure$"), lambda d, jid, vid: backpressure_json(d, jid, vid)),
 ]
@@ -126,7 +127,7 @@ class RestServer:
                 if match:
                     ids = match.groupdict()
                     return HTTPStatus.OK, endpoint.call(view, self.dispatcher, ids.get("jid"), *(
-                        [ids["vid"]] if "vid" in ids else []))
+                        [ids["sub"]] if "sub" in ids else []))
         if method == "PATCH":
             match = re.match(rf"^{_JOB}$", path)
             if match:

@@ -6,7 +6,7 @@ notebook dashboard), so there is one definition of each answer. Called on the lo
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from cluster.graph.execution_graph import ExecutionState, JobState
 
@@ -188,9 +188,15 @@ def vertex_json(d: "Dispatcher", job_id: str, vertex_id: str) -> dict:
             "now": _now_ms(), "subtasks": subtasks, "aggregated": aggregated}
 
 
-def _stats(values: list) -> dict:
+def _distribution(values: list) -> tuple[list, Callable[[float], int]]:
+    """Sorted values (never empty) and their q-quantile, nearest rank."""
     values = sorted(values) or [0]
-    pick = lambda q: values[min(len(values) - 1, int(q * len(values)))]
+    return values, lambda q: values[min(len(values) - 1, int(q * len(values)))]
+
+
+def _stats(values: list) -> dict:
+    """A vertex's aggregated metric, as Flink's vertex details show it."""
+    values, pick = _distribution(values)
     return {"min": values[0], "max": values[-1], "sum": sum(values), "avg": sum(values) // len(values),
             "median": pick(0.5), "p25": pick(0.25), "p75": pick(0.75), "p95": pick(0.95)}
 
@@ -246,10 +252,11 @@ def _checkpoint_entry(record) -> dict:
 
 
 def _summary(values: list) -> dict:
-    values = sorted(values) or [0]
-    pick = lambda q: float(values[min(len(values) - 1, int(q * len(values)))])
-    return {"min": values[0], "max": values[-1], "avg": sum(values) // len(values), "p50": pick(0.5),
-            "p90": pick(0.9), "p95": pick(0.95), "p99": pick(0.99), "p999": pick(0.999)}
+    """A checkpoint statistic's summary, as Flink's checkpoint overview shows it (floats)."""
+    values, pick = _distribution(values)
+    return {"min": values[0], "max": values[-1], "avg": sum(values) // len(values),
+            **{name: float(pick(q)) for name, q in (("p50", 0.5), ("p90", 0.9), ("p95", 0.95), ("p99", 0.99),
+                                                    ("p999", 0.999))}}
 
 
 def checkpoints_json(d: "Dispatcher", job_id: str) -> dict:
