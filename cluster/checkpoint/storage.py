@@ -68,15 +68,15 @@ def read_metadata(directory: Path) -> dict:
 
 class CheckpointStorage:
     def __init__(self, checkpoints_dir: str, savepoints_dir: str, job_id: str):
-        self.job_dir = Path(_local(checkpoints_dir)) / job_id
-        self.savepoints_dir = Path(_local(savepoints_dir))
+        self.job_dir = Path(local_path(checkpoints_dir)) / job_id
+        self.savepoints_dir = Path(local_path(savepoints_dir))
         self.job_id = job_id
 
     def checkpoint_dir(self, checkpoint_id: int) -> Path:
         return self.job_dir / f"chk-{checkpoint_id}"
 
     def new_savepoint_dir(self, target: Optional[str]) -> Path:
-        base = Path(_local(target)) if target else self.savepoints_dir
+        base = Path(local_path(target)) if target else self.savepoints_dir
         return base / f"savepoint-{self.job_id[:6]}-{uuid.uuid4().hex[:12]}"
 
     def completed_on_disk(self) -> list[tuple[int, Path]]:
@@ -96,5 +96,6 @@ def dispose(directory: Path) -> None:
                      daemon=True).start()
 
 
-def _local(path: str) -> str:
+def local_path(path: str) -> str:
+    """A ``file://`` URI or a plain path, as a local path."""
     return path[len("file://"):] if path.startswith("file://") else path

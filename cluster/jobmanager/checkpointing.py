@@ -9,14 +9,14 @@ checkpoint that is really there when the job restarts.
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
+from cluster.clock import now_ms
 from cluster.checkpoint.coordinator import CheckpointCoordinator, CompletedCheckpoint, PendingCheckpoint
-from cluster.checkpoint.storage import (CheckpointFormatError, CheckpointStorage, dispose, read_metadata,
-                                        write_metadata)
+from cluster.checkpoint.storage import (CheckpointFormatError, CheckpointStorage, dispose, local_path,
+                                        read_metadata, write_metadata)
 from cluster.graph.execution_graph import ExecutionState
 from cluster.protocol import messages as m
 from cluster.protocol.endpoint import RpcError
@@ -26,10 +26,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 FINAL_RETRY_S = 0.2
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def restore_plan(body: dict, directory: Path) -> dict:
@@ -216,7 +212,7 @@ class JobCheckpointing:
         return self.restore  # none taken yet: start again from where the job first started
 
     def restore_from_path(self, path: str) -> dict:
-        directory = Path(path[len("file://"):] if path.startswith("file://") else path)
+        directory = Path(local_path(path))
         try:
             body = read_metadata(directory)
         except CheckpointFormatError as exc:

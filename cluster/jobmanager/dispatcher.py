@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import logging
 import shutil
-import time
 from pathlib import Path
 from typing import Callable, Optional
 
-from cluster.checkpoint.storage import CheckpointFormatError, read_metadata
+from cluster.clock import now_ms
+from cluster.checkpoint.storage import CheckpointFormatError, local_path, read_metadata
 from cluster.conf import ConfigError
 from cluster.graph.job_graph import GraphValidationError, JobGraph
 from cluster.protocol import messages as m
@@ -35,7 +35,7 @@ class Dispatcher:
         self.rm = resource_manager
         self.conf = conf
         self.on_shutdown = on_shutdown
-        self.started_at_ms = int(time.time() * 1000)
+        self.started_at_ms = now_ms()
         self.jobs: dict[str, JobMaster] = {}
         resource_manager.task_manager_lost_listeners.append(self._task_manager_lost)
         resource_manager.task_metrics_listeners.append(self._task_metrics)
@@ -99,7 +99,7 @@ class Dispatcher:
         return self.job(msg.job_id).trigger_savepoint(msg.target_directory, msg.stop)
 
     def dispose_savepoint(self, msg: m.DisposeSavepoint, peer: Peer) -> m.Acknowledge:
-        directory = Path(msg.location[len("file://"):] if msg.location.startswith("file://") else msg.location)
+        directory = Path(local_path(msg.location))
         try:
             read_metadata(directory)  # never delete a folder that is not a savepoint
         except CheckpointFormatError as exc:

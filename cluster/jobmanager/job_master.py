@@ -8,9 +8,9 @@ as the restart strategy says. Runs on the JobManager's loop thread, like every c
 from __future__ import annotations
 
 import logging
-import time
 from typing import Optional
 
+from cluster.clock import now_ms
 from cluster.graph.deployment import (InputGateDescriptor, OutputDescriptor,
                                       TaskDeploymentDescriptor, channel_id)
 from cluster.graph.execution_graph import Execution, ExecutionGraph, ExecutionState, JobState
@@ -24,10 +24,6 @@ from .restart_strategy import RestartStrategy
 from .slot_manager import SlotAllocation
 
 log = logging.getLogger(__name__)
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class JobMaster:

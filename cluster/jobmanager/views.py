@@ -8,16 +8,13 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Callable
 
+from cluster.clock import now_ms
 from cluster.graph.execution_graph import ExecutionState, JobState
 
 if TYPE_CHECKING:
     from .dispatcher import Dispatcher
 
 VERSION = "streamlab-0.1.0"
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def overview_json(d: "Dispatcher") -> dict:
@@ -67,7 +64,7 @@ def _job_times(job) -> tuple[int, int, int]:
     start = job.graph.timestamps[JobState.CREATED]
     end = max((job.graph.timestamps[s] for s in JobState.GLOBALLY_TERMINAL), default=0) \
         if job.graph.is_globally_terminal else -1
-    duration = (end if end > 0 else _now_ms()) - start
+    duration = (end if end > 0 else now_ms()) - start
     return start, end, duration
 
 
@@ -133,7 +130,7 @@ def job_json(d: "Dispatcher", job_id: str) -> dict:
     return {
         "jid": job.job_id, "name": job.job_graph.name, "isStoppable": False, "state": job.state,
         "job-type": "STREAMING", "schedulerType": "Default", "start-time": start, "end-time": end,
-        "duration": duration, "maxParallelism": -1, "now": _now_ms(),
+        "duration": duration, "maxParallelism": -1, "now": now_ms(),
         "timestamps": dict(job.graph.timestamps) | {"INITIALIZING": start, "SUSPENDED": 0, "RECONCILING": 0},
         "vertices": vertices, "status-counts": job.graph.status_counts() | {"RECONCILING": 0},
         "plan": plan_json(job), "pending-operators": 0,
@@ -162,7 +159,7 @@ def backpressure_json(d: "Dispatcher", job_id: str, vertex_id: str) -> dict:
                          "ratio": ratio, "idleRatio": idle, "busyRatio": busy})
     worst = max((s["ratio"] for s in subtasks), default=0.0)
     level = backpressure_level(worst)
-    return {"status": "ok", "backpressureLevel": level, "backpressure-level": level, "end-timestamp": _now_ms(),
+    return {"status": "ok", "backpressureLevel": level, "backpressure-level": level, "end-timestamp": now_ms(),
             "subtasks": subtasks}
 
 
@@ -178,14 +175,14 @@ def vertex_json(d: "Dispatcher", job_id: str, vertex_id: str) -> dict:
             "endpoint": reg.data_address.replace("tcp://", "") if reg else "-", "start-time": start,
             "end-time": end, "duration": duration, "metrics": _vertex_metrics([e]),
             "taskmanager-id": e.task_manager_id or "(unassigned)",
-            "status-duration": e.status_durations(_now_ms()), "start_time": start})
+            "status-duration": e.status_durations(now_ms()), "start_time": start})
     metric_names = ("write-records", "read-records", "write-bytes", "read-bytes", "accumulated-backpressured-time",
                     "accumulated-idle-time", "accumulated-busy-time")
     aggregated = {"metrics": {name: _stats([s["metrics"][name] for s in subtasks]) for name in metric_names},
                   "status-duration": {state: _stats([s["status-duration"].get(state, 0) for s in subtasks])
                                       for state in ExecutionState.ALL}}
     return {"id": v.id, "name": v.name, "parallelism": v.parallelism, "maxParallelism": v.max_parallelism,
-            "now": _now_ms(), "subtasks": subtasks, "aggregated": aggregated}
+            "now": now_ms(), "subtasks": subtasks, "aggregated": aggregated}
 
 
 def _distribution(values: list) -> tuple[list, Callable[[float], int]]:
@@ -216,7 +213,7 @@ def exceptions_json(job) -> dict:
     if job.graph.failure:
         entries.append({"exceptionName": job.graph.failure.splitlines()[0][:200],
                         "stacktrace": job.graph.failure,
-                        "timestamp": job.graph.timestamps[JobState.FAILING] or _now_ms(),
+                        "timestamp": job.graph.timestamps[JobState.FAILING] or now_ms(),
                         "failureLabels": {}, "taskName": None, "endpoint": None, "taskManagerId": None})
     return {"exceptionHistory": {"entries": entries, "truncated": False}}
 
@@ -231,7 +228,7 @@ def config_json() -> dict:
 
 # ---------------------------------------------------------------------- checkpoints
 def _checkpoint_entry(record) -> dict:
-    duration = (record.end_ms if record.end_ms > 0 else _now_ms()) - record.trigger_ms
+    duration = (record.end_ms if record.end_ms > 0 else now_ms()) - record.trigger_ms
     return {"className": {"COMPLETED": "completed", "FAILED": "failed"}.get(record.status, "in_progress"),
             "id": record.checkpoint_id, "status": record.status, "is_savepoint": record.kind in ("savepoint", "stop"),
             "savepointFormat": "CANONICAL" if record.kind in ("savepoint", "stop") else None,
