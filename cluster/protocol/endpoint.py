@@ -20,6 +20,7 @@ import time
 import traceback
 from collections import deque
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -281,43 +282,100 @@ class RpcEndpoint:
 
 
 class RpcClient:
-    """Blocking request/reply over one DEALER, for clients and the CLI (thread-safe)."""
+    """Request/reply over one DEALER, for clients and the CLI; any thread may call ``request``.
+
+    One I/O thread owns the socket (ZeroMQ sockets are not thread-safe). A request hands its
+    frames to that thread and waits on a future of its own; replies are matched to requests by
+    correlation id, so a request that waits long (a savepoint) never holds up another (the
+    collect acknowledgement that savepoint waits for). The lock covers only the hand-over.
+    """
 
     def __init__(self, address: str, codec: Codec, timeout: float = 10.0, ctx=None):
         self.address = address
         self.codec = codec
         self.timeout = timeout
         self.ctx = ctx or zmq.Context.instance()
+        self._cids = itertools.count(1)
+        self._pending: dict[int, Future] = {}
+        self._pending_lock = threading.Lock()
+        self._outbox_address = f"inproc://rpc-client-{os.getpid()}-{id(self)}"
+        self._outbox_recv = self.ctx.socket(zmq.PULL)
+        self._outbox_recv.bind(self._outbox_address)
+        self._outbox = self.ctx.socket(zmq.PUSH)
+        self._outbox.connect(self._outbox_address)
+        self._send_lock = threading.Lock()
         self._sock = make_socket(self.ctx, zmq.DEALER)
         self._sock.connect(address)
-        self._cids = itertools.count(1)
-        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"rpc {address}", daemon=True)
+        self._thread.start()
 
     def request(self, msg: Message, timeout: Optional[float] = None) -> Message:
         timeout = self.timeout if timeout is None else timeout
-        with self._lock:
-            cid = next(self._cids)
-            self._sock.send_multipart(self.codec.encode(msg, cid))
-            deadline = time.monotonic() + timeout
-            while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or not self._sock.poll(int(remaining * 1000) + 1):
-                    if time.monotonic() >= deadline:
-                        raise TimeoutError(
-                            f"no answer from the JobManager at {self.address} within {timeout:g} s "
-                            f"to {msg.op} (is the cluster running?)"
-                        )
-                    continue
-                try:
-                    reply, reply_cid, _ = self.codec.decode(self._sock.recv_multipart())
-                except MalformedMessage as exc:
-                    log.warning("client: dropped malformed reply: %s", exc)
-                    continue
-                if reply_cid != cid:
-                    continue  # a late answer to an earlier request that timed out
-                if isinstance(reply, ErrorResponse):
-                    raise RpcError(reply.message)
-                return reply
+        if self._closed.is_set():
+            raise RpcError("the client is closed")
+        cid = next(self._cids)
+        fut: Future = Future()
+        with self._pending_lock:
+            self._pending[cid] = fut
+        try:
+            frames = self.codec.encode(msg, cid)
+            with self._send_lock:
+                self._outbox.send_multipart(frames)
+            try:
+                reply = fut.result(timeout)
+            except FutureTimeout:
+                raise TimeoutError(f"no answer from the JobManager at {self.address} within {timeout:g} s "
+                                   f"to {msg.op} (is the cluster running?)") from None
+        finally:
+            with self._pending_lock:
+                self._pending.pop(cid, None)
+        if isinstance(reply, ErrorResponse):
+            raise RpcError(reply.message)
+        return reply
+
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        poller.register(self._outbox_recv, zmq.POLLIN)
+        try:
+            while not self._closed.is_set():
+                events = dict(poller.poll(200))
+                if self._outbox_recv in events:
+                    self._forward_requests()
+                if self._sock in events:
+                    self._deliver_replies()
+        finally:
+            self._sock.close(0)
+            self._outbox_recv.close(0)
+            with self._send_lock:
+                self._outbox.close(0)
+
+    def _forward_requests(self) -> None:
+        while True:
+            try:
+                frames = self._outbox_recv.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            self._sock.send_multipart(frames, copy=False)
+
+    def _deliver_replies(self) -> None:
+        while True:
+            try:
+                frames = self._sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                reply, cid, _ = self.codec.decode(frames)
+            except MalformedMessage as exc:
+                log.warning("client: dropped malformed reply: %s", exc)
+                continue
+            with self._pending_lock:
+                fut = self._pending.pop(cid, None) if cid is not None else None
+            if fut is not None:  # else a late answer to a request that timed out
+                fut.set_result(reply)
 
     def close(self) -> None:
-        self._sock.close(0)
+        self._closed.set()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(2)

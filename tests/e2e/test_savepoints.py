@@ -132,3 +132,28 @@ def test_savepoint_trigger_and_dispose_and_checkpoint_stats_over_rest(cluster, c
     assert not os.path.exists(location)
     with pytest.raises(RpcError, match="not disposed"):
         client.dispose_savepoint(str(tmp_path))  # not a savepoint: never deleted
+
+
+def test_savepoint_and_stop_of_an_attached_job_with_a_collect_sink(cluster):
+    """A savepoint of a job whose collect sink streams to this client needs this client's
+    acknowledgement of the savepoint's barrier; that acknowledgement travels on the same client
+    while the savepoint request waits for its answer, so it must not queue behind it."""
+    from kernel_runtime import JobClient
+    client = JobClient(cluster.info)
+    try:
+        env = StreamEnvironment(parallelism=2, cluster=cluster.cluster_dir,
+                                config={"execution.checkpointing.interval": "500 ms"})
+        env.from_generator(orders, rate=2_000, batch_size=200).key_by("user").count().collect()
+        handle = env.execute_async("attached savepoint", client=client)
+        handle.wait_for_rows(100, timeout=60)
+        location = handle.savepoint(timeout=20)
+        assert os.path.exists(os.path.join(location, "_metadata"))
+        assert handle.status == "RUNNING"
+        stopped_at = handle.stop(timeout=20)
+        assert os.path.exists(os.path.join(stopped_at, "_metadata"))
+        result = handle.wait(30)
+        assert result.state == "FINISHED"
+        counts = result.to_pandas()
+        assert len(counts) > 0 and counts["count"].max() > 0
+    finally:
+        client.close()
