@@ -13,8 +13,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
-import threading
 import uuid
 from pathlib import Path
 from typing import Optional
@@ -79,21 +77,17 @@ class CheckpointStorage:
         base = Path(local_path(target)) if target else self.savepoints_dir
         return base / f"savepoint-{self.job_id[:6]}-{uuid.uuid4().hex[:12]}"
 
-    def completed_on_disk(self) -> list[tuple[int, Path]]:
-        """Checkpoint folders of this job, newest first (validity is checked by read_metadata)."""
-        found = []
-        if self.job_dir.is_dir():
-            for child in self.job_dir.iterdir():
-                m = re.fullmatch(r"chk-(\d+)", child.name)
-                if m:
-                    found.append((int(m.group(1)), child))
-        return sorted(found, reverse=True)
 
 
-def dispose(directory: Path) -> None:
-    """Delete a checkpoint or savepoint folder, in the background (it may be large)."""
-    threading.Thread(target=shutil.rmtree, args=(str(directory),), kwargs={"ignore_errors": True},
-                     daemon=True).start()
+def completed_on_disk(job_dir: Path) -> list[tuple[int, Path]]:
+    """A job's checkpoint folders, newest first (validity is checked by read_metadata)."""
+    found = []
+    if job_dir.is_dir():
+        for child in job_dir.iterdir():
+            m = re.fullmatch(r"chk-(\d+)", child.name)
+            if m:
+                found.append((int(m.group(1)), child))
+    return sorted(found, reverse=True)
 
 
 def local_path(path: str) -> str:

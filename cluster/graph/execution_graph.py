@@ -50,6 +50,23 @@ class ExecutionState:
     TERMINAL = (FINISHED, CANCELED, FAILED)
 
 
+# What a task's reported state may follow (Flink's Execution): a report that does not fit is
+# stale or late (a RUNNING that arrives after the JobMaster asked the task to cancel) and loses.
+_TASK_TRANSITIONS = {
+    ExecutionState.CREATED: {ExecutionState.SCHEDULED, ExecutionState.CANCELED, ExecutionState.FAILED},
+    ExecutionState.SCHEDULED: {ExecutionState.CREATED, ExecutionState.DEPLOYING, ExecutionState.CANCELED,
+                               ExecutionState.FAILED},
+    ExecutionState.DEPLOYING: {ExecutionState.INITIALIZING, ExecutionState.RUNNING, ExecutionState.FINISHED,
+                               ExecutionState.CANCELING, ExecutionState.CANCELED, ExecutionState.FAILED},
+    ExecutionState.INITIALIZING: {ExecutionState.RUNNING, ExecutionState.FINISHED, ExecutionState.CANCELING,
+                                  ExecutionState.CANCELED, ExecutionState.FAILED},
+    ExecutionState.RUNNING: {ExecutionState.FINISHED, ExecutionState.CANCELING, ExecutionState.CANCELED,
+                             ExecutionState.FAILED},
+    # a task that finishes while it is being cancelled counts as cancelled (Flink's completeCancelling)
+    ExecutionState.CANCELING: {ExecutionState.CANCELED, ExecutionState.FAILED},
+}
+
+
 class IllegalStateTransition(RuntimeError):
     pass
 
@@ -124,9 +141,14 @@ class ExecutionGraph:
 
     # ------------------------------------------------------------------ tasks
     def update_execution(self, execution_id: str, state: str, error: Optional[str] = None) -> Optional[Execution]:
-        """Apply a task's reported state; None for a report about an unknown or stale execution."""
+        """Apply a task's reported state; None for a report about an unknown or stale execution, or
+        one that the transition table refuses (it then changes nothing)."""
         execution = self.executions.get(execution_id)
-        if execution is None or execution.is_terminal or state not in ExecutionState.ALL:
+        if execution is None or state not in ExecutionState.ALL:
+            return None
+        if execution.state == ExecutionState.CANCELING and state == ExecutionState.FINISHED:
+            state = ExecutionState.CANCELED
+        if state not in _TASK_TRANSITIONS.get(execution.state, ()):
             return None
         self.set_state(execution, state)
         if error:

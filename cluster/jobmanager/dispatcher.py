@@ -7,21 +7,28 @@ from __future__ import annotations
 
 import logging
 import shutil
+from concurrent.futures import Executor
 from pathlib import Path
 from typing import Callable, Optional
 
 from cluster.clock import now_ms
-from cluster.checkpoint.storage import CheckpointFormatError, local_path, read_metadata
+from cluster.checkpoint.storage import local_path, read_metadata
 from cluster.conf import ConfigError
 from cluster.graph.job_graph import GraphValidationError, JobGraph
 from cluster.protocol import messages as m
-from cluster.protocol.endpoint import Peer, RpcEndpoint, RpcError
+from cluster.protocol.endpoint import DeferredReply, Peer, RpcEndpoint, RpcError
 
 from .job_master import JobMaster
 from .resource_manager import ResourceManager
 from .views import job_json, overview_json, subtasks_json, taskmanagers_json
 
 log = logging.getLogger(__name__)
+
+
+def dispose_savepoint(directory: Path) -> None:
+    """Delete a savepoint folder (storage executor); never one that is not a savepoint."""
+    read_metadata(directory)
+    shutil.rmtree(directory)
 
 # Keys a job may set for itself; the rest are the cluster's.
 JOB_SCOPED_PREFIXES = ("restart-strategy.", "slot.request.timeout", "execution.", "parallelism.default",
@@ -30,8 +37,9 @@ JOB_SCOPED_PREFIXES = ("restart-strategy.", "slot.request.timeout", "execution."
 
 class Dispatcher:
     def __init__(self, endpoint: RpcEndpoint, resource_manager: ResourceManager, conf,
-                 on_shutdown: Callable[[], None]):
+                 on_shutdown: Callable[[], None], storage_executor: Executor):
         self.endpoint = endpoint
+        self.storage_executor = storage_executor  # every blocking disk operation, off the loop
         self.rm = resource_manager
         self.conf = conf
         self.on_shutdown = on_shutdown
@@ -55,7 +63,7 @@ class Dispatcher:
             self.handlers[op] = self._route_to_job_master
 
     # ------------------------------------------------------------------ client handlers
-    def submit_job(self, msg: m.SubmitJob, peer: Peer) -> m.JobSubmitted:
+    def submit_job(self, msg: m.SubmitJob, peer: Peer) -> DeferredReply:
         try:
             graph = JobGraph.from_dict(msg.job_graph)
         except GraphValidationError as exc:
@@ -69,11 +77,34 @@ class Dispatcher:
             conf = self.conf.copy().update(graph.config, f"the configuration of job '{graph.name}'")
         except ConfigError as exc:
             raise RpcError(f"job rejected: {exc}") from None
-        master = JobMaster(graph, conf, self.endpoint, self.rm, msg.result_address)
-        master.start()  # refuses an unusable savepoint before the job is registered
+        reply = DeferredReply()
+        savepoint = conf["execution.savepoint.path"]
+        if not savepoint:
+            self._start_job(graph, conf, msg.result_address, None, reply)
+            return reply
+
+        def read(body, error: Optional[BaseException]) -> None:
+            if error is not None:
+                reply.fail(f"job rejected: cannot start from savepoint {savepoint}: {error}")
+            else:
+                self._start_job(graph, conf, msg.result_address, (body, str(local_path(savepoint))), reply)
+        self.endpoint.run_blocking(self.storage_executor, read_metadata, Path(local_path(savepoint)), then=read)
+        return reply
+
+    def _start_job(self, graph: JobGraph, conf, result_address: Optional[str],
+                   savepoint: Optional[tuple[dict, str]], reply: DeferredReply) -> None:
+        if graph.job_id in self.jobs:  # submitted twice while its savepoint was read
+            reply.fail(f"job rejected: a job with id {graph.job_id} exists already")
+            return
+        master = JobMaster(graph, conf, self.endpoint, self.rm, result_address, self.storage_executor)
+        try:
+            master.start(savepoint)  # refuses an unusable savepoint before the job is registered
+        except RpcError as exc:
+            reply.fail(f"job rejected: {exc}")
+            return
         self.jobs[graph.job_id] = master
         log.info("job %s (%s) submitted", graph.job_id, graph.name)
-        return m.JobSubmitted(graph.job_id)
+        reply.resolve(m.JobSubmitted(graph.job_id))
 
     def request_job_status(self, msg: m.RequestJobStatus, peer: Peer) -> m.JobStatus:
         return self.job(msg.job_id).status()
@@ -98,14 +129,14 @@ class Dispatcher:
     def trigger_savepoint(self, msg: m.TriggerSavepoint, peer: Peer):
         return self.job(msg.job_id).trigger_savepoint(msg.target_directory, msg.stop)
 
-    def dispose_savepoint(self, msg: m.DisposeSavepoint, peer: Peer) -> m.Acknowledge:
-        directory = Path(local_path(msg.location))
-        try:
-            read_metadata(directory)  # never delete a folder that is not a savepoint
-        except CheckpointFormatError as exc:
-            raise RpcError(f"not disposed: {exc}") from None
-        shutil.rmtree(directory)
-        return m.Acknowledge()
+    def dispose_savepoint(self, msg: m.DisposeSavepoint, peer: Peer) -> DeferredReply:
+        reply = DeferredReply()
+
+        def done(_result, error: Optional[BaseException]) -> None:
+            reply.resolve(m.Acknowledge()) if error is None else reply.fail(f"not disposed: {error}")
+        self.endpoint.run_blocking(self.storage_executor, dispose_savepoint, Path(local_path(msg.location)),
+                                   then=done)
+        return reply
 
     def shutdown_cluster(self, msg: m.ShutdownCluster, peer: Peer) -> m.Acknowledge:
         log.info("shutdown requested")

@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from cluster.conf import Configuration
@@ -37,7 +38,10 @@ class JobManager:
         self.rpc_address = self.endpoint.bind_router(
             f"tcp://{conf['jobmanager.rpc.address']}:{conf['jobmanager.rpc.port']}")
         self.resource_manager = ResourceManager(self.endpoint, conf)
-        self.dispatcher = Dispatcher(self.endpoint, self.resource_manager, conf, self.stop)
+        # one thread for every blocking disk operation (_metadata, restore reads, disposal): it
+        # reports back to the loop, which never waits for a disk; one thread keeps them in order
+        self.storage_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="storage")
+        self.dispatcher = Dispatcher(self.endpoint, self.resource_manager, conf, self.stop, self.storage_executor)
         for component in (self.dispatcher, self.resource_manager):
             clash = set(component.handlers) & set(self.endpoint.handlers)
             if clash:
@@ -58,6 +62,7 @@ class JobManager:
         self.stopped.set()
         self.rest.stop()
         self.endpoint.stop()
+        self.storage_executor.shutdown(wait=False, cancel_futures=True)
 
 
 def main(argv=None) -> None:

@@ -3,12 +3,17 @@
 It hands out the slots of the TaskManagers it has: a job's request waits until enough are free.
 A TaskManager silent for ``heartbeat.timeout`` is declared lost; its slots leave the table and
 the JobMasters that used them are told.
+
+The decisions are ``ResourceManagerState``'s, a pure class over the SlotManager (a method per
+event, instructions out, the clock an argument); ``ResourceManager`` is its networked shell on the
+JobManager's loop thread.
 """
 from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, Protocol
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
 
 from cluster.protocol import messages as m
 from cluster.protocol.endpoint import Peer, RpcEndpoint
@@ -23,13 +28,110 @@ class SlotListener(Protocol):
     def on_slots_allocated(self, allocations: list[SlotAllocation]) -> None: ...
 
 
+# --------------------------------------------------------------------------- instructions
+@dataclass(frozen=True)
+class AcceptRegistration:
+    task_manager_id: str
+    new: bool
+
+
+@dataclass(frozen=True)
+class RejectRegistration:
+    task_manager_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class AskToRegister:
+    """A heartbeat from a TaskManager we do not know (declared lost, or we restarted)."""
+    task_manager_id: str
+
+
+@dataclass(frozen=True)
+class RequestSlotAt:
+    allocation: SlotAllocation
+
+
+@dataclass(frozen=True)
+class FreeSlotAt:
+    allocation: SlotAllocation
+
+
+@dataclass(frozen=True)
+class GrantSlots:
+    job_id: str
+    allocations: tuple[SlotAllocation, ...]
+
+
+@dataclass(frozen=True)
+class DeclareLost:
+    task_manager_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class ForwardMetrics:
+    tasks: tuple[dict, ...]
+
+
+class ResourceManagerState:
+    """Registration, heartbeat expiry and slot allocation; pure, for the loop thread only."""
+
+    def __init__(self, heartbeat_timeout_s: float):
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.slot_manager = SlotManager()
+
+    def register_task_manager(self, reg: TaskManagerRegistration, connection_id: bytes) -> list:
+        if connection_id != reg.task_manager_id.encode():
+            return [RejectRegistration(reg.task_manager_id, "task manager id does not match the connection")]
+        if reg.number_of_slots < 1:
+            return [RejectRegistration(reg.task_manager_id, "a TaskManager needs at least one slot")]
+        new = self.slot_manager.register(reg)
+        return [AcceptRegistration(reg.task_manager_id, new), *self._allocate()]
+
+    def heartbeat_from_task_manager(self, tm_id: str, tasks: list, now: float) -> list:
+        if not self.slot_manager.heartbeat(tm_id, now, tasks):
+            return [AskToRegister(tm_id)]
+        return [ForwardMetrics(tuple(tasks))]
+
+    def check_heartbeats(self, now: float) -> list:
+        out: list = []
+        for tm_id in self.slot_manager.expired(now, self.heartbeat_timeout_s):
+            out += self.lose(tm_id, f"TaskManager {tm_id} lost: no heartbeat for "
+                                    f"{self.heartbeat_timeout_s * 1000:.0f} ms (heartbeat.timeout)")
+        return out
+
+    def lose(self, tm_id: str, reason: str) -> list:
+        if tm_id not in self.slot_manager.task_managers:
+            return []
+        self.slot_manager.unregister(tm_id)
+        return [DeclareLost(tm_id, reason), *self._allocate()]
+
+    def request_slots(self, job_id: str, count: int) -> list:
+        self.slot_manager.request(job_id, count)
+        return self._allocate()
+
+    def cancel_slot_request(self, job_id: str) -> list:
+        self.slot_manager.cancel_request(job_id)
+        return []
+
+    def release_slots(self, job_id: str) -> list:
+        return [*(FreeSlotAt(a) for a in self.slot_manager.free(job_id)), *self._allocate()]
+
+    def _allocate(self) -> list:
+        out: list = []
+        for allocations in self.slot_manager.allocate_pending():
+            out += [RequestSlotAt(a) for a in allocations]
+            out.append(GrantSlots(allocations[0].job_id, tuple(allocations)))
+        return out
+
+
 class ResourceManager:
     def __init__(self, endpoint: RpcEndpoint, conf, clock: Callable[[], float] = time.monotonic):
         self.endpoint = endpoint
         self.clock = clock
         self.heartbeat_interval_ms = conf["heartbeat.interval"]
-        self.heartbeat_timeout_s = conf["heartbeat.timeout"] / 1000
-        self.slot_manager = SlotManager()
+        self.state = ResourceManagerState(conf["heartbeat.timeout"] / 1000)
         self._peers: dict[str, Peer] = {}
         self._listeners: dict[str, SlotListener] = {}
         self.task_manager_lost_listeners: list[Callable[[str, str], None]] = []
@@ -39,80 +141,92 @@ class ResourceManager:
             m.HeartbeatFromTaskManager: self.heartbeat_from_task_manager,
             m.DisconnectTaskManager: self.disconnect_task_manager,
         }
-        check_every = min(1.0, self.heartbeat_timeout_s / 4)
-        endpoint.call_every(check_every, self._check_heartbeats)
+        self._execute: dict[type, Callable[[Any], None]] = {
+            AcceptRegistration: self._accepted,
+            RejectRegistration: self._rejected,
+            AskToRegister: lambda i: self._send(i.task_manager_id, m.RequestRegistration()),
+            RequestSlotAt: lambda i: self._send(i.allocation.task_manager_id, m.RequestSlot(
+                i.allocation.slot_index, i.allocation.job_id, i.allocation.allocation_id)),
+            FreeSlotAt: lambda i: self._send(i.allocation.task_manager_id, m.FreeSlot(i.allocation.allocation_id)),
+            GrantSlots: self._granted,
+            DeclareLost: self._declared_lost,
+            ForwardMetrics: lambda i: [listener(list(i.tasks)) for listener in self.task_metrics_listeners],
+        }
+        self._pending_peers: dict[str, Peer] = {}  # who sent a registration, until it is answered
+        check_every = min(1.0, self.state.heartbeat_timeout_s / 4)
+        endpoint.call_every(check_every, lambda: self._run(self.state.check_heartbeats(self.clock())))
+
+    @property
+    def slot_manager(self) -> SlotManager:
+        return self.state.slot_manager
+
+    def _run(self, instructions: list) -> None:
+        self.endpoint.assert_loop_thread()
+        for instruction in instructions:
+            self._execute[type(instruction)](instruction)
+
+    def _send(self, tm_id: str, msg: m.Message) -> None:
+        peer = self._peers.get(tm_id) or self._pending_peers.get(tm_id)
+        if peer is not None:
+            self.endpoint.send(peer, msg)
 
     # ------------------------------------------------------------------ handlers
     def register_task_manager(self, msg: m.RegisterTaskManager, peer: Peer) -> None:
-        if peer.identity != msg.task_manager_id.encode():
-            log.warning("registration of %s from a peer named %r refused", msg.task_manager_id, peer.identity)
-            self.endpoint.send(peer, m.RegistrationRejected("task manager id does not match the connection"))
-            return
-        if msg.number_of_slots < 1:
-            self.endpoint.send(peer, m.RegistrationRejected("a TaskManager needs at least one slot"))
-            return
         now = self.clock()
-        new = self.slot_manager.register(TaskManagerRegistration(
-            msg.task_manager_id, msg.data_address, msg.number_of_slots, msg.pid, now, now, dict(msg.hardware)))
-        self._peers[msg.task_manager_id] = peer
-        if new:
-            log.info("TaskManager %s registered with %d slots (data %s)",
-                     msg.task_manager_id, msg.number_of_slots, msg.data_address)
-        self.endpoint.send(peer, m.RegistrationSuccess(self.heartbeat_interval_ms))
-        self._try_allocate()
+        reg = TaskManagerRegistration(msg.task_manager_id, msg.data_address, msg.number_of_slots, msg.pid, now,
+                                      now, dict(msg.hardware))
+        self._pending_peers[msg.task_manager_id] = peer
+        try:
+            self._run(self.state.register_task_manager(reg, peer.identity or b""))
+        finally:
+            self._pending_peers.pop(msg.task_manager_id, None)
 
     def heartbeat_from_task_manager(self, msg: m.HeartbeatFromTaskManager, peer: Peer) -> None:
-        if not self.slot_manager.heartbeat(msg.task_manager_id, self.clock(), msg.tasks):
-            # Unknown to us (declared lost, or we restarted): it must register again.
-            self.endpoint.send(peer, m.RequestRegistration())
-            return
-        for listener in self.task_metrics_listeners:
-            listener(msg.tasks)
+        self._pending_peers[msg.task_manager_id] = peer
+        try:
+            self._run(self.state.heartbeat_from_task_manager(msg.task_manager_id, msg.tasks, self.clock()))
+        finally:
+            self._pending_peers.pop(msg.task_manager_id, None)
 
     def disconnect_task_manager(self, msg: m.DisconnectTaskManager, peer: Peer) -> None:
-        self._lose(msg.task_manager_id, f"TaskManager {msg.task_manager_id} disconnected: {msg.reason}")
+        self._run(self.state.lose(msg.task_manager_id,
+                                  f"TaskManager {msg.task_manager_id} disconnected: {msg.reason}"))
 
-    # ------------------------------------------------------------------ heartbeats
-    def _check_heartbeats(self) -> None:
-        for tm_id in self.slot_manager.expired(self.clock(), self.heartbeat_timeout_s):
-            self._lose(tm_id, f"TaskManager {tm_id} lost: no heartbeat for "
-                              f"{self.heartbeat_timeout_s * 1000:.0f} ms (heartbeat.timeout)")
+    # ------------------------------------------------------------------ instructions
+    def _accepted(self, i: AcceptRegistration) -> None:
+        self._peers[i.task_manager_id] = self._pending_peers[i.task_manager_id]
+        if i.new:
+            reg = self.slot_manager.task_managers[i.task_manager_id]
+            log.info("TaskManager %s registered with %d slots (data %s)", i.task_manager_id, reg.number_of_slots,
+                     reg.data_address)
+        self._send(i.task_manager_id, m.RegistrationSuccess(self.heartbeat_interval_ms))
 
-    def _lose(self, tm_id: str, reason: str) -> None:
-        if tm_id not in self.slot_manager.task_managers:
-            return
-        log.warning(reason)
-        self.slot_manager.unregister(tm_id)
-        self._peers.pop(tm_id, None)
+    def _rejected(self, i: RejectRegistration) -> None:
+        log.warning("registration of %s refused: %s", i.task_manager_id, i.reason)
+        self._send(i.task_manager_id, m.RegistrationRejected(i.reason))
+
+    def _granted(self, i: GrantSlots) -> None:
+        listener = self._listeners.get(i.job_id)
+        if listener:
+            listener.on_slots_allocated(list(i.allocations))
+
+    def _declared_lost(self, i: DeclareLost) -> None:
+        log.warning(i.reason)
+        self._peers.pop(i.task_manager_id, None)
         for listener in self.task_manager_lost_listeners:
-            listener(tm_id, reason)
-        self._try_allocate()
+            listener(i.task_manager_id, i.reason)
 
     # ------------------------------------------------------------------ slots, for JobMasters
     def request_slots(self, job_id: str, count: int, listener: SlotListener) -> None:
         self._listeners[job_id] = listener
-        self.slot_manager.request(job_id, count)
-        self._try_allocate()
+        self._run(self.state.request_slots(job_id, count))
 
     def cancel_slot_request(self, job_id: str) -> None:
-        self.slot_manager.cancel_request(job_id)
+        self._run(self.state.cancel_slot_request(job_id))
 
     def release_slots(self, job_id: str) -> None:
-        for alloc in self.slot_manager.free(job_id):
-            gateway = self.task_executor_gateway(alloc.task_manager_id)
-            if gateway:
-                gateway.free_slot(alloc.allocation_id)
         self._listeners.pop(job_id, None)
-        self._try_allocate()
-
-    def _try_allocate(self) -> None:
-        for allocations in self.slot_manager.allocate_pending():
-            for alloc in allocations:
-                self.task_executor_gateway(alloc.task_manager_id).request_slot(
-                    alloc.slot_index, alloc.job_id, alloc.allocation_id)
-            listener = self._listeners.get(allocations[0].job_id)
-            if listener:
-                listener.on_slots_allocated(allocations)
+        self._run(self.state.release_slots(job_id))
 
     def task_executor_gateway(self, tm_id: str):
         peer = self._peers.get(tm_id)

@@ -143,8 +143,7 @@ class RestServer:
                 body = self._read_json(req)
                 stop = match.group(2) == "stop" or bool(body.get("cancel-job"))
                 target = body.get("target-directory") or body.get("targetDirectory")
-                trigger = endpoint.call(lambda: self.dispatcher.job(match["jid"]).checkpointing
-                                        .trigger_savepoint_async(target, stop))
+                trigger = endpoint.call(lambda: self.dispatcher.job(match["jid"]).trigger_savepoint_async(target, stop))
                 return HTTPStatus.ACCEPTED, {"request-id": trigger}
         return HTTPStatus.NOT_FOUND, {"errors": [f"Not found: {path}"]}
 

@@ -19,7 +19,7 @@ import threading
 import time
 import traceback
 from collections import deque
-from concurrent.futures import Future
+from concurrent.futures import Executor, Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -43,17 +43,26 @@ class DeferredReply:
 
     def __init__(self):
         self._target = None
+        self._early: Optional[Message] = None  # resolved before the handler returned
+        self._done = False
 
     def _bind(self, endpoint: "RpcEndpoint", peer: "Peer", cid: Optional[int]) -> None:
         self._target = (endpoint, peer, cid)
+        if self._early is not None:
+            early, self._early, self._done = self._early, None, False
+            self.resolve(early)
 
     def resolve(self, reply: Message) -> None:
-        """Send the answer (loop thread only)."""
-        if self._target is not None:
-            endpoint, peer, cid = self._target
-            if cid is not None:
-                endpoint.send(peer, reply, cid)
-            self._target = None
+        """Send the answer (loop thread only); once, the first answer wins."""
+        if self._done:
+            return
+        self._done = True
+        if self._target is None:
+            self._early, self._done = reply, False
+            return
+        endpoint, peer, cid = self._target
+        if cid is not None:
+            endpoint.send(peer, reply, cid)
 
     def fail(self, message: str) -> None:
         self.resolve(ErrorResponse(message))
@@ -157,6 +166,22 @@ class RpcEndpoint:
         self.call_soon(run)
         return fut.result(timeout)
 
+    def assert_loop_thread(self) -> None:
+        """Flink's validateRunsInMainThread: the endpoint's state belongs to its loop thread (once
+        the loop runs). Off with ``python -O``."""
+        if __debug__ and self._thread is not None and threading.current_thread() is not self._thread:
+            raise AssertionError(f"{self.name}: called from thread {threading.current_thread().name!r}, "
+                                 f"not from the endpoint's loop thread")
+
+    def run_blocking(self, executor: Executor, fn: Callable, *args,
+                     then: Callable[[Any, Optional[BaseException]], None]) -> None:
+        """Run blocking work (disk) on ``executor`` and hand its result, or its exception, to
+        ``then(result, error)`` back on the loop thread, so the loop never waits for a disk."""
+        def done(fut: Future) -> None:
+            error = fut.exception()
+            self.call_soon(then, None if error else fut.result(), error)
+        executor.submit(fn, *args).add_done_callback(done)
+
     def call_later(self, delay: float, fn: Callable, *args) -> list:
         """Schedule on the loop; returns a handle for ``cancel_timer``. Loop thread only."""
         entry = [time.monotonic() + delay, next(self._timer_seq), fn, args, True]
@@ -200,8 +225,9 @@ class RpcEndpoint:
                     if sock not in registered:
                         poller.register(sock, zmq.POLLIN)
                         registered.add(sock)
-                timeout = self._run_due_timers()
-                events = dict(poller.poll(timeout))
+                # Sockets before timers: messages that arrived during a long step (heartbeats)
+                # are handled before a timer (heartbeat expiry) judges their senders.
+                events = dict(poller.poll(self._next_timer_ms()))
                 if self._wake_recv in events:
                     while True:
                         try:
@@ -212,18 +238,21 @@ class RpcEndpoint:
                 for sock in list(events):
                     if sock is not self._wake_recv:
                         self._drain(sock)
+                self._run_due_timers()
         finally:
             for sock in self._sockets:
                 sock.close(0)
             self._wake_recv.close(0)
             self._wake_send.close(0)
 
-    def _run_due_timers(self) -> int:
+    def _run_due_timers(self) -> None:
         now = time.monotonic()
         while self._timers and self._timers[0][0] <= now:
             _, _, fn, args, live = heapq.heappop(self._timers)
             if live:
                 self._guard(fn, *args)
+
+    def _next_timer_ms(self) -> int:
         if not self._timers:
             return 1000
         return max(0, int((self._timers[0][0] - time.monotonic()) * 1000) + 1)
@@ -281,6 +310,9 @@ class RpcEndpoint:
             self.send(peer, reply, cid)
 
 
+_client_numbers = itertools.count()  # inproc names must be unique while an old one is still closing
+
+
 class RpcClient:
     """Request/reply over one DEALER, for clients and the CLI; any thread may call ``request``.
 
@@ -298,7 +330,7 @@ class RpcClient:
         self._cids = itertools.count(1)
         self._pending: dict[int, Future] = {}
         self._pending_lock = threading.Lock()
-        self._outbox_address = f"inproc://rpc-client-{os.getpid()}-{id(self)}"
+        self._outbox_address = f"inproc://rpc-client-{os.getpid()}-{next(_client_numbers)}"
         self._outbox_recv = self.ctx.socket(zmq.PULL)
         self._outbox_recv.bind(self._outbox_address)
         self._outbox = self.ctx.socket(zmq.PUSH)

@@ -44,3 +44,88 @@ class SlotTable:
 
     def free_count(self) -> int:
         return sum(1 for o in self._slots if o is None)
+
+
+# --------------------------------------------------------------------------- the task table
+@dataclass(frozen=True)
+class OfferSlot:
+    job_id: str
+    allocation_id: str
+
+
+@dataclass(frozen=True)
+class StartTask:
+    execution_id: str
+
+
+@dataclass(frozen=True)
+class CancelTaskThread:
+    execution_id: str
+
+
+@dataclass(frozen=True)
+class ReportTaskState:
+    job_id: str
+    execution_id: str
+    state: str
+    error: Optional[str]
+
+
+@dataclass(frozen=True)
+class ReleaseJobNetwork:
+    job_id: str
+
+
+@dataclass
+class TaskEntry:
+    job_id: str
+    allocation_id: str
+    state: str
+
+
+class TaskSlotTable:
+    """Flink's TaskSlotTable: the TaskExecutor's slots and the tasks in them, as a pure class
+    (a method per event, instructions out). For the TaskManager's loop thread only."""
+
+    TERMINAL = ("FINISHED", "CANCELED", "FAILED")
+
+    def __init__(self, number_of_slots: int):
+        self.slots = SlotTable(number_of_slots)
+        self.tasks: dict[str, TaskEntry] = {}
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+    def request_slot(self, index: int, job_id: str, allocation_id: str) -> list:
+        return [OfferSlot(job_id, allocation_id)] if self.slots.allocate(index, job_id, allocation_id) else []
+
+    def submit_task(self, job_id: str, execution_id: str, allocation_id: str) -> list:
+        if not self.slots.holds(allocation_id, job_id):
+            return [ReportTaskState(job_id, execution_id, "FAILED",
+                                    f"this TaskManager has no slot {allocation_id} for job {job_id}")]
+        if execution_id in self.tasks:
+            return []  # a duplicate deployment
+        self.tasks[execution_id] = TaskEntry(job_id, allocation_id, "DEPLOYING")
+        return [StartTask(execution_id)]
+
+    def cancel_task(self, execution_id: str) -> list:
+        return [CancelTaskThread(execution_id)] if execution_id in self.tasks else []
+
+    def free_slot(self, allocation_id: str) -> list:
+        job_id = self.slots.free(allocation_id)
+        out: list = [CancelTaskThread(e) for e, t in self.tasks.items() if t.allocation_id == allocation_id]
+        if job_id is not None and job_id not in self.slots.jobs():
+            out.append(ReleaseJobNetwork(job_id))
+        return out
+
+    def task_state_changed(self, execution_id: str, state: str, error: Optional[str]) -> list:
+        entry = self.tasks.get(execution_id)
+        if entry is None or entry.state in self.TERMINAL:
+            return []
+        entry.state = state
+        if state in self.TERMINAL:
+            del self.tasks[execution_id]
+        return [ReportTaskState(entry.job_id, execution_id, state, error)]
+
+    def tasks_of(self, job_id: str) -> list[str]:
+        return [e for e, t in self.tasks.items() if t.job_id == job_id]

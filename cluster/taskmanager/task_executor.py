@@ -33,7 +33,8 @@ from cluster.protocol.gateways import JobManagerGateway
 from cluster.operators.spark import SparkRunner
 
 from .network import NetworkEnvironment
-from .slot_table import SlotTable
+from .slot_table import (CancelTaskThread, OfferSlot, ReleaseJobNetwork, ReportTaskState, StartTask,
+                         TaskSlotTable)
 from .task import Task
 
 log = logging.getLogger("streamlab.taskmanager")
@@ -54,10 +55,10 @@ class TaskExecutor:
         self.endpoint = RpcEndpoint(self.task_manager_id, codec)
         self.jobmanager = JobManagerGateway(
             self.endpoint, self.endpoint.connect_dealer(jobmanager_address, self.task_manager_id.encode()))
-        self.slot_table = SlotTable(conf["taskmanager.numberOfTaskSlots"])
+        self.slot_table = TaskSlotTable(conf["taskmanager.numberOfTaskSlots"])
         self.network = NetworkEnvironment(conf["taskmanager.host"], conf["taskmanager.data.port"], codec,
                                           conf["taskmanager.network.memory.buffers-per-channel"])
-        self.tasks: dict[str, Task] = {}
+        self.tasks: dict[str, Task] = {}  # the threads of the table's tasks
         # writes checkpoint files while the tasks go on processing (the asynchronous part)
         self.snapshot_executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="snapshot")
         self.registered = False
@@ -135,11 +136,34 @@ class TaskExecutor:
                 self.task_manager_id, [t.metrics_snapshot() for t in self.tasks.values()])
 
     # ------------------------------------------------------------------ slots and tasks
+    def _run(self, instructions: list, deployment: Optional[TaskDeploymentDescriptor] = None) -> None:
+        """Carry out the task table's instructions (loop thread only)."""
+        self.endpoint.assert_loop_thread()
+        for i in instructions:
+            if isinstance(i, OfferSlot):
+                self.jobmanager.offer_slots(self.task_manager_id, i.job_id, [i.allocation_id])
+            elif isinstance(i, StartTask):
+                task = Task(deployment, self.network, self._report_from_task, self, self.snapshot_executor)
+                self.tasks[i.execution_id] = task
+                task.start()
+            elif isinstance(i, CancelTaskThread):
+                self.tasks[i.execution_id].cancel()
+            elif isinstance(i, ReportTaskState):
+                task = self.tasks.get(i.execution_id)
+                metrics = task.metrics_snapshot() if task is not None else {}
+                if i.state == ExecutionState.FAILED:
+                    log.warning("task %s failed:\n%s", task.name if task else i.execution_id, i.error)
+                self.jobmanager.update_task_execution_state(i.job_id, i.execution_id, i.state, i.error, metrics)
+                if i.state in ExecutionState.TERMINAL:
+                    self.tasks.pop(i.execution_id, None)
+            elif isinstance(i, ReleaseJobNetwork):
+                self.network.release_job(i.job_id)
+
     def request_slot(self, msg: m.RequestSlot, peer: Peer) -> None:
-        if self.slot_table.allocate(msg.slot_index, msg.job_id, msg.allocation_id):
-            self.jobmanager.offer_slots(self.task_manager_id, msg.job_id, [msg.allocation_id])
-        else:
+        instructions = self.slot_table.request_slot(msg.slot_index, msg.job_id, msg.allocation_id)
+        if not instructions:
             log.warning("slot %d requested for job %s is not free", msg.slot_index, msg.job_id)
+        self._run(instructions)
 
     def submit_task(self, msg: m.SubmitTask, peer: Peer) -> None:
         try:
@@ -147,27 +171,13 @@ class TaskExecutor:
         except (KeyError, TypeError, ValueError) as exc:
             log.warning("malformed task deployment dropped: %s", exc)
             return
-        if not self.slot_table.holds(tdd.allocation_id, tdd.job_id):
-            self.jobmanager.update_task_execution_state(
-                tdd.job_id, tdd.execution_id, ExecutionState.FAILED,
-                f"TaskManager {self.task_manager_id} has no slot {tdd.allocation_id} for job {tdd.job_id}")
-            return
-        task = Task(tdd, self.network, self._report_from_task, self, self.snapshot_executor)
-        self.tasks[tdd.execution_id] = task
-        task.start()
+        self._run(self.slot_table.submit_task(tdd.job_id, tdd.execution_id, tdd.allocation_id), tdd)
 
     def cancel_task(self, msg: m.CancelTask, peer: Peer) -> None:
-        task = self.tasks.get(msg.execution_id)
-        if task is not None:
-            task.cancel()
+        self._run(self.slot_table.cancel_task(msg.execution_id))
 
     def free_slot(self, msg: m.FreeSlot, peer: Peer) -> None:
-        job_id = self.slot_table.free(msg.allocation_id)
-        for task in self.tasks.values():
-            if task.tdd.allocation_id == msg.allocation_id:
-                task.cancel()
-        if job_id is not None and job_id not in self.slot_table.jobs():
-            self.network.release_job(job_id)
+        self._run(self.slot_table.free_slot(msg.allocation_id))
 
     # ------------------------------------------------------------------ checkpoints
     def trigger_checkpoint(self, msg: m.TriggerCheckpoint, peer: Peer) -> None:
@@ -187,7 +197,7 @@ class TaskExecutor:
             task.notify_checkpoint_aborted(msg.checkpoint_id)
 
     def _tasks_of(self, job_id: str) -> list[Task]:
-        return [t for t in self.tasks.values() if t.tdd.job_id == job_id]
+        return [self.tasks[e] for e in self.slot_table.tasks_of(job_id) if e in self.tasks]
 
     # the CheckpointResponder of the tasks: any thread; the loop thread owns the socket
     def acknowledge_checkpoint(self, task: Task, checkpoint_id: int, state: dict) -> None:
@@ -205,16 +215,9 @@ class TaskExecutor:
         threading.Thread(target=self.stop, args=("the cluster is shutting down",), daemon=True).start()
 
     def _report_from_task(self, task: Task, state: str, error: Optional[str]) -> None:
-        # Called on the task's thread: hand over to the loop thread, which owns the socket.
-        metrics = task.metrics_snapshot()
-        self.endpoint.call_soon(self._task_state_changed, task, state, error, metrics)
-
-    def _task_state_changed(self, task: Task, state: str, error: Optional[str], metrics: dict) -> None:
-        if state == ExecutionState.FAILED:
-            log.warning("task %s failed:\n%s", task.name, error)
-        self.jobmanager.update_task_execution_state(task.tdd.job_id, task.execution_id, state, error, metrics)
-        if state in ExecutionState.TERMINAL:
-            self.tasks.pop(task.execution_id, None)
+        # Called on the task's thread: hand over to the loop thread, which owns the table and socket.
+        self.endpoint.call_soon(lambda: self._run(self.slot_table.task_state_changed(task.execution_id, state,
+                                                                                     error)))
 
 
 def main(argv=None) -> None:

@@ -39,6 +39,22 @@ def test_terminal_executions_do_not_change_and_counts_add_up():
     eg = _eg()
     ids = list(eg.executions)
     for eid in ids:
+        for state in (ExecutionState.SCHEDULED, ExecutionState.DEPLOYING, ExecutionState.RUNNING):
+            assert eg.update_execution(eid, state) is not None
         assert eg.update_execution(eid, ExecutionState.FINISHED) is not None
     assert eg.update_execution(ids[0], ExecutionState.FAILED) is None
     assert eg.all_finished() and eg.status_counts()[ExecutionState.FINISHED] == len(ids)
+
+
+def test_task_transitions_follow_the_table():
+    eg = _eg()
+    eid = next(iter(eg.executions))
+    assert eg.update_execution(eid, ExecutionState.RUNNING) is None  # CREATED cannot jump to RUNNING
+    assert eg.executions[eid].state == ExecutionState.CREATED
+    for state in (ExecutionState.SCHEDULED, ExecutionState.DEPLOYING, ExecutionState.CANCELING):
+        assert eg.update_execution(eid, state) is not None
+    # a RUNNING that arrives after the JobMaster asked the task to cancel loses
+    assert eg.update_execution(eid, ExecutionState.RUNNING) is None
+    assert eg.executions[eid].state == ExecutionState.CANCELING
+    # a task that finishes while being cancelled counts as cancelled, as in Flink
+    assert eg.update_execution(eid, ExecutionState.FINISHED).state == ExecutionState.CANCELED
