@@ -1,0 +1,283 @@
+"""The JobMaster's decisions, driven by hand: no sockets, no threads, time moved by the test.
+
+Each test feeds DefaultScheduler the events a real cluster would produce (in the orders that
+are races on a real cluster) and checks the instructions it returns and the states it reaches.
+"""
+from __future__ import annotations
+
+import pytest
+
+from cluster.conf import Configuration
+from cluster.graph.execution_graph import ExecutionState, JobState
+from cluster.jobmanager import scheduler as s
+from cluster.jobmanager.slot_manager import SlotAllocation
+from kernel_runtime import StreamEnvironment
+
+
+class Clock:
+    def __init__(self):
+        self.ms = 1_000
+
+    def __call__(self) -> int:
+        return self.ms
+
+
+def make(config=None, result_address=None, free=(4, 4)):
+    env = StreamEnvironment(parallelism=2)
+    env.from_generator(count=10).key_by("seq").count().collect()
+    conf = Configuration(dict(config or {}), "test")
+    clock = Clock()
+    sched = s.DefaultScheduler(env.get_job_graph("t"), conf, clock, result_address, lambda: free)
+    return sched, clock
+
+
+def of(instructions, kind):
+    return [i for i in instructions if isinstance(i, kind)]
+
+
+def allocations(sched, tms=("tm-a", "tm-b")):
+    return tuple(SlotAllocation(tms[i % len(tms)], i, sched.job_id, f"alloc-{i}")
+                 for i in range(sched.graph.required_slots))
+
+
+def running(config=None, result_address=None):
+    """A scheduler whose job is deployed and every task RUNNING; returns (scheduler, clock, deploy)."""
+    sched, clock = make(config, result_address)
+    out = sched.handle(s.StartScheduling())
+    assert of(out, s.RequestSlots) == [s.RequestSlots(2)]
+    allocs = allocations(sched)
+    sched.handle(s.SlotsAllocated(allocs))
+    out = sched.handle(s.SlotsOffered(tuple(a.allocation_id for a in allocs)))
+    (deploy,) = of(out, s.DeployTasks)
+    for execution, _ in deploy.placements:
+        sched.handle(s.TaskStateReported(execution.execution_id, ExecutionState.RUNNING))
+    assert sched.state == JobState.RUNNING
+    return sched, clock, deploy
+
+
+def report_all(sched, state):
+    out = []
+    for eid in list(sched.graph.executions):
+        out += sched.handle(s.TaskStateReported(eid, state))
+    return out
+
+
+def test_deploys_once_every_allocated_slot_was_offered():
+    sched, _ = make()
+    sched.handle(s.StartScheduling())
+    allocs = allocations(sched)
+    sched.handle(s.SlotsAllocated(allocs))
+    assert sched.state == JobState.CREATED
+    assert not of(sched.handle(s.SlotsOffered(("alloc-0", "not-ours"))), s.DeployTasks)
+    out = sched.handle(s.SlotsOffered(("alloc-1",)))
+    (deploy,) = of(out, s.DeployTasks)
+    assert sched.state == JobState.RUNNING
+    assert {a.allocation_id for _, a in deploy.placements} == {"alloc-0", "alloc-1"}
+    assert s.CancelTimer(s.SLOT_REQUEST_TIMER) in sched.handle(s.SlotsAllocated(allocs))  # a late grant
+    assert all(e.state == ExecutionState.DEPLOYING for e in sched.graph.executions.values())
+
+
+def test_slot_request_timeout_fails_the_job_naming_what_was_free():
+    sched, clock = make({"slot.request.timeout": "2 s"}, free=(1, 4))
+    out = sched.handle(s.StartScheduling())
+    assert s.StartTimer(s.SLOT_REQUEST_TIMER, 2000) in out
+    assert sched.status_reason == "waiting for 2 free slot(s); the cluster has 1 free of 4"
+    clock.ms += 2000
+    out = sched.handle(s.TimerFired(s.SLOT_REQUEST_TIMER))
+    assert s.CancelSlotRequest() in out and s.JobTerminated(JobState.FAILED) in out
+    assert sched.state == JobState.FAILED
+    assert "NoResourceAvailableException" in sched.graph.failure and "only 1 of 4 were free" in sched.graph.failure
+    assert all(e.state == ExecutionState.CANCELED for e in sched.graph.executions.values())
+
+
+def test_slot_timeout_after_the_slots_came_changes_nothing():
+    sched, _ = make()
+    sched.handle(s.StartScheduling())
+    sched.handle(s.SlotsAllocated(allocations(sched)))
+    assert sched.handle(s.TimerFired(s.SLOT_REQUEST_TIMER)) == []
+    assert sched.state == JobState.CREATED
+
+
+def test_taskmanager_lost_between_allocation_and_deployment_asks_again():
+    sched, _ = make()
+    sched.handle(s.StartScheduling())
+    sched.handle(s.SlotsAllocated(allocations(sched)))
+    out = sched.handle(s.TaskManagerLost("tm-b", "TaskManager tm-b lost"))
+    assert of(out, s.ReleaseSlots) and of(out, s.RequestSlots) == [s.RequestSlots(2)]
+    assert sched.state == JobState.CREATED and sched.allocations == []
+    # the offer of the lost allocation arrives late: nothing is deployed on it
+    assert not of(sched.handle(s.SlotsOffered(("alloc-0", "alloc-1"))), s.DeployTasks)
+    fresh = tuple(SlotAllocation("tm-a", i, sched.job_id, f"new-{i}") for i in range(2))
+    sched.handle(s.SlotsAllocated(fresh))
+    (deploy,) = of(sched.handle(s.SlotsOffered(("new-0", "new-1"))), s.DeployTasks)
+    assert {a.task_manager_id for _, a in deploy.placements} == {"tm-a"}
+
+
+def test_deployment_to_a_vanished_taskmanager_fails_over():
+    sched, _, deploy = running({"restart-strategy.type": "fixed-delay", "restart-strategy.fixed-delay.delay": "1 s"})
+    execution = deploy.placements[0][0]
+    out = sched.handle(s.DeploymentFailed(execution.execution_id, "TaskManager tm-a is gone"))
+    assert sched.state == JobState.FAILING
+    assert {i.execution_id for i in of(out, s.CancelTask)} == {
+        e.execution_id for e in sched.graph.executions.values() if e.state == ExecutionState.CANCELING}
+
+
+def test_failover_cancels_the_rest_restarts_from_the_newest_checkpoint():
+    sched, clock, _ = running({"restart-strategy.type": "fixed-delay", "restart-strategy.fixed-delay.attempts": 2,
+                               "restart-strategy.fixed-delay.delay": "500 ms"})
+    first = list(sched.graph.executions)
+    out = sched.handle(s.TaskStateReported(first[0], ExecutionState.FAILED, "ValueError: boom"))
+    assert sched.state == JobState.FAILING and "ValueError: boom" in sched.graph.failure
+    cancels = of(out, s.CancelTask)
+    assert len(cancels) == len(first) - 1
+    # the cancelled tasks report; a straggler's late RUNNING changes nothing
+    sched.handle(s.TaskStateReported(cancels[0].execution_id, ExecutionState.RUNNING))
+    assert sched.graph.executions[cancels[0].execution_id].state == ExecutionState.CANCELING
+    out = []
+    for c in cancels:
+        out += sched.handle(s.TaskStateReported(c.execution_id, ExecutionState.CANCELED))
+    assert sched.state == JobState.RESTARTING
+    assert s.StartTimer(s.RESTART_TIMER, 500) in out and of(out, s.ReleaseSlots)
+    clock.ms += 500
+    (find,) = of(sched.handle(s.TimerFired(s.RESTART_TIMER)), s.FindRestorePoint)
+    body = {"checkpoint_id": 7, "operators": {"op": {"subtasks": [{"file": "x"}]}}}
+    out = sched.handle(s.RestorePointFound(body, "/ck/chk-7"))
+    assert sched.state == JobState.CREATED and sched.graph.attempt == 2
+    assert of(out, s.RequestSlots)
+    assert not set(first) & set(sched.graph.executions)  # fresh executions: old reports are stale
+    assert sched.handle(s.TaskStateReported(first[0], ExecutionState.RUNNING)) == []
+    sched.handle(s.SlotsAllocated(allocations(sched)))
+    (deploy,) = of(sched.handle(s.SlotsOffered(("alloc-0", "alloc-1"))), s.DeployTasks)
+    assert deploy.attempt == 2 and deploy.restore["checkpoint_id"] == 7
+    # numbering continues after the restored checkpoint
+    report_all(sched, ExecutionState.RUNNING)
+    assert sched.checkpointing.trigger("checkpoint").checkpoint_id == 8
+
+
+def test_no_restart_strategy_fails_the_job_with_the_reason():
+    sched, _, _ = running()
+    eid = next(iter(sched.graph.executions))
+    sched.handle(s.TaskStateReported(eid, ExecutionState.FAILED, "KeyError: 'x'"))
+    out = report_all(sched, ExecutionState.CANCELED)
+    assert sched.state == JobState.FAILED and s.JobTerminated(JobState.FAILED) in out
+    assert sched.graph.failure.endswith("The job was not restarted: restart-strategy.type is none.")
+
+
+def test_cancel_while_restarting_ends_canceled_and_ignores_the_late_restore_point():
+    sched, _, _ = running({"restart-strategy.type": "fixed-delay", "restart-strategy.fixed-delay.delay": "1 s"})
+    sched.handle(s.TaskManagerLost("tm-a", "TaskManager tm-a lost"))
+    report_all(sched, ExecutionState.CANCELED)
+    assert sched.state == JobState.RESTARTING
+    sched.handle(s.TimerFired(s.RESTART_TIMER))  # the restore point is being looked for
+    out = sched.handle(s.CancelRequested())
+    assert sched.state == JobState.CANCELED
+    assert s.CancelTimer(s.RESTART_TIMER) in out and s.JobTerminated(JobState.CANCELED) in out
+    assert sched.handle(s.RestorePointFound(None, None)) == []
+    assert sched.state == JobState.CANCELED
+    assert sched.handle(s.TimerFired(s.RESTART_TIMER)) == []
+
+
+def test_cancel_while_running_waits_for_every_task():
+    sched, _, _ = running()
+    out = sched.handle(s.CancelRequested())
+    assert sched.state == JobState.CANCELLING and len(of(out, s.CancelTask)) == len(sched.graph.executions)
+    eids = list(sched.graph.executions)
+    sched.handle(s.TaskStateReported(eids[0], ExecutionState.FINISHED))  # finished while cancelling
+    assert sched.graph.executions[eids[0]].state == ExecutionState.CANCELED
+    for eid in eids[1:]:
+        sched.handle(s.TaskStateReported(eid, ExecutionState.CANCELED))
+    assert sched.state == JobState.CANCELED
+    assert sched.handle(s.CancelRequested()) == []
+
+
+def test_checkpoint_completes_only_after_metadata_is_written_then_sinks_are_told():
+    sched, clock, _ = running({"execution.checkpointing.interval": "1 s"}, result_address="tcp://client")
+    clock.ms += 1000
+    out = sched.handle(s.TimerFired(s.CHECKPOINT_TIMER))
+    (trigger,) = of(out, s.TriggerCheckpoint)
+    assert s.StartTimer(s.CHECKPOINT_TIMER, 1000) in out
+    assert {eid for _, eid in trigger.sources} == {
+        e.execution_id for e in sched.graph.executions.values() if e.vertex.is_source}
+    cid = trigger.checkpoint_id
+    for eid in sched.graph.executions:
+        assert sched.handle(s.CheckpointAcknowledged(cid, eid, {"op": {"bytes": 10}})) == []
+    collect = [p for p in sched.checkpointing.coordinator.pending[cid].waiting]
+    assert collect and all(p.startswith("collect/") for p in collect)  # the client's rows count too
+    out = []
+    for p in collect:
+        out += sched.handle(s.CheckpointAcknowledged(cid, p))
+    (write,) = of(out, s.WriteMetadata)
+    assert write.body["checkpoint_id"] == cid and not of(out, s.NotifyCheckpointComplete)
+    out = sched.handle(s.MetadataWritten(cid))
+    assert of(out, s.NotifyCheckpointComplete) == [s.NotifyCheckpointComplete(cid, ("tm-a", "tm-b"))]
+    assert sched.checkpointing.coordinator.latest().checkpoint_id == cid
+
+
+def test_a_checkpoint_aborted_while_its_metadata_was_written_is_disposed():
+    sched, clock, _ = running({"execution.checkpointing.interval": "1 s",
+                               "restart-strategy.type": "fixed-delay"})
+    pending = sched.checkpointing.trigger("checkpoint")
+    out = []
+    for eid in sched.graph.executions:
+        out += sched.handle(s.CheckpointAcknowledged(pending.checkpoint_id, eid, {}))
+    assert of(out, s.WriteMetadata)
+    out = sched.handle(s.TaskManagerLost("tm-b", "lost"))  # failover aborts the pending checkpoint
+    assert of(out, s.NotifyCheckpointAborted)
+    out = sched.handle(s.MetadataWritten(pending.checkpoint_id))
+    assert out == [s.DisposeCheckpoint(pending.directory)]
+    assert sched.checkpointing.coordinator.latest() is None
+
+
+def test_failed_metadata_write_aborts_the_checkpoint():
+    sched, _, _ = running({"execution.checkpointing.interval": "1 s"})
+    pending = sched.checkpointing.trigger("checkpoint")
+    for eid in sched.graph.executions:
+        sched.handle(s.CheckpointAcknowledged(pending.checkpoint_id, eid, {}))
+    out = sched.handle(s.MetadataWritten(pending.checkpoint_id, "No space left on device"))
+    assert of(out, s.NotifyCheckpointAborted)
+    assert "No space left on device" in sched.checkpointing.coordinator.records[pending.checkpoint_id].failure
+
+
+def test_savepoint_answers_its_request_and_stop_ends_the_sources():
+    sched, _, _ = running()
+    with pytest.raises(s.SchedulerError):
+        make()[0].handle(s.SavepointRequested("r0", None, False))  # not running: refused, nothing changes
+    out = sched.handle(s.SavepointRequested("r1", "/sp", True))
+    (trigger,) = of(out, s.TriggerCheckpoint)
+    assert trigger.kind == "stop" and trigger.directory.startswith("/sp/savepoint-")
+    assert sched.checkpointing.savepoint_requests["r1"] == {"status": "IN_PROGRESS"}
+    for eid in sched.graph.executions:
+        sched.handle(s.CheckpointAcknowledged(trigger.checkpoint_id, eid, {}))
+    out = sched.handle(s.MetadataWritten(trigger.checkpoint_id))
+    assert s.SavepointFinished("r1", trigger.directory, None) in out
+    assert sched.checkpointing.savepoint_requests["r1"]["location"] == trigger.directory
+
+
+def test_a_declined_savepoint_fails_its_request():
+    sched, _, _ = running()
+    (trigger,) = of(sched.handle(s.SavepointRequested("r1", None, False)), s.TriggerCheckpoint)
+    eid = next(iter(sched.graph.executions))
+    out = sched.handle(s.CheckpointDeclined(trigger.checkpoint_id, eid, "task not ready"))
+    (finished,) = of(out, s.SavepointFinished)
+    assert finished.location is None and "task not ready" in finished.failure
+
+
+def test_final_checkpoint_once_every_source_ended_and_retried_when_it_fails():
+    sched, _, _ = running()
+    sources = [e.execution_id for e in sched.graph.executions.values() if e.vertex.is_source]
+    assert sched.handle(s.SourceExhausted(sources[0])) == []
+    (trigger,) = of(sched.handle(s.SourceExhausted(sources[1])), s.TriggerCheckpoint)
+    assert trigger.kind == "final"
+    out = sched.handle(s.CheckpointDeclined(trigger.checkpoint_id, sources[0], "busy"))
+    assert s.StartTimer(s.FINAL_CHECKPOINT_TIMER, s.FINAL_RETRY_MS) in out
+    (again,) = of(sched.handle(s.TimerFired(s.FINAL_CHECKPOINT_TIMER)), s.TriggerCheckpoint)
+    assert again.kind == "final" and again.checkpoint_id > trigger.checkpoint_id
+    out = report_all(sched, ExecutionState.FINISHED)
+    assert sched.state == JobState.FINISHED and s.JobTerminated(JobState.FINISHED) in out
+
+
+def test_a_savepoint_for_another_job_is_refused():
+    sched, _ = make()
+    body = {"checkpoint_id": 3, "operators": {"someone-elses-operator": {"subtasks": []}}}
+    with pytest.raises(s.SchedulerError, match="1 operator"):
+        sched.restore_from_savepoint(body, "/sp/x")
