@@ -86,7 +86,7 @@ class _Lines:
 Record = tuple[int, str, "dict | str"]
 
 
-class FileSource(SourceOperator):
+class FileSource(SourceOperator, kind="file-source"):
     """params: path (file, directory or glob), format ("csv", "json", "parquet"), schema (column ->
     type name, or None), batch_size, watch, monitor_interval (seconds), delimiter and header (CSV).
 
@@ -293,7 +293,7 @@ def _columns(rows: list[dict], schema: Optional[pa.Schema]) -> dict[str, list]:
     return {name: [row.get(name) for row in rows] for name in names}
 
 
-class FileSink(Operator):
+class FileSink(Operator, kind="file-sink"):
     """params: path (a directory), rows_per_file, compression.
 
     Two-phase commit, as Flink's FileSink: rows go to a hidden in-progress file; ``prepare_commit``

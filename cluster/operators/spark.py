@@ -110,7 +110,7 @@ class SparkRunner:
             self.session.stop()
 
 
-class SparkChain(Operator):
+class SparkChain(Operator, kind="spark"):
     """Consecutive Spark operators of one task, fused into one Spark plan per batch.
 
     Each step is a ``.spark(fn)`` (fn: DataFrame -> DataFrame) or a ``.sql(query)`` over the view

@@ -28,10 +28,10 @@ from cluster.checkpoint.barriers import Barrier, BarrierAligner
 from cluster.graph.deployment import OutputDescriptor, TaskDeploymentDescriptor
 from cluster.graph.execution_graph import ExecutionState
 from cluster.graph.job_graph import OperatorSpec
+from cluster.graph.operator_kinds import KINDS
 from cluster.operators import OPERATORS
 from cluster.operators.base import (OperatorContext, SourceOperator, TaskCancelled, UserFunctionError,
                                    checkpointing_enabled)
-from cluster.operators.spark import SparkChain
 from cluster.protocol.messages import AddCredit, BufferResponse, CheckpointBarrier, EndOfPartition
 from cluster.protocol.serde import ipc_to_table, table_to_ipc
 from cluster.state.key_groups import key_groups_of, operator_index_for_key_group
@@ -342,14 +342,13 @@ class Task:
             restored_checkpoint=tdd.restore["checkpoint_id"] if tdd.restore else 0)
         chain = []
         specs = [OperatorSpec(**o) for o in tdd.vertex["operators"]]
-        # consecutive Spark operators become one SparkChain: one Spark plan per batch
-        for is_spark, group in itertools.groupby(specs, key=lambda s: s.kind == "spark"):
+        # consecutive operators of a Spark kind become one operator: one Spark plan per batch
+        for _, group in itertools.groupby(specs, key=lambda s: s.kind if KINDS[s.kind].spark else s.uid):
             group = list(group)
+            implementation = OPERATORS[group[0].kind]
             try:
-                if is_spark:
-                    chain.append(SparkChain(group, ctx))
-                else:
-                    chain.extend(OPERATORS[spec.kind](spec, ctx) for spec in group)
+                chain.append(implementation(group, ctx) if KINDS[group[0].kind].spark
+                             else implementation(group[0], ctx))
             except Exception as exc:
                 raise UserFunctionError(f"{group[0].where()} could not be loaded on the TaskManager: "
                                         f"{type(exc).__name__}: {exc}") from exc
