@@ -13,6 +13,7 @@ from typing import Any, Callable, Optional
 import cloudpickle
 import pyarrow as pa
 
+from cluster.conf import TaskConfig
 from cluster.graph.job_graph import OperatorSpec
 from cluster.graph.operator_kinds import operator_kind
 
@@ -26,10 +27,6 @@ class OperatorSnapshot:
 
     handle: dict
     keyed: Any = None
-
-
-def checkpointing_enabled(config: dict) -> bool:
-    return int(config.get("execution.checkpointing.interval", 0) or 0) > 0
 
 
 class TaskCancelled(Exception):
@@ -48,7 +45,7 @@ class OperatorContext:
     subtask: int
     parallelism: int
     max_parallelism: int
-    config: dict
+    config: TaskConfig
     result_address: Optional[str]
     cancelled: threading.Event
     sender: Any  # the task's ChannelSender, for operators that talk to the outside (collect sink)

@@ -71,10 +71,10 @@ class KeyedOperator(Operator):
     def open(self) -> None:
         self.key = list(self.params["key"])
         config = self.ctx.config
-        work = Path(config.get("io.tmp.dirs") or tempfile.gettempdir()) / "streamlab-state" / \
+        work = Path(config.tmp_dir or tempfile.gettempdir()) / "streamlab-state" / \
             f"{self.ctx.execution_id or 'task'}-{self.spec.uid[:8]}"
         self.key_groups = key_group_range(self.ctx.max_parallelism, self.ctx.parallelism, self.ctx.subtask)
-        self.backend = create_backend(config.get("state.backend.type", "hashmap"), self.key_groups,
+        self.backend = create_backend(config.state_backend, self.key_groups,
                                       self.ctx.max_parallelism, work)
 
     def snapshot_state(self, checkpoint_id: int) -> OperatorSnapshot:
