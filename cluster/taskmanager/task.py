@@ -32,7 +32,7 @@ from cluster.graph.job_graph import OperatorSpec
 from cluster.graph.operator_kinds import KINDS
 from cluster.operators import OPERATORS
 from cluster.operators.base import OperatorContext, SourceOperator, TaskCancelled, UserFunctionError
-from cluster.protocol.messages import AddCredit, BufferResponse, CheckpointBarrier, EndOfPartition
+from cluster.protocol.messages import AddCredit, BufferResponse, EndOfPartition
 from cluster.protocol.serde import ipc_to_table, table_to_ipc
 from cluster.state.key_groups import key_groups_of, operator_index_for_key_group
 
@@ -260,8 +260,7 @@ class RecordWriter:
 
     def emit_barrier(self, barrier: Barrier) -> None:
         """In-band, after every row before it (the buffers are flushed first)."""
-        self._event(("barrier", barrier), lambda channel: CheckpointBarrier(
-            channel, barrier.checkpoint_id, barrier.timestamp, barrier.kind, barrier.directory))
+        self._event(("barrier", barrier), barrier.on_channel)
 
     def _event(self, local_item: tuple, remote: Callable[[str], object]) -> None:
         self.flush_all()
