@@ -21,6 +21,12 @@ class Clock:
         self.now += seconds
 
 
+def wait(m: TaskMetrics, clock: Clock, kind: str, seconds: float) -> None:
+    m.wait_begin(kind)
+    clock.advance(seconds)
+    m.wait_end()
+
+
 def total(snapshot: dict) -> float:
     return sum(snapshot[k] for k in SHARES)
 
@@ -34,13 +40,9 @@ def test_the_shares_of_a_window_add_up_to_1000_ms(span, idle, bp):
 def test_each_window_is_split_by_where_its_time_went():
     clock = Clock()
     m = TaskMetrics(clock)
-    m.wait_begin(IDLE)
-    clock.advance(0.3)
-    m.wait_end()
+    wait(m, clock, IDLE, 0.3)
     clock.advance(0.2)                      # busy
-    m.wait_begin(BACKPRESSURED)
-    clock.advance(0.25)
-    m.wait_end()
+    wait(m, clock, BACKPRESSURED, 0.25)
     clock.advance(0.25)                     # busy; the window is 1 s old now
     m.publish()
     assert {k: m.snapshot()[k] for k in SHARES} == {
@@ -53,9 +55,7 @@ def test_every_window_adds_up_to_1000_ms_whoever_closes_it():
     for _ in range(2000):
         step = rng.random()
         if step < 0.3:
-            m.wait_begin(rng.choice([IDLE, BACKPRESSURED]))
-            clock.advance(rng.expovariate(20))
-            m.wait_end()
+            wait(m, clock, rng.choice([IDLE, BACKPRESSURED]), rng.expovariate(20))
         elif step < 0.4:
             m.wait_begin(IDLE)              # a long wait, read while it lasts
             clock.advance(rng.uniform(0.5, 3))
@@ -75,9 +75,7 @@ def test_every_window_adds_up_to_1000_ms_whoever_closes_it():
 def test_a_long_busy_stretch_reads_as_busy_before_the_task_thread_rolls_the_window():
     clock = Clock()
     m = TaskMetrics(clock)
-    m.wait_begin(IDLE)
-    clock.advance(WINDOW_S)
-    m.wait_end()                            # a whole window idle
+    wait(m, clock, IDLE, WINDOW_S)          # a whole window idle
     assert m.snapshot()["idleTimeMsPerSecond"] == 1000.0
     clock.advance(3 * WINDOW_S)             # then a user function runs for 3 s without publishing
     assert m.snapshot()["busyTimeMsPerSecond"] == 1000.0
@@ -86,9 +84,7 @@ def test_a_long_busy_stretch_reads_as_busy_before_the_task_thread_rolls_the_wind
 def test_the_reader_writes_nothing():
     clock = Clock()
     m = TaskMetrics(clock)
-    m.wait_begin(BACKPRESSURED)
-    clock.advance(0.4)
-    m.wait_end()
+    wait(m, clock, BACKPRESSURED, 0.4)
     m.records_in += 5
     m.wait_begin(IDLE)
     fields = dict(vars(m))
