@@ -111,14 +111,16 @@ class TaskMetrics:
 
     # ------------------------------------------------------------------ the task thread
     def wait_begin(self, kind: str) -> None:
-        self._waiting = (kind, self._clock())
-        self.publish()
+        now = self._clock()
+        self._waiting = (kind, now)
+        self.publish(now)
 
     def wait_end(self) -> None:
+        now = self._clock()
         waiting, self._waiting = self._waiting, None
         if waiting is not None:
-            self._add(waiting[0], self._clock() - waiting[1])
-        self.publish()
+            self._add(waiting[0], now - waiting[1])
+        self.publish(now)
 
     def add_idle(self, seconds: float) -> None:
         """Time found to have been idle after the fact (a source's poll that had nothing)."""
@@ -131,8 +133,9 @@ class TaskMetrics:
         else:
             self._backpressured += seconds
 
-    def publish(self) -> None:
-        now = self._clock()
+    def publish(self, now: Optional[float] = None) -> None:
+        if now is None:
+            now = self._clock()
         t0, idle0, bp0 = self._window
         if now - t0 >= WINDOW_S:
             idle, bp = _spent_at(self._idle, self._backpressured, self._waiting, now)
