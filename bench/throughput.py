@@ -50,11 +50,12 @@ def timed_rows(seq):
 
 def spark_session():
     from pyspark.sql import SparkSession
+    from cluster.conf import TaskConfig
     from cluster.operators.spark import spark_conf
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ["PYSPARK_PYTHON"] = sys.executable
     builder = SparkSession.builder
-    for key, value in spark_conf({}).items():
+    for key, value in spark_conf(TaskConfig.from_dict({})).items():
         builder = builder.config(key, value)
     return builder.appName("bench-baseline").getOrCreate()
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -19,6 +18,8 @@ from typing import Any, Mapping, Optional
 
 from cluster.conf import Configuration
 from cluster.protocol.auth import create_secret, load_secret
+
+from . import processes
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -48,31 +49,9 @@ class ClusterInfo:
             raise ClusterNotRunning(f"no cluster is running in {cluster_dir} "
                                     "(start one with: streamlab cluster start)")
         info = json.loads(info_file.read_text())
-        if not _alive(info.get("pid")):
+        if not processes.alive(info.get("pid")):
             raise ClusterNotRunning(f"the JobManager of {cluster_dir} (pid {info.get('pid')}) is not running")
         return cls(cluster_dir, info["rpc"], info["rest"], load_secret(cluster_dir / "secret"))
-
-
-def _alive(pid: Optional[int]) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie child of ours is not alive
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[-1][0] != "Z"
-    except OSError:
-        return True
-
-
-def _wait_gone(pids: list[int], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
 
 
 class LocalCluster:
@@ -162,7 +141,7 @@ class LocalCluster:
 
     def _write_pids(self) -> None:
         pids = {"jobmanager": self.jobmanager.pid, "taskmanagers": [p.pid for p in self.taskmanagers]}
-        (self.cluster_dir / "cluster.json").write_text(json.dumps(pids))
+        (self.cluster_dir / processes.PIDS_FILE).write_text(json.dumps(pids))
 
     # ------------------------------------------------------------------ stop
     def stop(self, timeout: float = 10.0) -> None:
@@ -184,27 +163,18 @@ class LocalCluster:
 def stop_cluster(cluster_dir: Optional[Path] = None, timeout: float = 10.0) -> bool:
     """Ask the JobManager to shut the cluster down, then make sure every process is gone."""
     cluster_dir = Path(cluster_dir or default_cluster_dir())
-    pids_file = cluster_dir / "cluster.json"
+    pids_file = cluster_dir / processes.PIDS_FILE
     if not pids_file.exists():
         return False
-    pids = json.loads(pids_file.read_text())
-    all_pids = [pids["jobmanager"], *pids["taskmanagers"]]
+    pids = processes.cluster_pids(cluster_dir)
     try:
         from .client import JobClient
         client = JobClient(ClusterInfo.load(cluster_dir), timeout=3)
         client.shutdown_cluster()
         client.close()
     except Exception:
-        pass  # not answering: the signals below do it
-    _wait_gone(all_pids, timeout / 2)
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in all_pids:
-            if _alive(pid):
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
-        _wait_gone(all_pids, 2.0)
+        pass  # not answering: the signals do it
+    processes.stop(pids, grace=timeout / 2)
     (cluster_dir / "jobmanager.json").unlink(missing_ok=True)
     pids_file.unlink(missing_ok=True)
     return True

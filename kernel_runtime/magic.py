@@ -27,6 +27,7 @@ from cluster.conf import OPTIONS, ConfigError
 from cluster.graph.job_graph import GraphValidationError
 from cluster.protocol.endpoint import RpcError
 
+from . import processes
 from .api import StreamEnvironment
 from .client import JobClient, JobHandle
 from .local_cluster import ClusterInfo, ClusterNotRunning, LocalCluster, default_cluster_dir
@@ -146,42 +147,10 @@ class StreamSession:
             "a client needs the cluster's secret, which is in its directory: use --cluster DIR")
 
 
-# A kernel killed outright (SIGKILL, out of memory) runs no atexit handler, and the cluster's
-# processes live in sessions of their own: this small process stops them when the kernel is gone.
-# Standard library only, so it costs a few MB rather than a second copy of the kernel's imports.
-_WATCHDOG = """
-import json, os, shutil, signal, sys, time
-kernel, directory = int(sys.argv[1]), sys.argv[2]
-pids_file = os.path.join(directory, "cluster.json")
-
-def alive(pid):
-    try:
-        os.kill(pid, 0)
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[-1][0] != "Z"
-    except (ProcessLookupError, FileNotFoundError):
-        return False
-    except OSError:
-        return True
-
-while alive(kernel) and os.path.exists(pids_file):
-    time.sleep(1)
-if os.path.exists(pids_file):
-    pids = json.load(open(pids_file))
-    pids = [pids["jobmanager"], *pids["taskmanagers"]]
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in pids:
-            if alive(pid):
-                os.kill(pid, sig)
-        deadline = time.monotonic() + 3
-        while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
-            time.sleep(0.1)
-    shutil.rmtree(directory, ignore_errors=True)
-"""
-
-
 def _start_watchdog(directory: Path) -> None:
-    subprocess.Popen([sys.executable, "-I", "-c", _WATCHDOG, str(os.getpid()), str(directory)],
+    # A kernel killed outright (SIGKILL, out of memory) runs no atexit handler, and the cluster's
+    # processes live in sessions of their own: this small process stops them when the kernel is gone.
+    subprocess.Popen([sys.executable, "-I", processes.__file__, str(os.getpid()), str(directory)],
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                      start_new_session=True)
 

@@ -21,7 +21,8 @@ from typing import Optional
 import pandas as pd
 import pyarrow as pa
 
-from cluster.graph.job_graph import UPSERT_KINDS, JobGraph
+from cluster.graph.job_graph import JobGraph
+from cluster.graph.operator_kinds import KINDS
 
 APPEND, UPDATE, SINGLE = "append", "update", "single"
 MODES = (APPEND, UPDATE, SINGLE)
@@ -239,7 +240,7 @@ def upsert_key(graph: JobGraph, sink_uid: str) -> Optional[list[str]]:
                 return None
             upstream = graph.vertex(inputs[0][1].source).operators[-1]
         key = upstream.params.get("key")
-        return list(key) if upstream.kind in UPSERT_KINDS and key else None
+        return list(key) if KINDS[upstream.kind].upsert and key else None
     raise KeyError(f"the job graph has no operator {sink_uid}")
 
 

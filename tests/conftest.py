@@ -37,11 +37,12 @@ def spark():
     import os
     import sys
     from pyspark.sql import SparkSession
+    from cluster.conf import TaskConfig
     from cluster.operators.spark import spark_conf
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ["PYSPARK_PYTHON"] = sys.executable
     builder = SparkSession.builder
-    for key, value in spark_conf({"taskmanager.spark.master": "local[1]"}).items():
+    for key, value in spark_conf(TaskConfig.from_dict({"taskmanager.spark.master": "local[1]"})).items():
         builder = builder.config(key, value)
     session = builder.appName("streamlab-tests").getOrCreate()
     yield session

@@ -6,6 +6,7 @@ import pytest
 from cluster.checkpoint.barriers import Barrier, BarrierAligner
 from cluster.checkpoint.coordinator import CheckpointCoordinator
 from cluster.checkpoint.storage import CheckpointFormatError, read_metadata, write_metadata
+from cluster.protocol.messages import Message, TriggerCheckpoint
 
 
 def _coordinator(**kw):
@@ -106,3 +107,11 @@ def test_metadata_is_written_last_and_checked(tmp_path):
     (tmp_path / "chk-9").mkdir()
     with pytest.raises(CheckpointFormatError, match="missing"):
         read_metadata(tmp_path / "chk-9")
+
+
+def test_a_barrier_travels_whole_from_its_trigger_to_the_next_task():
+    barrier = Barrier.of(TriggerCheckpoint("job", "e1", 7, 1234, "savepoint", "/cp/7"))
+    assert barrier == Barrier(7, 1234, "savepoint", "/cp/7")
+    wire = barrier.on_channel("job/0/1/0/0").to_wire()
+    received = Message.from_wire(wire)
+    assert received.channel == "job/0/1/0/0" and Barrier.of(received) == barrier

@@ -1,6 +1,9 @@
-import pytest
+import dataclasses
 
-from cluster.conf import ConfigError, Configuration, parse_duration_ms
+import pytest
+import yaml
+
+from cluster.conf import DEFAULTS_FILE, OPTIONS, ConfigError, Configuration, TaskConfig, parse_duration_ms
 
 
 def test_defaults_follow_flink():
@@ -41,3 +44,30 @@ def test_bad_values_name_the_key(key, value, expected):
 @pytest.mark.parametrize("text,ms", [("500 ms", 500), ("10 s", 10_000), ("1 min", 60_000), (250, 250), ("2s", 2000)])
 def test_durations(text, ms):
     assert parse_duration_ms(text) == ms
+
+
+def test_task_config_defaults_are_those_of_config_yaml():
+    written = yaml.safe_load(DEFAULTS_FILE.read_text())
+    config = TaskConfig.from_dict({})
+    for f in dataclasses.fields(TaskConfig):
+        key = f.metadata["key"]
+        assert key in written, f"{key} has no default in config.yaml"
+        assert getattr(config, f.name) == OPTIONS[key].parse(written[key]), key
+    assert config.batch_size == 10_000 and config.buffer_timeout_ms == 100 and not config.checkpointing
+
+
+def test_task_config_reads_the_job_configuration():
+    config = TaskConfig.from_dict({"execution.checkpointing.interval": "30 s", "execution.checkpointing.mode":
+                                   "at-least-once", "state.backend.type": "rocksdb", "execution.buffer-timeout": 0})
+    assert config.checkpoint_interval_ms == 30_000 and config.checkpointing and not config.exactly_once
+    assert config.state_backend == "rocksdb" and config.buffer_timeout_ms == 0
+
+
+@pytest.mark.parametrize("values,expected", [
+    ({"execution.batch-size": 0}, r"invalid value 0 for 'execution.batch-size' in the configuration of job j"),
+    ({"execution.checkpointing.mode": "twice"}, r"for 'execution.checkpointing.mode' .*EXACTLY_ONCE"),
+    ({"execution.batchsize": 5}, r"unknown configuration key 'execution.batchsize' in the configuration of job j"),
+])
+def test_a_bad_job_configuration_is_an_error_naming_the_key(values, expected):
+    with pytest.raises(ConfigError, match=expected):
+        TaskConfig.from_dict(values, "the configuration of job j")

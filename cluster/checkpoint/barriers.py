@@ -11,7 +11,9 @@ Pure bookkeeping: the task asks what to do and does it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Union
+
+from cluster.protocol.messages import CheckpointBarrier, TriggerCheckpoint
 
 
 @dataclass(frozen=True)
@@ -20,6 +22,15 @@ class Barrier:
     timestamp: int
     kind: str
     directory: str
+
+    @classmethod
+    def of(cls, msg: Union[TriggerCheckpoint, CheckpointBarrier]) -> "Barrier":
+        """The barrier a trigger (at a source) or a barrier message (between tasks) carries."""
+        return cls(msg.checkpoint_id, msg.timestamp, msg.kind, msg.directory)
+
+    def on_channel(self, channel: str) -> CheckpointBarrier:
+        """The message that carries this barrier down ``channel`` to another TaskManager."""
+        return CheckpointBarrier(channel, self.checkpoint_id, self.timestamp, self.kind, self.directory)
 
 
 @dataclass(frozen=True)

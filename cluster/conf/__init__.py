@@ -2,12 +2,14 @@
 
 Every key the cluster understands is declared in OPTIONS with its type and default. An unknown
 key or a value of the wrong kind is a ConfigError that names the key and where it came from,
-never a silent no-op.
+never a silent no-op. ``TaskConfig`` is the typed part of a job's configuration that tasks and
+operators read.
 """
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
@@ -183,7 +185,7 @@ class Configuration:
     def __init__(self, values: Optional[Mapping[str, Any]] = None, source: str = "configuration"):
         self._values: dict[str, Any] = {}
         self._explicit: set[str] = set()
-        self.update(_load_yaml(DEFAULTS_FILE), str(DEFAULTS_FILE))
+        self.update(_defaults(), str(DEFAULTS_FILE))
         self._explicit.clear()
         if values:
             self.update(values, source)
@@ -234,6 +236,49 @@ class Configuration:
     def write(self, path: Path) -> None:
         """The keys given explicitly; defaults stay defaults (Flink's rules depend on what was set)."""
         Path(path).write_text(yaml.safe_dump({k: self._values[k] for k in sorted(self._explicit)}))
+
+
+@lru_cache(maxsize=1)
+def _defaults() -> Mapping[str, Any]:
+    # read once per process: every task parses its job's configuration over these
+    return _load_yaml(DEFAULTS_FILE)
+
+
+def _key(name: str) -> Any:
+    return field(metadata={"key": name})
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """What a task and its operators read of the job's configuration, parsed once per task.
+
+    Each field names its key; its type and default are the key's (OPTIONS, config.yaml)."""
+
+    checkpoint_interval_ms: int = _key("execution.checkpointing.interval")
+    checkpointing_mode: str = _key("execution.checkpointing.mode")
+    batch_size: int = _key("execution.batch-size")
+    buffer_timeout_ms: int = _key("execution.buffer-timeout")
+    state_backend: str = _key("state.backend.type")
+    tmp_dir: str = _key("io.tmp.dirs")
+    spark_master: str = _key("taskmanager.spark.master")
+    spark_driver_memory: str = _key("taskmanager.spark.driver-memory")
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any], source: str = "the job configuration") -> "TaskConfig":
+        """From a deployment's job configuration (a ConfigError names a bad key and ``source``)."""
+        return cls.from_configuration(Configuration(values, source))
+
+    @classmethod
+    def from_configuration(cls, conf: Configuration) -> "TaskConfig":
+        return cls(**{f.name: conf[f.metadata["key"]] for f in fields(cls)})
+
+    @property
+    def checkpointing(self) -> bool:
+        return self.checkpoint_interval_ms > 0
+
+    @property
+    def exactly_once(self) -> bool:
+        return self.checkpointing_mode == "EXACTLY_ONCE"
 
 
 def _load_yaml(path: Path) -> Mapping[str, Any]:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from .job_graph import JobEdge, JobGraph, JobVertex, OperatorSpec, new_id
+from .operator_kinds import KINDS
 
 
 @dataclass
@@ -61,7 +62,7 @@ def build_job_graph(nodes: list[StreamNode], name: str, max_parallelism: int,
     vertices = []
     for h, members in chains.items():
         label = " -> ".join(m.spec.name for m in members)
-        if members[0].spec.kind.endswith("-source"):
+        if KINDS[members[0].spec.kind].is_source:
             label = "Source: " + label
         vertices.append(JobVertex(id=vertex_ids[h], name=label, parallelism=members[0].parallelism,
                                   max_parallelism=max_parallelism, operators=[m.spec for m in members]))

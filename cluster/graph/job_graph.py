@@ -13,28 +13,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
-# The operator vocabulary. role: "source" starts a chain and has no input, "sink" ends one.
-OPERATOR_KINDS = {
-    "generator-source": "source",
-    "file-source": "source",
-    "redis-stream-source": "source",
-    "map-batches": "transform",
-    "filter": "transform",
-    "spark": "transform",
-    "keyed-count": "transform",
-    "local-aggregate": "transform",
-    "keyed-aggregate": "transform",
-    "keyed-reduce": "transform",
-    "keyed-process": "transform",
-    "collect-sink": "sink",
-    "print-sink": "sink",
-    "file-sink": "sink",
-    "redis-stream-sink": "sink",
-}
-
-# Kinds whose output is an upsert stream: per batch, the new value of every key it touched (a
-# process function emits whatever it likes, so it is not one of them).
-UPSERT_KINDS = ("keyed-count", "keyed-aggregate", "keyed-reduce")
+from .operator_kinds import KINDS
 
 SHIP_STRATEGIES = ("FORWARD", "HASH", "REBALANCE", "BROADCAST")
 
@@ -70,7 +49,7 @@ class JobVertex:
 
     @property
     def is_source(self) -> bool:
-        return OPERATOR_KINDS[self.operators[0].kind] == "source"
+        return KINDS[self.operators[0].kind].is_source
 
 
 @dataclass(frozen=True)
@@ -133,17 +112,17 @@ class JobGraph:
             if first is None:
                 raise GraphValidationError(f"vertex {v.name!r} has no operators")
             for op in v.operators:
-                if op.kind not in OPERATOR_KINDS:
+                if op.kind not in KINDS:
                     raise GraphValidationError(f"{op.where()}: unknown operator kind {op.kind!r}")
             if not 1 <= v.parallelism <= v.max_parallelism:
                 raise GraphValidationError(
                     f"{first.where()}: parallelism {v.parallelism} must be between 1 and the "
                     f"max parallelism {v.max_parallelism}")
             for op in v.operators[1:]:
-                if OPERATOR_KINDS[op.kind] == "source":
+                if KINDS[op.kind].is_source:
                     raise GraphValidationError(f"{op.where()}: a source cannot follow another operator")
             for op in v.operators[:-1]:
-                if OPERATOR_KINDS[op.kind] == "sink":
+                if KINDS[op.kind].is_sink:
                     raise GraphValidationError(f"{op.where()}: nothing can follow a sink")
         for e in self.edges:
             if e.source not in ids or e.target not in ids:
@@ -161,7 +140,7 @@ class JobGraph:
                 if len(e.side_output) != 2 or e.side_output[0] not in {o.uid for o in src.operators}:
                     raise GraphValidationError(f"edge {e.source} -> {e.target}: side output {e.side_output} "
                                                "names no operator of its source vertex")
-            elif OPERATOR_KINDS[src.operators[-1].kind] == "sink":
+            elif KINDS[src.operators[-1].kind].is_sink:
                 raise GraphValidationError(f"{src.operators[-1].where()}: a sink has no output")
         for v in self.vertices:
             has_inputs = bool(self.inputs_of(v.id))

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Callable
 
 from cluster.clock import now_ms
 from cluster.graph.execution_graph import ExecutionState, JobState
+from cluster.protocol.metrics import backpressure_level
 
 if TYPE_CHECKING:
     from .dispatcher import Dispatcher
@@ -139,11 +140,6 @@ def job_json(d: "Dispatcher", job_id: str) -> dict:
         # the dashboard's checkpoint view
         "checkpoints": checkpoints_json(d, job_id),
     }
-
-
-def backpressure_level(ratio: float) -> str:
-    """Flink's grading of the share of time a subtask was back-pressured."""
-    return "ok" if ratio <= 0.10 else "low" if ratio <= 0.5 else "high"
 
 
 def backpressure_json(d: "Dispatcher", job_id: str, vertex_id: str) -> dict:

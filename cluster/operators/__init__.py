@@ -1,24 +1,12 @@
-"""Operator implementations, by the kind names of cluster.graph.job_graph.OPERATOR_KINDS."""
-from .files import FileSink, FileSource
-from .keyed import KeyedAggregate, KeyedCount, KeyedProcess, KeyedReduce, LocalAggregate
-from .redis_streams import RedisStreamSink, RedisStreamSource
-from .sinks import CollectSink, PrintSink
-from .sources import GeneratorSource
-from .stateless import Filter, MapBatches
+"""Operator implementations: each class registers for its kind of cluster.graph.operator_kinds
+(``class Filter(Operator, kind="filter")``); importing this package imports them all."""
+from cluster.graph.operator_kinds import KINDS
 
-OPERATORS = {
-    "generator-source": GeneratorSource,
-    "file-source": FileSource,
-    "redis-stream-source": RedisStreamSource,
-    "map-batches": MapBatches,
-    "filter": Filter,
-    "keyed-count": KeyedCount,
-    "local-aggregate": LocalAggregate,
-    "keyed-aggregate": KeyedAggregate,
-    "keyed-reduce": KeyedReduce,
-    "keyed-process": KeyedProcess,
-    "collect-sink": CollectSink,
-    "print-sink": PrintSink,
-    "file-sink": FileSink,
-    "redis-stream-sink": RedisStreamSink,
-}
+from . import files, keyed, redis_streams, sinks, sources, spark, stateless  # noqa: F401 (they register)
+from .base import OPERATORS
+
+_missing = sorted(set(KINDS) - set(OPERATORS))
+if _missing:
+    raise ImportError(f"operator kinds declared in cluster.graph.operator_kinds without an implementation: {_missing}")
+
+__all__ = ["OPERATORS"]

@@ -13,7 +13,9 @@ from typing import Any, Callable, Optional
 import cloudpickle
 import pyarrow as pa
 
+from cluster.conf import TaskConfig
 from cluster.graph.job_graph import OperatorSpec
+from cluster.graph.operator_kinds import operator_kind
 
 
 @dataclass
@@ -25,10 +27,6 @@ class OperatorSnapshot:
 
     handle: dict
     keyed: Any = None
-
-
-def checkpointing_enabled(config: dict) -> bool:
-    return int(config.get("execution.checkpointing.interval", 0) or 0) > 0
 
 
 class TaskCancelled(Exception):
@@ -47,7 +45,7 @@ class OperatorContext:
     subtask: int
     parallelism: int
     max_parallelism: int
-    config: dict
+    config: TaskConfig
     result_address: Optional[str]
     cancelled: threading.Event
     sender: Any  # the task's ChannelSender, for operators that talk to the outside (collect sink)
@@ -59,7 +57,23 @@ class OperatorContext:
     set_detail: Callable[[str], None] = lambda detail: None  # what the task waits for, for the status
 
 
+# kind name -> the class that runs it, filled by ``class X(Operator, kind=...)``
+OPERATORS: dict[str, type["Operator"]] = {}
+
+
 class Operator:
+    kind: Optional[str] = None  # the operator kind (cluster.graph.operator_kinds) this class runs
+
+    def __init_subclass__(cls, kind: Optional[str] = None, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if kind is None:
+            return  # a base of operators (SourceOperator, KeyedOperator), or a subclass of one
+        operator_kind(kind)  # a KeyError unless the vocabulary declares the kind
+        if kind in OPERATORS:
+            raise TypeError(f"operator kind {kind!r} is run by both {OPERATORS[kind].__name__} and {cls.__name__}")
+        cls.kind = kind
+        OPERATORS[kind] = cls
+
     def __init__(self, spec: OperatorSpec, ctx: OperatorContext):
         self.spec = spec
         self.ctx = ctx

@@ -24,7 +24,7 @@ from typing import Iterator, Optional
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .base import Operator, OperatorSnapshot, SourceOperator, checkpointing_enabled
+from .base import Operator, OperatorSnapshot, SourceOperator
 from .records import (MalformedInputError, MalformedRecords, infer_schema, parse_schema, schema_from_bytes,
                       schema_to_bytes, to_table)
 
@@ -86,7 +86,7 @@ class _Lines:
 Record = tuple[int, str, "dict | str"]
 
 
-class FileSource(SourceOperator):
+class FileSource(SourceOperator, kind="file-source"):
     """params: path (file, directory or glob), format ("csv", "json", "parquet"), schema (column ->
     type name, or None), batch_size, watch, monitor_interval (seconds), delimiter and header (CSV).
 
@@ -293,7 +293,7 @@ def _columns(rows: list[dict], schema: Optional[pa.Schema]) -> dict[str, list]:
     return {name: [row.get(name) for row in rows] for name in names}
 
 
-class FileSink(Operator):
+class FileSink(Operator, kind="file-sink"):
     """params: path (a directory), rows_per_file, compression.
 
     Two-phase commit, as Flink's FileSink: rows go to a hidden in-progress file; ``prepare_commit``
@@ -308,7 +308,7 @@ class FileSink(Operator):
         self.directory: str = self.params["path"]
         self.rows_per_file = int(self.params.get("rows_per_file") or 1_000_000)
         self.compression: str = self.params.get("compression") or "snappy"
-        self.commit_on_roll = not checkpointing_enabled(self.ctx.config)
+        self.commit_on_roll = not self.ctx.config.checkpointing
         self._prepared: dict[int, list[dict]] = {}  # checkpoint id -> files waiting for its completion
         os.makedirs(self.directory, exist_ok=True)
         self._part = self._first_free_part()

@@ -71,10 +71,10 @@ class KeyedOperator(Operator):
     def open(self) -> None:
         self.key = list(self.params["key"])
         config = self.ctx.config
-        work = Path(config.get("io.tmp.dirs") or tempfile.gettempdir()) / "streamlab-state" / \
+        work = Path(config.tmp_dir or tempfile.gettempdir()) / "streamlab-state" / \
             f"{self.ctx.execution_id or 'task'}-{self.spec.uid[:8]}"
         self.key_groups = key_group_range(self.ctx.max_parallelism, self.ctx.parallelism, self.ctx.subtask)
-        self.backend = create_backend(config.get("state.backend.type", "hashmap"), self.key_groups,
+        self.backend = create_backend(config.state_backend, self.key_groups,
                                       self.ctx.max_parallelism, work)
 
     def snapshot_state(self, checkpoint_id: int) -> OperatorSnapshot:
@@ -105,7 +105,7 @@ class KeyedOperator(Operator):
                           frame.groupby(self.key, sort=False, dropna=False))
 
 
-class KeyedCount(KeyedOperator):
+class KeyedCount(KeyedOperator, kind="keyed-count"):
     """params: key."""
 
     def process(self, table: pa.Table) -> list[pa.Table]:
@@ -121,7 +121,7 @@ class KeyedCount(KeyedOperator):
         return [pa.Table.from_pandas(out, preserve_index=False)]
 
 
-class LocalAggregate(Operator):
+class LocalAggregate(Operator, kind="local-aggregate"):
     """Partial aggregates per key of each batch, before the exchange (no state). params: key,
     aggregations."""
 
@@ -132,7 +132,7 @@ class LocalAggregate(Operator):
         return [pa.Table.from_pandas(frame, preserve_index=False)]
 
 
-class KeyedAggregate(KeyedOperator):
+class KeyedAggregate(KeyedOperator, kind="keyed-aggregate"):
     """params: key, aggregations {out: [column, func]}, pre_aggregated (the input already holds
     partial columns)."""
 
@@ -168,7 +168,7 @@ class KeyedAggregate(KeyedOperator):
         return [pa.Table.from_pandas(out, preserve_index=False)]
 
 
-class KeyedReduce(KeyedOperator):
+class KeyedReduce(KeyedOperator, kind="keyed-reduce"):
     """udf: fn(accumulated: DataFrame, new: DataFrame) -> DataFrame, over aligned rows (one per
     key, the same columns, the key columns included); folds each key's rows in arrival order."""
 
@@ -305,7 +305,7 @@ class KeyedStateAccess:
         return MapState(self, name)
 
 
-class KeyedProcess(KeyedOperator):
+class KeyedProcess(KeyedOperator, kind="keyed-process"):
     """udf: fn(key, rows: DataFrame, state: KeyedStateAccess) -> DataFrame or None, per key and
     batch."""
 

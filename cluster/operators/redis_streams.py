@@ -36,7 +36,7 @@ def connect(url: str, where: str) -> redis.Redis:
     return client
 
 
-class RedisStreamSource(SourceOperator):
+class RedisStreamSource(SourceOperator, kind="redis-stream-source"):
     """params: url, streams (keys), start_id (as XREAD's: the entries after it; "0" all, "$" only
     those added from now on), bounded (stop at each stream's last entry at the start), count
     (stop after that many entries of each stream), batch_size (entries per stream and read),
@@ -139,7 +139,7 @@ def as_text(column: pa.ChunkedArray) -> list[Optional[str]]:
         return [None if v is None else json.dumps(v, default=str) for v in column.to_pylist()]
 
 
-class RedisStreamSink(Operator):
+class RedisStreamSink(Operator, kind="redis-stream-sink"):
     """params: url, stream, maxlen (trim the stream to about that many entries, or None), approximate.
 
     Each row becomes one entry (XADD, id "*"): its columns are the fields, null values are left

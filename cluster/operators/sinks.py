@@ -14,7 +14,7 @@ from cluster.protocol.serde import table_to_ipc
 log = logging.getLogger(__name__)
 
 
-class CollectSink(Operator):
+class CollectSink(Operator, kind="collect-sink"):
     """Streams batches to the client. Exactly once across restarts: each batch carries its epoch
     (the last checkpoint barrier before it), and at every barrier a marker tells the client, which
     acknowledges it to the JobManager: a checkpoint completes only once the client holds every row
@@ -48,7 +48,7 @@ class CollectSink(Operator):
         return []
 
 
-class PrintSink(Operator):
+class PrintSink(Operator, kind="print-sink"):
     def process(self, table: pa.Table) -> list[pa.Table]:
         if table.num_rows:
             prefix = f"{self.ctx.subtask + 1}> " if self.ctx.parallelism > 1 else ""

@@ -39,7 +39,7 @@ def default_split_size(count: Optional[int], batch_size: int) -> int:
     return batches * batch_size
 
 
-class GeneratorSource(SourceOperator):
+class GeneratorSource(SourceOperator, kind="generator-source"):
     """params: count (None: unbounded), rate (rows/s over all subtasks, None: as fast as possible),
     batch_size, split_size; udf: optional fn(seq: numpy int64 array) -> DataFrame (default: one
     column 'seq')."""

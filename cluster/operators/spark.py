@@ -17,20 +17,22 @@ import os
 import sys
 import threading
 import time
-from typing import Callable, Optional
+from typing import Any, Callable, Mapping, Optional, Union
 
 import cloudpickle
 import pyarrow as pa
+
+from cluster.conf import TaskConfig
 
 from .base import Operator, OperatorContext, TaskCancelled, UserFunctionError
 
 log = logging.getLogger(__name__)
 
 
-def spark_conf(config: dict) -> dict[str, str]:
+def spark_conf(config: TaskConfig) -> dict[str, str]:
     return {
-        "spark.master": config.get("taskmanager.spark.master", "local[2]"),
-        "spark.driver.memory": config.get("taskmanager.spark.driver-memory", "1g"),
+        "spark.master": config.spark_master,
+        "spark.driver.memory": config.spark_driver_memory,
         "spark.app.name": "streamlab-taskmanager",
         "spark.ui.enabled": "false",
         "spark.driver.host": "127.0.0.1",
@@ -52,7 +54,7 @@ class SparkRunner:
     _instance: Optional["SparkRunner"] = None
     _lock = threading.Lock()
 
-    def __init__(self, config: dict):
+    def __init__(self, config: TaskConfig):
         self.config = config
         self.ready = threading.Event()
         self.error: Optional[str] = None
@@ -62,7 +64,11 @@ class SparkRunner:
         self._thread = threading.Thread(target=self._start, name="spark-start", daemon=True)
 
     @classmethod
-    def get(cls, config: dict) -> "SparkRunner":
+    def get(cls, config: Union[TaskConfig, Mapping[str, Any]]) -> "SparkRunner":
+        """The session, started by the first caller: a task (its TaskConfig) or the TaskManager
+        at its start (its configuration as a dict)."""
+        if not isinstance(config, TaskConfig):
+            config = TaskConfig.from_dict(config, "the TaskManager configuration")
         with cls._lock:
             if cls._instance is None:
                 cls._instance = SparkRunner(config)
@@ -110,7 +116,7 @@ class SparkRunner:
             self.session.stop()
 
 
-class SparkChain(Operator):
+class SparkChain(Operator, kind="spark"):
     """Consecutive Spark operators of one task, fused into one Spark plan per batch.
 
     Each step is a ``.spark(fn)`` (fn: DataFrame -> DataFrame) or a ``.sql(query)`` over the view

@@ -9,7 +9,7 @@ from .base import Operator, UserFunctionError
 from .sources import to_table
 
 
-class MapBatches(Operator):
+class MapBatches(Operator, kind="map-batches"):
     """udf: fn(pandas.DataFrame) -> pandas.DataFrame."""
 
     def process(self, table: pa.Table) -> list[pa.Table]:
@@ -17,7 +17,7 @@ class MapBatches(Operator):
         return [to_table(result, f"{self.spec.where()}: the function")]
 
 
-class Filter(Operator):
+class Filter(Operator, kind="filter"):
     """udf: fn(pandas.DataFrame) -> boolean mask (Series or array) of the same length."""
 
     def process(self, table: pa.Table) -> list[pa.Table]:

@@ -250,7 +250,7 @@ class NetworkEnvironment:
             elif isinstance(msg, EndOfPartition):
                 gate.push(msg.channel, END)
             elif isinstance(msg, CheckpointBarrier):
-                gate.push(msg.channel, ("barrier", Barrier(msg.checkpoint_id, msg.timestamp, msg.kind, msg.directory)))
+                gate.push(msg.channel, ("barrier", Barrier.of(msg)))
             elif len(payload) == 1:
                 gate.push(msg.channel, ("ipc", payload[0].buffer))
             else:

@@ -19,20 +19,20 @@ import time
 import traceback
 from concurrent.futures import Executor
 from pathlib import Path
-from typing import Callable, Optional, Protocol
+from typing import Callable, NamedTuple, Optional, Protocol
 
 import numpy as np
 import pyarrow as pa
 
 from cluster.checkpoint.barriers import Barrier, BarrierAligner
+from cluster.conf import TaskConfig
 from cluster.graph.deployment import OutputDescriptor, TaskDeploymentDescriptor
 from cluster.graph.execution_graph import ExecutionState
 from cluster.graph.job_graph import OperatorSpec
+from cluster.graph.operator_kinds import KINDS
 from cluster.operators import OPERATORS
-from cluster.operators.base import (OperatorContext, SourceOperator, TaskCancelled, UserFunctionError,
-                                   checkpointing_enabled)
-from cluster.operators.spark import SparkChain
-from cluster.protocol.messages import AddCredit, BufferResponse, CheckpointBarrier, EndOfPartition
+from cluster.operators.base import OperatorContext, SourceOperator, TaskCancelled, UserFunctionError
+from cluster.protocol.messages import AddCredit, BufferResponse, EndOfPartition
 from cluster.protocol.serde import ipc_to_table, table_to_ipc
 from cluster.state.key_groups import key_groups_of, operator_index_for_key_group
 
@@ -51,53 +51,116 @@ class CheckpointResponder(Protocol):
     def end_of_input(self, task: "Task") -> None: ...
 
 
+WINDOW_S = 1.0  # Flink's *TimeMsPerSecond: the shares of time in the last window, in ms per second
+
+
+def time_shares(span: float, idle: float, backpressured: float) -> dict:
+    """busy, back-pressured and idle milliseconds per second of a window of ``span`` seconds in
+    which the task waited ``idle`` and ``backpressured`` seconds: they add up to 1000."""
+    tenths = 10_000 / span if span > 0 else 0.0
+    idle_t = min(10_000, max(0, round(idle * tenths)))
+    bp_t = min(10_000 - idle_t, max(0, round(backpressured * tenths)))
+    return {"busyTimeMsPerSecond": (10_000 - idle_t - bp_t) / 10, "backPressuredTimeMsPerSecond": bp_t / 10,
+            "idleTimeMsPerSecond": idle_t / 10}
+
+
+class _Published(NamedTuple):
+    """What the task thread last published: immutable, swapped in as one reference."""
+    at: float
+    records_in: int
+    records_out: int
+    bytes_in: int
+    bytes_out: int
+    idle: float            # seconds of waits ended by ``at``
+    backpressured: float
+    waiting: Optional[tuple[str, float]]  # (kind, since): a wait in progress at ``at``
+    window: tuple[float, float, float]    # (start, idle, backpressured) of the window in progress
+    per_second: Optional[dict]            # the shares of the last completed window
+
+
+def _spent_at(idle: float, backpressured: float, waiting: Optional[tuple[str, float]],
+              now: float) -> tuple[float, float]:
+    if waiting is not None:  # a long wait counts while it lasts, not only once it ends
+        if waiting[0] == IDLE:
+            idle += now - waiting[1]
+        else:
+            backpressured += now - waiting[1]
+    return idle, backpressured
+
+
 class TaskMetrics:
-    """Counters and time accounting; read from the TaskManager's loop thread while the task runs."""
+    """Counters and time accounting of one task, with one writer per field.
 
-    def __init__(self):
+    The task thread owns every field. It counts (``records_in``... ``+=``), measures its waits
+    (``wait_begin``/``wait_end``, ``add_idle``) and calls ``publish``, which rolls the per-second
+    window once it is ``WINDOW_S`` old and swaps in an immutable ``_Published``; waits publish
+    themselves. Any other thread (the TaskManager's loop, for heartbeats) calls only ``snapshot``,
+    which reads that one reference and derives the figures at its own time, writing nothing: a
+    wait in progress counts while it lasts, and a window the task thread has not rolled in time
+    (a long user function or wait) is taken up to that moment."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self._clock = clock
         self.records_in = self.records_out = self.bytes_in = self.bytes_out = 0
-        self.spent = {IDLE: 0.0, BACKPRESSURED: 0.0}
-        self._waiting: Optional[tuple[str, float]] = None  # (kind, since): a wait in progress
-        self.started = time.monotonic()
+        self._idle = self._backpressured = 0.0
+        self._waiting: Optional[tuple[str, float]] = None
+        self.started = clock()
         self._window = (self.started, 0.0, 0.0)
-        self.per_second = {"busyTimeMsPerSecond": 0.0, "backPressuredTimeMsPerSecond": 0.0,
-                           "idleTimeMsPerSecond": 0.0}
+        self._per_second: Optional[dict] = None
+        self._published = self._state(self.started)
 
+    # ------------------------------------------------------------------ the task thread
     def wait_begin(self, kind: str) -> None:
-        self._waiting = (kind, time.monotonic())
+        now = self._clock()
+        self._waiting = (kind, now)
+        self.publish(now)
 
     def wait_end(self) -> None:
+        now = self._clock()
         waiting, self._waiting = self._waiting, None
         if waiting is not None:
-            self.spent[waiting[0]] += time.monotonic() - waiting[1]
+            self._add(waiting[0], now - waiting[1])
+        self.publish(now)
 
-    def _spent_now(self, now: float) -> tuple[float, float]:
-        idle, bp = self.spent[IDLE], self.spent[BACKPRESSURED]
-        waiting = self._waiting
-        if waiting is not None:  # a long wait counts while it lasts, not only once it ends
-            if waiting[0] == IDLE:
-                idle += now - waiting[1]
-            else:
-                bp += now - waiting[1]
-        return idle, bp
+    def add_idle(self, seconds: float) -> None:
+        """Time found to have been idle after the fact (a source's poll that had nothing)."""
+        self._add(IDLE, seconds)
+        self.publish()
 
-    def snapshot(self) -> dict:
-        now = time.monotonic()
-        idle, bp = self._spent_now(now)
+    def _add(self, kind: str, seconds: float) -> None:
+        if kind == IDLE:
+            self._idle += seconds
+        else:
+            self._backpressured += seconds
+
+    def publish(self, now: Optional[float] = None) -> None:
+        if now is None:
+            now = self._clock()
         t0, idle0, bp0 = self._window
-        if now - t0 >= 0.5:  # Flink's *TimeMsPerSecond: the share of the last window, in ms/s
-            span = now - t0
-            idle_ms = min(1000.0, (idle - idle0) / span * 1000)
-            bp_ms = min(1000.0 - idle_ms, (bp - bp0) / span * 1000)
-            self.per_second = {"busyTimeMsPerSecond": round(max(0.0, 1000.0 - idle_ms - bp_ms), 1),
-                               "backPressuredTimeMsPerSecond": round(bp_ms, 1),
-                               "idleTimeMsPerSecond": round(idle_ms, 1)}
+        if now - t0 >= WINDOW_S:
+            idle, bp = _spent_at(self._idle, self._backpressured, self._waiting, now)
+            self._per_second = time_shares(now - t0, idle - idle0, bp - bp0)
             self._window = (now, idle, bp)
+        self._published = self._state(now)
+
+    def _state(self, now: float) -> _Published:
+        return _Published(now, self.records_in, self.records_out, self.bytes_in, self.bytes_out, self._idle,
+                          self._backpressured, self._waiting, self._window, self._per_second)
+
+    # ------------------------------------------------------------------ any thread
+    def snapshot(self) -> dict:
+        state = self._published
+        now = max(self._clock(), state.at)
+        idle, bp = _spent_at(state.idle, state.backpressured, state.waiting, now)
+        t0, idle0, bp0 = state.window
+        per_second = state.per_second
+        if per_second is None or now - t0 >= WINDOW_S:
+            per_second = time_shares(now - t0, idle - idle0, bp - bp0)
         busy = max(0.0, now - self.started - idle - bp)
-        return {"records-in": self.records_in, "records-out": self.records_out,
-                "bytes-in": self.bytes_in, "bytes-out": self.bytes_out,
+        return {"records-in": state.records_in, "records-out": state.records_out,
+                "bytes-in": state.bytes_in, "bytes-out": state.bytes_out,
                 "backpressured-ms": int(bp * 1000), "idle-ms": int(idle * 1000),
-                "busy-ms": int(busy * 1000)} | self.per_second
+                "busy-ms": int(busy * 1000)} | per_second
 
 
 class RecordWriter:
@@ -200,8 +263,7 @@ class RecordWriter:
 
     def emit_barrier(self, barrier: Barrier) -> None:
         """In-band, after every row before it (the buffers are flushed first)."""
-        self._event(("barrier", barrier), lambda channel: CheckpointBarrier(
-            channel, barrier.checkpoint_id, barrier.timestamp, barrier.kind, barrier.directory))
+        self._event(("barrier", barrier), barrier.on_channel)
 
     def _event(self, local_item: tuple, remote: Callable[[str], object]) -> None:
         self.flush_all()
@@ -220,6 +282,8 @@ def concat(tables: list[pa.Table]) -> pa.Table:
 
 
 class Task:
+    config: TaskConfig  # parsed first thing on the task thread, so a bad value fails the task
+
     def __init__(self, tdd: TaskDeploymentDescriptor, network: NetworkEnvironment,
                  report: Callable[["Task", str, Optional[str]], None], responder: CheckpointResponder,
                  snapshot_executor: Executor):
@@ -229,8 +293,6 @@ class Task:
         self.report = report
         self.responder = responder
         self.snapshot_executor = snapshot_executor
-        self.checkpointing = checkpointing_enabled(tdd.job_config)
-        self.exactly_once = tdd.job_config.get("execution.checkpointing.mode", "EXACTLY_ONCE") == "EXACTLY_ONCE"
         self._control: queue.SimpleQueue = queue.SimpleQueue()  # triggers and notifications, from the TM
         self._ending_after: Optional[int] = None  # the final/stop checkpoint after which a source ends
         self._end_confirmed = False
@@ -239,8 +301,6 @@ class Task:
         self.state = ExecutionState.DEPLOYING
         self.detail = ""  # what an INITIALIZING task waits for, shown in the job's status
         self.name = f"{tdd.vertex['name']} ({tdd.subtask + 1}/{tdd.vertex['parallelism']})"
-        self.batch_size = int(tdd.job_config.get("execution.batch-size", 10_000))
-        self.buffer_timeout_s = int(tdd.job_config.get("execution.buffer-timeout", 100)) / 1000
         self._thread = threading.Thread(target=self._run, name=f"task {self.name}", daemon=True)
         self._gate: Optional[InputGate] = None  # every channel of every input edge
         self._producer_address: dict[str, str] = {}
@@ -274,6 +334,7 @@ class Task:
 
     # ------------------------------------------------------------------ the thread
     def _set_state(self, state: str, error: Optional[str] = None) -> None:
+        self.metrics.publish()  # the report carries the task's counters as of now
         self.state = state
         self.report(self, state, error)
 
@@ -282,6 +343,7 @@ class Task:
         opened = []
         try:
             self._set_state(ExecutionState.INITIALIZING)
+            self.config = TaskConfig.from_dict(self.tdd.job_config, f"the configuration of job {self.tdd.job_id}")
             chain = self._chain = self._build_chain(sender)
             for op in chain:
                 op.open()
@@ -328,7 +390,7 @@ class Task:
         tdd = self.tdd
         for desc in tdd.outputs:
             writer = RecordWriter(desc, tdd.subtask, self.network, sender, self.metrics, self.cancelled,
-                                  self.batch_size, self.buffer_timeout_s)
+                                  self.config.batch_size, self.config.buffer_timeout_ms / 1000)
             if desc.side_output is None:
                 self._writers.append(writer)
             else:
@@ -336,20 +398,19 @@ class Task:
         ctx = OperatorContext(
             job_id=tdd.job_id, job_name=tdd.job_name, attempt=tdd.attempt, subtask=tdd.subtask,
             parallelism=tdd.vertex["parallelism"], max_parallelism=tdd.vertex["max_parallelism"],
-            config=tdd.job_config, result_address=tdd.result_address, cancelled=self.cancelled, sender=sender,
+            config=self.config, result_address=tdd.result_address, cancelled=self.cancelled, sender=sender,
             side_outputs=frozenset(self._side_writers), emit_side=self._emit_side,
             execution_id=tdd.execution_id, task_name=self.name, set_detail=self._set_detail,
             restored_checkpoint=tdd.restore["checkpoint_id"] if tdd.restore else 0)
         chain = []
         specs = [OperatorSpec(**o) for o in tdd.vertex["operators"]]
-        # consecutive Spark operators become one SparkChain: one Spark plan per batch
-        for is_spark, group in itertools.groupby(specs, key=lambda s: s.kind == "spark"):
+        # consecutive operators of a Spark kind become one operator: one Spark plan per batch
+        for _, group in itertools.groupby(specs, key=lambda s: s.kind if KINDS[s.kind].spark else s.uid):
             group = list(group)
+            implementation = OPERATORS[group[0].kind]
             try:
-                if is_spark:
-                    chain.append(SparkChain(group, ctx))
-                else:
-                    chain.extend(OPERATORS[spec.kind](spec, ctx) for spec in group)
+                chain.append(implementation(group, ctx) if KINDS[group[0].kind].spark
+                             else implementation(group[0], ctx))
             except Exception as exc:
                 raise UserFunctionError(f"{group[0].where()} could not be loaded on the TaskManager: "
                                         f"{type(exc).__name__}: {exc}") from exc
@@ -388,26 +449,27 @@ class Task:
             if exhausted or self._ending_after is not None:
                 # waiting for the checkpoint after which this source ends (all was read, or stop)
                 time.sleep(0.005)
-                self.metrics.spent[IDLE] += time.monotonic() - started
+                self.metrics.add_idle(time.monotonic() - started)
                 continue
             table = source.poll()
             if table is None:
-                if not self.checkpointing:
+                if not self.config.checkpointing:
                     return
                 # With checkpoints a source ends only after a final checkpoint covers everything
                 # it read, so a sink never commits at end of input what a restore would replay.
                 exhausted = True
                 self.responder.end_of_input(self)
             elif table.num_rows == 0:  # nothing ready: the source waited, and that is idle time
-                self.metrics.spent[IDLE] += time.monotonic() - started
+                self.metrics.add_idle(time.monotonic() - started)
             else:
                 self.metrics.records_in += table.num_rows
                 self._push(chain, 1, [table])
             self._flush_due()
+            self.metrics.publish()
 
     def _run_inputs(self, chain: list, sender: ChannelSender) -> None:
         gate = self._gate
-        aligner = BarrierAligner(list(self._producer_address), self.exactly_once)
+        aligner = BarrierAligner(list(self._producer_address), self.config.exactly_once)
         while not gate.finished:
             self._process_control()
             deadline = self._flush_due()
@@ -430,7 +492,7 @@ class Task:
                 tables.append(data)
                 rows += data.num_rows
                 self._grant(sender, channel, self._producer_address[channel], 1)
-                got = gate.poll(0, aligner.blocked) if rows < self.batch_size else None
+                got = gate.poll(0, aligner.blocked) if rows < self.config.batch_size else None
             if tables:
                 self.metrics.records_in += rows
                 try:

@@ -1,6 +1,6 @@
 """Source and sink connectors: what ``env.from_source(...)`` and ``stream.sink_to(...)`` take.
 
-A connector is a description (an operator kind of cluster.graph.job_graph.OPERATOR_KINDS, its
+A connector is a description (an operator kind of cluster.graph.operator_kinds.KINDS, its
 parameters, an optional function); the TaskManagers' operators (cluster/operators/) do the work.
 
 The factories below check their arguments where they are called, so a wrong argument is reported

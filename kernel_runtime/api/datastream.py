@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Callable, Optional
 import cloudpickle
 
 from cluster.graph.chaining import StreamEdge, StreamNode
-from cluster.graph.job_graph import OPERATOR_KINDS, GraphValidationError, OperatorSpec
+from cluster.graph.job_graph import GraphValidationError, OperatorSpec
+from cluster.graph.operator_kinds import KINDS, Role
 
 if TYPE_CHECKING:
     from .connectors import Connector
@@ -30,6 +31,12 @@ def call_site() -> str:
     if frame is None:
         return "<unknown>"
     return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+
+
+def plays(connector, role: Role) -> bool:
+    """Whether ``connector`` is one of a kind with this role (from_source takes only sources)."""
+    name = getattr(connector, "kind", None)
+    return isinstance(name, str) and name in KINDS and KINDS[name].role is role
 
 
 def check_parallelism(value, where: str) -> Optional[int]:
@@ -155,7 +162,7 @@ class DataStream:
     def sink_to(self, sink: "Connector", name: Optional[str] = None,
                 parallelism: Optional[int] = None) -> "DataStream":
         """Write to a sink connector (Flink's sinkTo), e.g. a Parquet FileSink."""
-        if OPERATOR_KINDS.get(getattr(sink, "kind", None)) != "sink":
+        if not plays(sink, Role.SINK):
             raise GraphValidationError(f"sink_to ({call_site()}): {sink!r} is not a sink connector")
         return self._then(sink.kind, name or sink.name, sink.fn, dict(sink.params), parallelism)
 

@@ -14,12 +14,13 @@ from typing import Any, Callable, Optional
 
 from cluster.conf import Configuration, ConfigError
 from cluster.graph.chaining import StreamEdge, StreamNode, build_job_graph
-from cluster.graph.job_graph import OPERATOR_KINDS, GraphValidationError, JobGraph, OperatorSpec
+from cluster.graph.job_graph import GraphValidationError, JobGraph, OperatorSpec
+from cluster.graph.operator_kinds import KINDS, Role
 
 from ..client import JobClient, JobExecutionResult, JobHandle
 from ..local_cluster import ClusterInfo, LocalCluster
 from .connectors import Connector
-from .datastream import DataStream, call_site, check_parallelism, pickle_udf
+from .datastream import DataStream, call_site, check_parallelism, pickle_udf, plays
 from .schema import annotate_spark_input_schemas
 
 # Set by `streamlab run`: the cluster to submit to and how.
@@ -75,7 +76,7 @@ class StreamEnvironment:
                     parallelism: Optional[int] = None) -> DataStream:
         """Read from a source connector (Flink's fromSource), e.g. a FileSource or RedisStreamSource."""
         site = call_site()
-        if OPERATOR_KINDS.get(getattr(source, "kind", None)) != "source":
+        if not plays(source, Role.SOURCE):
             raise GraphValidationError(f"from_source ({site}): {source!r} is not a source connector")
         return self._source(source.kind, name or source.name, site, dict(source.params), source.fn, parallelism)
 
@@ -101,7 +102,7 @@ class StreamEnvironment:
 
     # ------------------------------------------------------------------ graph
     def get_job_graph(self, name: str = "streamlab job") -> JobGraph:
-        if not any(n.spec.kind.endswith("-sink") for n in self._nodes):
+        if not any(KINDS[n.spec.kind].is_sink for n in self._nodes):
             raise GraphValidationError("the pipeline has no sink: end it with .collect() or .print()")
         for node in self._nodes:
             for edge in node.inputs:

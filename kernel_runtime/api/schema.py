@@ -10,7 +10,7 @@ left unknown and Spark analyses at the first batch instead: sampling never fails
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import cloudpickle
 import numpy as np
@@ -18,26 +18,47 @@ import pandas as pd
 import pyarrow as pa
 
 from cluster.graph.chaining import StreamNode
+from cluster.graph.job_graph import OperatorSpec
+from cluster.graph.operator_kinds import KINDS, Output
 
 SAMPLE_ROWS = 16
 
 
+def _sequence(spec: OperatorSpec, fn: Optional[Callable], table: Optional[pa.Table]) -> pa.Table:
+    seq = np.arange(SAMPLE_ROWS, dtype=np.int64)
+    return pa.table({"seq": seq}) if fn is None else _table(fn(seq))
+
+
+def _function(spec: OperatorSpec, fn: Optional[Callable], table: Optional[pa.Table]) -> pa.Table:
+    return _table(fn(table.to_pandas()))
+
+
+def _key_count(spec: OperatorSpec, fn: Optional[Callable], table: Optional[pa.Table]) -> pa.Table:
+    return table.select(spec.params["key"]).append_column("count", pa.array([1] * table.num_rows, pa.int64()))
+
+
+# How the sample of a kind's output is made from its input's, by its declared Output (a source
+# has no input). Output.UNKNOWN has none: its sample is unknown.
+SAMPLERS: dict[Output, Callable[[OperatorSpec, Optional[Callable], Optional[pa.Table]], Optional[pa.Table]]] = {
+    Output.SEQUENCE: _sequence,
+    Output.FUNCTION: _function,
+    Output.INPUT: lambda spec, fn, table: table,
+    Output.KEY_COUNT: _key_count,
+}
+
+
 def _sample_of(node: StreamNode, inputs: list[Optional[pa.Table]]) -> Optional[pa.Table]:
-    kind, spec = node.spec.kind, node.spec
-    fn = cloudpickle.loads(spec.udf) if spec.udf is not None else None
-    if kind == "generator-source":
-        seq = np.arange(SAMPLE_ROWS, dtype=np.int64)
-        return pa.table({"seq": seq}) if fn is None else _table(fn(seq))
-    if not inputs or any(t is None for t in inputs):
+    spec = node.spec
+    kind = KINDS[spec.kind]
+    if kind.output is Output.UNKNOWN:  # before unpickling: a Spark step's function would import pyspark
         return None
-    table = inputs[0] if len(inputs) == 1 else pa.concat_tables(inputs, promote_options="default")
-    if kind == "map-batches":
-        return _table(fn(table.to_pandas()))
-    if kind == "filter":
-        return table
-    if kind == "keyed-count":
-        return table.select(spec.params["key"]).append_column("count", pa.array([1] * table.num_rows, pa.int64()))
-    return None  # Spark steps (no Spark here), sinks, connectors
+    table = None
+    if not kind.is_source:
+        if not inputs or any(t is None for t in inputs):
+            return None
+        table = inputs[0] if len(inputs) == 1 else pa.concat_tables(inputs, promote_options="default")
+    fn = cloudpickle.loads(spec.udf) if spec.udf is not None else None
+    return SAMPLERS[kind.output](spec, fn, table)
 
 
 def _table(result) -> pa.Table:
@@ -51,12 +72,12 @@ def _table(result) -> pa.Table:
 
 
 def annotate_spark_input_schemas(nodes: list[StreamNode]) -> None:
-    if not any(n.spec.kind == "spark" for n in nodes):
+    if not any(KINDS[n.spec.kind].spark for n in nodes):
         return
     samples: dict[str, Optional[pa.Table]] = {}
     for node in nodes:  # creation order is a topological order
         inputs = [samples.get(e.source) if e.side_output is None else None for e in node.inputs]
-        if node.spec.kind == "spark" and inputs and all(t is not None for t in inputs):
+        if KINDS[node.spec.kind].spark and inputs and all(t is not None for t in inputs):
             schema = inputs[0].schema if len(inputs) == 1 else pa.unify_schemas([t.schema for t in inputs])
             node.spec.params["input_schema"] = schema.serialize().to_pybytes()
         try:

@@ -11,19 +11,11 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Optional
 
-OK, LOW, HIGH = "OK", "LOW", "HIGH"
+from cluster.protocol.metrics import backpressure_level
+
 PER_SECOND = {"busy": "busyTimeMsPerSecond", "backpressured": "backPressuredTimeMsPerSecond",
               "idle": "idleTimeMsPerSecond"}
 CUMULATIVE = {"busy": "busy-ms", "backpressured": "backpressured-ms", "idle": "idle-ms"}
-
-
-def backpressure_level(ratio: float) -> str:
-    """Flink's grading of a back-pressure ratio (share of time back-pressured)."""
-    if ratio <= 0.10:
-        return OK
-    if ratio <= 0.5:
-        return LOW
-    return HIGH
 
 
 class RateMeter:
@@ -60,7 +52,8 @@ class VertexStats:
 
     @property
     def level(self) -> str:
-        return backpressure_level(self.backpressured)
+        """OK, LOW or HIGH, as Flink's web UI shows it."""
+        return backpressure_level(self.backpressured).upper()
 
 
 class JobMetrics:

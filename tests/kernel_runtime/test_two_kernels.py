@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from jupyter_client.manager import KernelManager
 
-from kernel_runtime.local_cluster import PROJECT_ROOT, _alive, stop_cluster
+from kernel_runtime.local_cluster import PROJECT_ROOT, stop_cluster
+from kernel_runtime.processes import alive
 
 from ..conftest import wait_for
 
@@ -94,5 +95,5 @@ def test_two_kernels_each_run_a_job_on_their_own_embedded_cluster(kernels):
     kernels[1].manager.shutdown_kernel(now=True)  # SIGKILL: no atexit, the watchdog stops it
     for cluster_pids, directory in zip(pids, (dir_a, dir_b)):
         every = [cluster_pids["jobmanager"], *cluster_pids["taskmanagers"]]
-        wait_for(lambda: not any(_alive(p) for p in every) and not Path(directory).exists(), 15,
+        wait_for(lambda: not any(alive(p) for p in every) and not Path(directory).exists(), 15,
                  f"the cluster of {directory} gone with its kernel")

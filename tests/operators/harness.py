@@ -13,6 +13,7 @@ import msgpack
 import pyarrow as pa
 import redis
 
+from cluster.conf import TaskConfig
 from cluster.graph.job_graph import OperatorSpec
 from cluster.operators import OPERATORS
 from cluster.operators.base import OperatorContext
@@ -30,7 +31,7 @@ class Driven:
                             params=connector.params)
         self.ctx = OperatorContext(
             job_id="job", job_name="test", attempt=0, subtask=subtask, parallelism=parallelism,
-            max_parallelism=128, config={}, result_address=None, cancelled=threading.Event(), sender=None,
+            max_parallelism=128, config=TaskConfig.from_dict({}), result_address=None, cancelled=threading.Event(), sender=None,
             side_outputs=frozenset({("op", MALFORMED)}) if side else frozenset(),
             emit_side=lambda uid, tag, table: self.side_tables.append(table))
         self.op = OPERATORS[connector.kind](spec, self.ctx)

@@ -1,0 +1,88 @@
+"""The operator vocabulary: every kind of operator a JobGraph may name, declared once.
+
+Each kind says what it is (its role in a chain, whether it is keyed, keeps state in checkpoints,
+runs on Spark, emits an upsert stream) and what a client can know of its output before the job
+runs. Every part reads these properties instead of listing kind names: the JobGraph validates
+roles, the client's API and its schema sampling (kernel_runtime.api) follow ``role`` and
+``output``, the collected results follow ``upsert``, and the TaskManager runs each kind with the
+class registered for it in cluster.operators. Adding a kind is one entry here and its class there.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Role(Enum):
+    SOURCE = "source"        # starts a chain and has no input
+    TRANSFORM = "transform"
+    SINK = "sink"            # ends a chain and has no output
+
+
+class Output(Enum):
+    """What a client can know of an operator's output schema from a few sample rows."""
+
+    SEQUENCE = "sequence"    # the generator: its function of the sequence numbers, or the numbers ("seq")
+    FUNCTION = "function"    # whatever the user's function returns for the input sample
+    INPUT = "input"          # the input's columns (rows dropped, none changed)
+    KEY_COUNT = "key-count"  # the key columns and "count"
+    UNKNOWN = "unknown"      # known only when it runs (Spark, connectors, keyed state), or no output
+
+
+@dataclass(frozen=True)
+class OperatorKind:
+    name: str
+    role: Role
+    output: Output = Output.UNKNOWN
+    keyed: bool = False     # its input is partitioned by params["key"] and its state by key group
+    stateful: bool = False  # restores something from a checkpoint (a position, keyed state, pending files)
+    spark: bool = False     # runs on the TaskManager's SparkSession; consecutive ones fuse into one plan
+    upsert: bool = False    # emits, per batch, the new value of every key it touched
+
+    @property
+    def is_source(self) -> bool:
+        return self.role is Role.SOURCE
+
+    @property
+    def is_sink(self) -> bool:
+        return self.role is Role.SINK
+
+
+_SOURCE, _TRANSFORM, _SINK = Role.SOURCE, Role.TRANSFORM, Role.SINK
+
+
+def declare(kinds: list[OperatorKind]) -> dict[str, OperatorKind]:
+    declared: dict[str, OperatorKind] = {}
+    for kind in kinds:
+        if kind.name in declared:
+            raise ValueError(f"operator kind {kind.name!r} is declared twice")
+        declared[kind.name] = kind
+    return declared
+
+
+KINDS: dict[str, OperatorKind] = declare([
+    OperatorKind("generator-source", _SOURCE, Output.SEQUENCE, stateful=True),
+    OperatorKind("file-source", _SOURCE, stateful=True),
+    OperatorKind("redis-stream-source", _SOURCE, stateful=True),
+    OperatorKind("map-batches", _TRANSFORM, Output.FUNCTION),
+    OperatorKind("filter", _TRANSFORM, Output.INPUT),
+    OperatorKind("spark", _TRANSFORM, spark=True),
+    OperatorKind("local-aggregate", _TRANSFORM),  # partial aggregates before the exchange, no state
+    OperatorKind("keyed-count", _TRANSFORM, Output.KEY_COUNT, keyed=True, stateful=True, upsert=True),
+    OperatorKind("keyed-aggregate", _TRANSFORM, keyed=True, stateful=True, upsert=True),
+    OperatorKind("keyed-reduce", _TRANSFORM, keyed=True, stateful=True, upsert=True),
+    # a process function emits whatever it likes, so its output is no upsert stream
+    OperatorKind("keyed-process", _TRANSFORM, keyed=True, stateful=True),
+    OperatorKind("collect-sink", _SINK),
+    OperatorKind("print-sink", _SINK),
+    OperatorKind("file-sink", _SINK, stateful=True),
+    OperatorKind("redis-stream-sink", _SINK),
+])
+
+
+def operator_kind(name: object) -> OperatorKind:
+    """The kind called ``name``; a KeyError naming the known kinds otherwise."""
+    try:
+        return KINDS[name]  # type: ignore[index]
+    except (KeyError, TypeError):
+        raise KeyError(f"unknown operator kind {name!r} (known: {', '.join(KINDS)})") from None

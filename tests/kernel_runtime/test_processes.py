@@ -1,0 +1,49 @@
+"""Process liveness and stopping (kernel_runtime.processes), with real processes."""
+import json
+import subprocess
+import sys
+import time
+
+from kernel_runtime import processes
+
+IGNORES_SIGTERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"
+
+
+def sleeper(code: str = "import time; time.sleep(60)") -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    if "ready" in code:
+        proc.stdout.readline()  # its handler is installed
+    return proc
+
+
+def test_a_zombie_is_not_alive():
+    proc = sleeper("pass")
+    deadline = time.monotonic() + 10
+    while processes.alive(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not processes.alive(proc.pid)
+    assert proc.poll() == 0  # it was a zombie until now: exited, not reaped
+    assert not processes.alive(proc.pid) and not processes.alive(None)
+
+
+def test_stop_terminates_then_kills_what_ignores_sigterm():
+    polite, stubborn = sleeper(), sleeper(IGNORES_SIGTERM)
+    assert processes.alive(polite.pid) and processes.alive(stubborn.pid)
+    assert processes.stop([polite.pid, stubborn.pid], timeout=1)
+    assert polite.wait(5) == -15 and stubborn.wait(5) == -9
+
+
+def test_the_watchdog_stops_a_cluster_whose_kernel_is_gone(tmp_path):
+    kernel, member = sleeper(), sleeper()
+    (tmp_path / processes.PIDS_FILE).write_text(json.dumps({"jobmanager": member.pid, "taskmanagers": []}))
+    watchdog = subprocess.Popen([sys.executable, "-I", processes.__file__, str(kernel.pid), str(tmp_path)])
+    try:
+        time.sleep(1.5)
+        assert processes.alive(member.pid) and tmp_path.exists()  # the kernel lives: nothing happens
+        kernel.kill()
+        kernel.wait()
+        assert watchdog.wait(15) == 0
+        assert member.wait(5) == -15 and not tmp_path.exists()
+    finally:
+        for proc in (kernel, member, watchdog):
+            proc.kill()

@@ -1,0 +1,72 @@
+"""A Task on its own thread, with a real data socket: how it reads its job's configuration."""
+import queue
+import secrets
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from cluster.graph.deployment import TaskDeploymentDescriptor
+from cluster.graph.execution_graph import ExecutionState
+from cluster.protocol.codec import Codec
+from cluster.taskmanager.network import NetworkEnvironment
+from cluster.taskmanager.task import Task
+
+TERMINAL = (ExecutionState.FINISHED, ExecutionState.FAILED, ExecutionState.CANCELED)
+
+
+class Responder:
+    def __init__(self, events: queue.Queue):
+        self.events = events
+
+    def acknowledge_checkpoint(self, task, checkpoint_id, state):
+        self.events.put(("ack", checkpoint_id))
+
+    def decline_checkpoint(self, task, checkpoint_id, reason):
+        self.events.put(("decline", checkpoint_id))
+
+    def end_of_input(self, task):
+        self.events.put(("end-of-input", None))
+        task.cancel()  # no JobManager here to run the final checkpoint
+
+
+@pytest.fixture
+def network():
+    env = NetworkEnvironment("127.0.0.1", 0, Codec(secrets.token_bytes(32)), 2)
+    env.start()
+    yield env
+    env.stop()
+
+
+def run_task(network, job_config: dict) -> tuple[str, str, list]:
+    """Run a generator -> print-sink task to its end: (final state, error, other events)."""
+    tdd = TaskDeploymentDescriptor(
+        job_id="job", job_name="test", attempt=0, execution_id="e1", allocation_id="a1",
+        vertex={"id": "v", "name": "v", "parallelism": 1, "max_parallelism": 128, "operators": [
+            {"uid": "src", "kind": "generator-source", "name": "gen", "call_site": "t.py:1",
+             "params": {"count": 10, "batch_size": 5}, "udf": None},
+            {"uid": "out", "kind": "print-sink", "name": "print", "call_site": "t.py:2", "params": {}, "udf": None}]},
+        subtask=0, inputs=[], outputs=[], job_config=job_config)
+    events: queue.Queue = queue.Queue()
+    with ThreadPoolExecutor(1) as executor:
+        task = Task(tdd, network, lambda t, state, error: events.put((state, error)), Responder(events), executor)
+        task.start()
+        seen = []
+        while True:
+            event = events.get(timeout=30)
+            if event[0] in TERMINAL:
+                return event[0], event[1], seen
+            seen.append(event[0])
+
+
+def test_a_bad_value_in_the_job_configuration_fails_the_task_naming_the_key(network):
+    state, error, _ = run_task(network, {"execution.batch-size": "lots"})
+    assert state == ExecutionState.FAILED
+    assert "invalid value 'lots' for 'execution.batch-size' in the configuration of job job" in error
+
+
+def test_the_task_reads_checkpointing_from_the_job_configuration(network):
+    state, _, seen = run_task(network, {})
+    assert state == ExecutionState.FINISHED and "end-of-input" not in seen
+    # with checkpoints a bounded source waits for a final checkpoint instead of finishing
+    state, _, seen = run_task(network, {"execution.checkpointing.interval": "1 s"})
+    assert state == ExecutionState.CANCELED and "end-of-input" in seen
