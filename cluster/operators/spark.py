@@ -17,7 +17,7 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Callable, Mapping, Optional, Union
+from typing import Callable, Optional
 
 import cloudpickle
 import pyarrow as pa
@@ -64,11 +64,8 @@ class SparkRunner:
         self._thread = threading.Thread(target=self._start, name="spark-start", daemon=True)
 
     @classmethod
-    def get(cls, config: Union[TaskConfig, Mapping[str, Any]]) -> "SparkRunner":
-        """The session, started by the first caller: a task (its TaskConfig) or the TaskManager
-        at its start (its configuration as a dict)."""
-        if not isinstance(config, TaskConfig):
-            config = TaskConfig.from_dict(config, "the TaskManager configuration")
+    def get(cls, config: TaskConfig) -> "SparkRunner":
+        """The session, started by the first caller: a task, or the TaskManager at its start."""
         with cls._lock:
             if cls._instance is None:
                 cls._instance = SparkRunner(config)

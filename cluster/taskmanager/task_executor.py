@@ -21,7 +21,7 @@ from typing import Optional
 import psutil
 
 from cluster.checkpoint.barriers import Barrier
-from cluster.conf import Configuration
+from cluster.conf import Configuration, TaskConfig
 from cluster.graph.deployment import TaskDeploymentDescriptor
 from cluster.graph.execution_graph import ExecutionState
 from cluster.protocol import messages as m
@@ -84,7 +84,7 @@ class TaskExecutor:
         self.endpoint.start()
         self.endpoint.call_soon(self._register)
         if self.conf["taskmanager.spark.startup"] == "eager":
-            SparkRunner.get(self.conf.to_dict())  # starts in the background
+            SparkRunner.get(TaskConfig.from_configuration(self.conf))  # starts in the background
 
     def stop(self, reason: str = "shut down") -> None:
         if self.stopped.is_set():
@@ -186,7 +186,7 @@ class TaskExecutor:
             self.jobmanager.decline_checkpoint(msg.job_id, msg.execution_id, msg.checkpoint_id,
                                                f"task {msg.execution_id} is not running on {self.task_manager_id}")
             return
-        task.trigger_checkpoint(Barrier(msg.checkpoint_id, msg.timestamp, msg.kind, msg.directory))
+        task.trigger_checkpoint(Barrier.of(msg))
 
     def notify_checkpoint_complete(self, msg: m.NotifyCheckpointComplete, peer: Peer) -> None:
         for task in self._tasks_of(msg.job_id):
