@@ -492,9 +492,11 @@ class DefaultScheduler:
 
     def _slots_allocated(self, event: SlotsAllocated) -> None:
         self.emit(CancelTimer(SLOT_REQUEST_TIMER))
-        if self.state != JobState.CREATED or self._allocations:  # cancelled, failed or served meanwhile
+        if self.graph.is_globally_terminal:  # ended meanwhile: give the slots back
             self.emit(ReleaseSlots())
             return
+        if self.state != JobState.CREATED or self._allocations:
+            return  # a grant we did not wait for; releasing would take the slots the job holds
         self._allocations = list(event.allocations)
         self._offered = set()
         for execution in self.graph.executions.values():

@@ -11,11 +11,16 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Optional
 
-from cluster.protocol.metrics import backpressure_level
+from cluster.protocol.metrics import backpressure_level as rest_backpressure_level
 
 PER_SECOND = {"busy": "busyTimeMsPerSecond", "backpressured": "backPressuredTimeMsPerSecond",
               "idle": "idleTimeMsPerSecond"}
 CUMULATIVE = {"busy": "busy-ms", "backpressured": "backpressured-ms", "idle": "idle-ms"}
+
+
+def backpressure_level(ratio: float) -> str:
+    """The grade as the dashboard shows it, Flink's web UI's OK / LOW / HIGH (REST says ok/low/high)."""
+    return rest_backpressure_level(ratio).upper()
 
 
 class RateMeter:
@@ -53,7 +58,7 @@ class VertexStats:
     @property
     def level(self) -> str:
         """OK, LOW or HIGH, as Flink's web UI shows it."""
-        return backpressure_level(self.backpressured).upper()
+        return backpressure_level(self.backpressured)
 
 
 class JobMetrics:
