@@ -37,6 +37,7 @@ class Dispatcher:
         self.on_shutdown = on_shutdown
         self.started_at_ms = now_ms()
         self.jobs: dict[str, JobMaster] = {}
+        self.job_added_listeners: list[Callable[[JobMaster], None]] = []  # e.g. the event publisher
         resource_manager.task_manager_lost_listeners.append(self._task_manager_lost)
         resource_manager.task_metrics_listeners.append(self._task_metrics)
         self.handlers = {
@@ -72,6 +73,8 @@ class Dispatcher:
         master = JobMaster(graph, conf, self.endpoint, self.rm, msg.result_address)
         master.start()  # refuses an unusable savepoint before the job is registered
         self.jobs[graph.job_id] = master
+        for listener in self.job_added_listeners:
+            listener(master)
         log.info("job %s (%s) submitted", graph.job_id, graph.name)
         return m.JobSubmitted(graph.job_id)
 
