@@ -290,8 +290,9 @@ class JobHandle:
         return pd.DataFrame(rows)
 
     def dashboard(self, **options):
-        """The live dashboard widget of this job (one per handle; ``options`` count on the first
-        call: ``poll_interval`` in seconds, ``rows`` of the result table)."""
+        """The live dashboard widget of this job, fed by its events (one per handle; ``options``
+        count on the first call: ``poll_interval``, seconds between its last refreshes once the
+        job ended, and ``rows`` of the result table)."""
         if self._dashboard is None:
             from .widgets import Dashboard
             self._dashboard = Dashboard(self, **options)

@@ -108,7 +108,10 @@ def test_wait_returns_as_soon_as_the_job_ends(cluster, client):
     result = handle.wait(60)
     returned_ms = time.time() * 1000
     asked = {op: client.control_stats().get(op, 0) - stats_before.get(op, 0) for op in CLIENT_OPS}
-    assert asked == {op: 1 if op == "request-job-snapshot" else 0 for op in CLIENT_OPS}  # one fetch, no polling
+    # no polling: the one fetch after subscribing, and a second one only if an event was published
+    # before the subscription reached the JobManager (the heartbeat then names a newer sequence)
+    fetches = asked.pop("request-job-snapshot")
+    assert 1 <= fetches <= 2 and asked == {op: 0 for op in asked}, (fetches, asked)
     end_ms = client.job_details(handle.job_id)["end-time"]
     assert result.state == "FINISHED" and len(result.to_pandas()) == 2_000
     # the JobManager's clock and ours are one (same host): wait() heard of the end at once
@@ -131,6 +134,7 @@ def run_feeds(cluster, job_id: str, count: int, window: float) -> tuple[dict, li
     try:
         feeds = [JobFeed(cluster.info, job_id, deliver(i), schedule=_direct).start() for i in range(count)]
         wait_for(lambda: all(deliveries), 15, "every feed's first update")
+        time.sleep(1.5)  # past the first heartbeat: a fetch it may call for (a raced event) is done
         before = stats.control_stats()
         time.sleep(window)
         after = stats.control_stats()
