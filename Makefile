@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup system-deps quickstart lab test test-fast bench cluster-start cluster-stop clean check-python check-java
+.PHONY: setup system-deps quickstart lab test test-fast bench bench-dashboards cluster-start cluster-stop clean check-python check-java
 
 setup: $(STAMP)
 
@@ -56,6 +56,9 @@ test-fast: setup system-deps
 
 bench: setup
 	$(PY) bench/throughput.py
+
+bench-dashboards: setup
+	$(PY) bench/dashboards.py
 
 cluster-start: setup
 	$(VENV)/bin/streamlab cluster start --taskmanagers 2 --slots 2

@@ -2,7 +2,8 @@
 
 It submits JobGraphs and asks about jobs over the JobManager's control socket, and runs a
 ResultReceiver: a socket of its own to which collect sinks stream Arrow batches straight from the
-TaskManagers. A JobHandle follows one job: its status, its live results as pandas, its end.
+TaskManagers. A JobHandle follows one job: its status, its live results as pandas, its end; it
+waits by following the job's events (kernel_runtime.events), never by asking in a loop.
 """
 from __future__ import annotations
 
@@ -24,11 +25,13 @@ from cluster.protocol.codec import Codec
 from cluster.protocol.endpoint import RpcClient, bound_address, make_socket
 from cluster.protocol.serde import ipc_to_table
 
+from .events import ClusterEvents, JobView, JobWatch
 from .local_cluster import ClusterInfo
 from .results import KEEP_ALL, ResultBuffer, ResultMode
 
 log = logging.getLogger(__name__)
-STATUS_POLL_S = 0.1
+ROWS_CHECK_S = 0.1  # wait_for_rows looks at the rows received (here, in this process) this often
+HOOKS_EVERY_S = 1.0  # a wait without news still runs its hooks this often
 
 
 class JobExecutionError(RuntimeError):
@@ -216,7 +219,7 @@ class JobHandle:
         self._sinks = sinks  # collect sink name -> uid
         self.submitted_at = time.monotonic()
         self._dashboard = None
-        # called (on the waiting thread) at every status poll of wait(): the dashboard applies
+        # called (on the waiting thread) at every change wait() hears of: the dashboard applies
         # its pending update there, since a cell blocked in wait() holds the kernel's loop
         self.wait_hooks: list[Callable[[], None]] = []
 
@@ -287,8 +290,9 @@ class JobHandle:
         return pd.DataFrame(rows)
 
     def dashboard(self, **options):
-        """The live dashboard widget of this job (one per handle; ``options`` count on the first
-        call: ``poll_interval`` in seconds, ``rows`` of the result table)."""
+        """The live dashboard widget of this job, fed by its events (one per handle; ``options``
+        count on the first call: ``poll_interval``, seconds between its last refreshes once the
+        job ended, and ``rows`` of the result table)."""
         if self._dashboard is None:
             from .widgets import Dashboard
             self._dashboard = Dashboard(self, **options)
@@ -311,38 +315,52 @@ class JobHandle:
                 lines.append(f"  {sink}: {summary.received:,} rows received, {summary.kept:,} kept ({summary.mode})")
         return "\n".join(lines)
 
+    def _status(self, view: JobView) -> Optional[m.JobStatus]:
+        """The job's status as the events tell it; when the JobManager could not be asked, ask
+        once more, which raises its error (gone: TimeoutError; the job unknown: RpcError)."""
+        return self.job_status() if view.error else view.status
+
     def wait_for_rows(self, n: int = 1, timeout: Optional[float] = None, sink: Optional[str] = None) -> int:
         """Block until at least n rows arrived (e.g. before a first look at a live job's results);
         returns the rows received. Raises if the job ends, or the timeout passes, first."""
         uid = self._uid(sink)
         deadline = None if timeout is None else time.monotonic() + timeout
-        while (received := self.client.results.rows(self.job_id, uid)) < n:
-            for hook in self.wait_hooks:
-                hook()
-            state = self.status
-            if state in JobState.GLOBALLY_TERMINAL and self.client.results.rows(self.job_id, uid) < n:
-                raise RuntimeError(f"job '{self.name}' ({self.job_id}) is {state} after {received} of {n} rows")
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"job '{self.name}' ({self.job_id}): {received} of {n} rows after {timeout:g} s")
-            time.sleep(STATUS_POLL_S)
+        with self.client.follow(self.job_id) as watch:
+            while (received := self.client.results.rows(self.job_id, uid)) < n:
+                for hook in self.wait_hooks:
+                    hook()
+                status = self._status(watch.view)
+                if status is not None and status.state in JobState.GLOBALLY_TERMINAL \
+                        and self.client.results.rows(self.job_id, uid) < n:
+                    raise RuntimeError(f"job '{self.name}' ({self.job_id}) is {status.state} after {received} of {n} rows")
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"job '{self.name}' ({self.job_id}): {received} of {n} rows after {timeout:g} s")
+                time.sleep(ROWS_CHECK_S)
         return received
 
     def wait(self, timeout: Optional[float] = None, on_status=None) -> JobExecutionResult:
         """Wait for the job's end. FINISHED returns the result; FAILED and CANCELED raise."""
         deadline = None if timeout is None else time.monotonic() + timeout
         last = None
-        while True:
-            status = self.job_status()
-            if on_status and (status.state, status.reason) != last:
-                on_status(status)
-                last = (status.state, status.reason)
-            for hook in self.wait_hooks:
-                hook()
-            if status.state in JobState.GLOBALLY_TERMINAL:
-                break
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"job '{self.name}' ({self.job_id}) still {status.state} after {timeout:g} s")
-            time.sleep(STATUS_POLL_S)
+        with self.client.follow(self.job_id) as watch:
+            view = watch.view
+            while True:
+                status = self._status(view)
+                if on_status and status is not None and (status.state, status.reason) != last:
+                    on_status(status)
+                    last = (status.state, status.reason)
+                for hook in self.wait_hooks:
+                    hook()
+                if status is not None and status.state in JobState.GLOBALLY_TERMINAL:
+                    break
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    state = status.state if status is not None else "not heard of"
+                    raise TimeoutError(f"job '{self.name}' ({self.job_id}) still {state} after {timeout:g} s")
+                if watch.closed:
+                    raise RuntimeError(f"the job events of {self.client.cluster.events_address} stopped; see the log")
+                view = watch.wait_for_change(view.version, HOOKS_EVERY_S if remaining is None
+                                             else min(HOOKS_EVERY_S, remaining))
         if status.state == JobState.FAILED:
             raise JobExecutionError(self.job_id, self.name, status.failure or "unknown cause")
         if status.state == JobState.CANCELED:
@@ -410,6 +428,15 @@ class JobClient:
 
     def job_status(self, job_id: str) -> m.JobStatus:
         return self.rpc.request(m.RequestJobStatus(job_id))
+
+    def follow(self, job_id: str, listener: Optional[Callable[[JobView], None]] = None) -> JobWatch:
+        """Follow a job's events (through this process's one subscription to the cluster);
+        close the watch when done. ``listener(view)`` runs on the events thread and must not block."""
+        return ClusterEvents.follow(self.cluster, job_id, listener)
+
+    def control_stats(self) -> dict[str, int]:
+        """How many control messages the JobManager handled since it started, per op."""
+        return self.rpc.request(m.RequestControlStats()).handled
 
     def list_jobs(self) -> list[dict]:
         return self.rpc.request(m.ListJobs()).jobs

@@ -40,6 +40,7 @@ class ClusterInfo:
     rpc_address: str
     rest_address: str
     secret: bytes
+    events_address: Optional[str] = None  # where the JobManager publishes job events (None: an older one)
 
     @classmethod
     def load(cls, cluster_dir: Optional[Path] = None) -> "ClusterInfo":
@@ -51,7 +52,7 @@ class ClusterInfo:
         info = json.loads(info_file.read_text())
         if not processes.alive(info.get("pid")):
             raise ClusterNotRunning(f"the JobManager of {cluster_dir} (pid {info.get('pid')}) is not running")
-        return cls(cluster_dir, info["rpc"], info["rest"], load_secret(cluster_dir / "secret"))
+        return cls(cluster_dir, info["rpc"], info["rest"], load_secret(cluster_dir / "secret"), info.get("events"))
 
 
 class LocalCluster:

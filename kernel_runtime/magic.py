@@ -176,7 +176,8 @@ class StreamMagics(Magics):
     slots = Int(2, help="Slots per TaskManager of the embedded cluster.").tag(config=True)
     cluster_config = Dict(help="Configuration (Flink's keys) of the embedded cluster, over the "
                                "notebook defaults.").tag(config=True)
-    poll_interval = Float(0.3, help="Seconds between the dashboard's polls of the JobManager.").tag(config=True)
+    poll_interval = Float(0.3, help="Seconds between a dashboard's last refreshes once its job ended (before, "
+                                    "the job's events bring every update).").tag(config=True)
     display_rows = Int(10, help="Result rows the dashboard shows (the newest).").tag(config=True)
 
     def __init__(self, shell):

@@ -106,6 +106,8 @@ OPTIONS: dict[str, ConfigOption] = {
     for o in [
         ConfigOption("jobmanager.rpc.address", _str, "Host the JobManager binds and is reached at."),
         ConfigOption("jobmanager.rpc.port", _int(0, 65535), "JobManager control port (0: any free port)."),
+        ConfigOption("jobmanager.events.port", _int(0, 65535),
+                     "Port the JobManager publishes job events on, beside its control port (0: any free port)."),
         ConfigOption("rest.address", _str, "Host the REST API binds to."),
         ConfigOption("rest.port", _int(0, 65535), "REST API port (0: any free port)."),
         ConfigOption("taskmanager.host", _str, "Host TaskManagers bind their data port on."),

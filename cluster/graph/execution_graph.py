@@ -6,7 +6,7 @@ back what follows. Job and task states are Flink's names.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 from .job_graph import JobGraph, JobVertex, new_id
 
@@ -111,14 +111,19 @@ class ExecutionGraph:
         self.timestamps[JobState.CREATED] = now_ms
         self.failure: Optional[str] = None
         self.executions: dict[str, Execution] = {}
+        # called after every job state change with (graph, old state, new state, now_ms), on the
+        # caller's thread: the JobManager's event publisher listens here
+        self.listeners: list[Callable[["ExecutionGraph", str, str, int], None]] = []
         self.reset_executions()
 
     # ------------------------------------------------------------------ job state
     def transition(self, new_state: str, now_ms: int) -> None:
         if new_state not in _JOB_TRANSITIONS.get(self.state, ()):
             raise IllegalStateTransition(f"job {self.job_graph.job_id}: {self.state} -> {new_state}")
-        self.state = new_state
+        old, self.state = self.state, new_state
         self.timestamps[new_state] = now_ms
+        for listener in self.listeners:
+            listener(self, old, new_state, now_ms)
 
     @property
     def is_globally_terminal(self) -> bool:

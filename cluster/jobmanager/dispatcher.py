@@ -45,6 +45,7 @@ class Dispatcher:
         self.on_shutdown = on_shutdown
         self.started_at_ms = now_ms()
         self.jobs: dict[str, JobMaster] = {}
+        self.job_added_listeners: list[Callable[[JobMaster], None]] = []  # e.g. the event publisher
         resource_manager.task_manager_lost_listeners.append(self._task_manager_lost)
         resource_manager.task_metrics_listeners.append(self._task_metrics)
         self.handlers = {
@@ -103,6 +104,8 @@ class Dispatcher:
             reply.fail(f"job rejected: {exc}")
             return
         self.jobs[graph.job_id] = master
+        for listener in self.job_added_listeners:
+            listener(master)
         log.info("job %s (%s) submitted", graph.job_id, graph.name)
         reply.resolve(m.JobSubmitted(graph.job_id))
 

@@ -8,6 +8,7 @@ belongs to exactly one component), starts the REST server and publishes the boun
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import logging
 import os
@@ -18,10 +19,12 @@ from pathlib import Path
 
 from cluster.conf import Configuration
 from cluster.protocol.auth import load_secret
+from cluster.protocol import messages as m
 from cluster.protocol.codec import Codec
 from cluster.protocol.endpoint import RpcEndpoint
 
 from .dispatcher import Dispatcher
+from .events import JobEventPublisher
 from .resource_manager import ResourceManager
 from .rest import RestServer
 
@@ -42,19 +45,32 @@ class JobManager:
         # reports back to the loop, which never waits for a disk; one thread keeps them in order
         self.storage_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="storage")
         self.dispatcher = Dispatcher(self.endpoint, self.resource_manager, conf, self.stop, self.storage_executor)
-        for component in (self.dispatcher, self.resource_manager):
+        self.events = JobEventPublisher.bind(self.endpoint, self.dispatcher, conf)
+        self.handled: collections.Counter = collections.Counter()  # control messages per op
+        for component in (self.dispatcher, self.resource_manager, self.events, self):
             clash = set(component.handlers) & set(self.endpoint.handlers)
             if clash:
                 raise RuntimeError(f"message types handled twice: {clash}")
-            self.endpoint.handlers.update(component.handlers)
+            self.endpoint.handlers.update({t: self._counted(t.op, h) for t, h in component.handlers.items()})
         self.rest = RestServer(self.dispatcher, conf["rest.address"], conf["rest.port"])
         self.rest_address = f"http://{conf['rest.address']}:{self.rest.port}"
         self.stopped = threading.Event()
 
+    @property
+    def handlers(self) -> dict:
+        return {m.RequestControlStats: lambda msg, peer: m.ControlStats(dict(self.handled))}
+
+    def _counted(self, op: str, handler):
+        def handle(msg, peer):
+            self.handled[op] += 1
+            return handler(msg, peer)
+        return handle
+
     def start(self) -> None:
         self.endpoint.start()
         self.rest.start()
-        log.info("JobManager at %s, REST at %s", self.rpc_address, self.rest_address)
+        log.info("JobManager at %s, events at %s, REST at %s", self.rpc_address, self.events.address,
+                 self.rest_address)
 
     def stop(self) -> None:
         if self.stopped.is_set():
@@ -62,6 +78,7 @@ class JobManager:
         self.stopped.set()
         self.rest.stop()
         self.endpoint.stop()
+        self.events.close()
         self.storage_executor.shutdown(wait=False, cancel_futures=True)
 
 
@@ -73,7 +90,7 @@ def main(argv=None) -> None:
     conf = Configuration.from_file(args.cluster_dir / "config.yaml")
     jm = JobManager(conf, load_secret(args.cluster_dir / "secret"), args.cluster_dir.resolve())
     jm.start()
-    info = {"rpc": jm.rpc_address, "rest": jm.rest_address, "pid": os.getpid()}
+    info = {"rpc": jm.rpc_address, "events": jm.events.address, "rest": jm.rest_address, "pid": os.getpid()}
     tmp = args.cluster_dir / "jobmanager.json.tmp"
     tmp.write_text(json.dumps(info))
     tmp.replace(args.cluster_dir / "jobmanager.json")  # readers never see half a file

@@ -1,11 +1,14 @@
-"""The dashboard's one listener: a thread that polls the JobManager and hands the newest answer
-to the kernel's event loop.
+"""The dashboard's one listener: the job's events, handed to the kernel's event loop.
 
-The thread asks ``job_details`` and ``cluster_overview`` over a control socket of its own (the
-kernel's JobClient stays free) a few times a second. Widgets are only touched on the kernel's
-main thread: the snapshot is handed over with the IOLoop's ``add_callback``; while a cell
+Every dashboard of a kernel follows its job through the process's one subscription to the
+cluster's events (kernel_runtime.events): no thread and no control socket per dashboard, and
+nothing asked of the JobManager in a loop. A change of the job becomes a Snapshot in the shape
+the components read (the fields of GET /jobs/<id> they show, the subtasks, the slot table).
+
+Widgets are only touched on the kernel's main thread: the dashboards with a new snapshot are
+applied by one callback on the IOLoop (``add_callback``), all of them in one go; while a cell
 blocks the loop in ``JobHandle.wait()``, that loop calls ``pump()`` instead. A slow loop never
-builds a backlog: a newer snapshot replaces one not yet applied. Polling is all it costs the job.
+builds a backlog: a newer snapshot replaces one not yet applied.
 """
 from __future__ import annotations
 
@@ -17,19 +20,19 @@ from typing import Callable, Optional
 
 from cluster.graph.execution_graph import JobState
 
-from ..client import JobClient
+from ..events import ClusterEvents, JobView, JobWatch
 from ..local_cluster import ClusterInfo
 from . import current_kernel
 
 log = logging.getLogger(__name__)
-# after the job's end, a few more polls: the last metrics and result rows trail the end
-POLLS_AFTER_END = 3
+# after the job's end, a few more refreshes of the local views: the last result rows trail the end
+REFRESHES_AFTER_END = 3
 
 
 @dataclass(frozen=True)
 class Snapshot:
-    t: float  # time.monotonic() of the answer
-    details: dict  # JobClient.job_details(): GET /jobs/<id> plus "subtasks"
+    t: float  # time.monotonic() of the metrics in it
+    details: dict  # JobClient.job_details() (or the summary of it the events carry): GET /jobs/<id> plus "subtasks"
     overview: dict  # cluster overview
     taskmanagers: list = field(default_factory=list)  # each with its "slots"
     error: Optional[str] = None  # why the JobManager could not be asked
@@ -37,6 +40,20 @@ class Snapshot:
     @property
     def state(self) -> str:
         return self.details.get("state", "")
+
+
+def snapshot_of(view: JobView, now: Optional[float] = None) -> Snapshot:
+    """What the components read, from what the events said of the job. The status events are
+    newer than the summary they may follow; a running job's duration goes on between summaries."""
+    details = dict(view.summary)
+    if details:
+        details["plan"] = view.plan
+    if view.status is not None:
+        details |= {"state": view.status.state, "status-reason": view.status.reason,
+                    "failure-cause": view.status.failure}
+    if view.summary and view.state not in JobState.GLOBALLY_TERMINAL and details.get("duration", -1) >= 0:
+        details["duration"] += int(((now or time.monotonic()) - view.summary_t) * 1000)
+    return Snapshot(view.summary_t or view.t, details, view.overview, view.taskmanagers, view.error)
 
 
 def _direct(fn: Callable[[], None]) -> None:
@@ -50,69 +67,111 @@ def kernel_scheduler() -> Callable[[Callable[[], None]], None]:
     return kernel.io_loop.add_callback if kernel is not None else _direct
 
 
-class JobFeed:
-    def __init__(self, cluster: ClusterInfo, job_id: str, deliver: Callable[[Snapshot], None],
-                 interval: float = 0.3, schedule: Optional[Callable[[Callable[[], None]], None]] = None):
-        self.cluster, self.job_id, self.deliver, self.interval = cluster, job_id, deliver, interval
-        self.schedule = schedule or kernel_scheduler()
+class _Batch:
+    """The feeds with a snapshot waiting for one scheduler (the kernel's loop): one callback
+    applies them all, so ten dashboards cost the loop one wake-up per update, not ten."""
+
+    _all: dict = {}
+    _all_lock = threading.Lock()
+
+    @classmethod
+    def of(cls, schedule: Callable[[Callable[[], None]], None]) -> "_Batch":
+        with cls._all_lock:
+            batch = cls._all.get(schedule)
+            if batch is None:
+                batch = cls._all[schedule] = cls(schedule)
+            return batch
+
+    def __init__(self, schedule):
+        self.schedule = schedule
         self._lock = threading.Lock()
-        self._latest: Optional[Snapshot] = None
+        self._feeds: dict["JobFeed", None] = {}  # insertion-ordered set
         self._scheduled = False
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"dashboard {job_id[:8]}", daemon=True)
-        self.polls = 0
 
-    def start(self) -> "JobFeed":
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stopped.set()
-
-    @property
-    def running(self) -> bool:
-        return self._thread.is_alive()
-
-    def _run(self) -> None:
-        client = JobClient(self.cluster, timeout=5)
-        after_end = 0
-        try:
-            while not self._stopped.is_set() and after_end <= POLLS_AFTER_END:
-                started = time.monotonic()
-                snapshot = self._poll(client)
-                self.polls += 1
-                self._offer(snapshot)
-                if snapshot.state in JobState.GLOBALLY_TERMINAL or snapshot.error:
-                    after_end += 1
-                self._stopped.wait(max(0.0, self.interval - (time.monotonic() - started)))
-        finally:
-            client.close()
-
-    def _poll(self, client: JobClient) -> Snapshot:
-        try:
-            details = client.job_details(self.job_id)
-            overview = client.cluster_overview()
-            return Snapshot(time.monotonic(), details, overview.overview, overview.taskmanagers)
-        except Exception as exc:  # the cluster stopped, or does not answer: say so and end
-            return Snapshot(time.monotonic(), {}, {}, [], f"{type(exc).__name__}: {exc}")
-
-    def _offer(self, snapshot: Snapshot) -> None:
+    def add(self, feed: "JobFeed") -> None:
         with self._lock:
-            self._latest = snapshot
+            self._feeds[feed] = None
             if self._scheduled:
                 return
             self._scheduled = True
         self.schedule(self._apply)
 
+    def _apply(self) -> None:
+        with self._lock:
+            feeds, self._feeds, self._scheduled = list(self._feeds), {}, False
+        for feed in feeds:
+            feed.pump()
+
+
+class JobFeed:
+    def __init__(self, cluster: ClusterInfo, job_id: str, deliver: Callable[[Snapshot], None],
+                 interval: float = 0.3, schedule: Optional[Callable[[Callable[[], None]], None]] = None):
+        """``interval``: seconds between the refreshes after the job's end (the events bring
+        every update before it)."""
+        self.cluster, self.job_id, self.deliver, self.interval = cluster, job_id, deliver, interval
+        self.schedule = schedule or kernel_scheduler()
+        self._batch = _Batch.of(self.schedule)
+        self._lock = threading.Lock()
+        self._latest: Optional[Snapshot] = None
+        self._view: Optional[JobView] = None
+        self._watch: Optional[JobWatch] = None
+        self._ending: Optional[threading.Timer] = None
+        self._stopped = False
+
+    def start(self) -> "JobFeed":
+        self._watch = ClusterEvents.follow(self.cluster, self.job_id, self._changed)
+        return self
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
+            if self._ending is not None:
+                self._ending.cancel()
+        if self._watch is not None:
+            self._watch.close()
+
+    @property
+    def running(self) -> bool:
+        return self._watch is not None and not self._watch.closed and not self._stopped
+
+    def _changed(self, view: JobView) -> None:
+        """On the events thread: the job changed."""
+        self._view = view
+        self._offer(snapshot_of(view))
+        final = view.ended and view.summary.get("state") in JobState.GLOBALLY_TERMINAL
+        with self._lock:
+            if final and self._ending is None and not self._stopped:
+                self._refresh_later(REFRESHES_AFTER_END)
+
+    def _refresh_later(self, left: int) -> None:
+        """With the lock."""
+        self._ending = threading.Timer(self.interval, self._refresh, (left,))
+        self._ending.daemon = True
+        self._ending.start()
+
+    def _refresh(self, left: int) -> None:
+        """After the job's end: the local views again (result rows), then stop following."""
+        if self._view is not None:
+            self._offer(snapshot_of(self._view))
+        with self._lock:
+            if self._stopped:
+                return
+            if left > 1:
+                self._refresh_later(left - 1)
+                return
+        self.stop()
+
+    def _offer(self, snapshot: Snapshot) -> None:
+        with self._lock:
+            if self._stopped:
+                return
+            self._latest = snapshot
+        self._batch.add(self)
+
     def _take(self) -> Optional[Snapshot]:
         with self._lock:
             snapshot, self._latest = self._latest, None
             return snapshot
-
-    def _apply(self) -> None:
-        with self._lock:
-            self._scheduled = False
-        self.pump()
 
     def pump(self) -> None:
         """Apply the newest snapshot now; only on the kernel's main thread (the one the

@@ -1,0 +1,49 @@
+"""Ten live dashboards in one real kernel leave it free: a three-second cell takes about three
+seconds (they share the kernel's one subscription to the job events; their updates reach the
+kernel's loop as one callback per update)."""
+import time
+from pathlib import Path
+
+import pytest
+
+from kernel_runtime.local_cluster import stop_cluster
+
+from ..conftest import wait_for
+from .test_two_kernels import CELL, Kernel
+
+DASHBOARDS = """from IPython.display import display
+from kernel_runtime.widgets import Dashboard
+boards = [job.dashboard()] + [Dashboard(job) for _ in range(9)]
+for board in boards:
+    display(board)
+"""
+
+
+@pytest.fixture
+def kernel():
+    started = Kernel()
+    yield started
+    if started.manager.is_alive():
+        started.shutdown()
+    if started.cluster_dir is not None:
+        stop_cluster(started.cluster_dir)
+
+
+def test_ten_live_dashboards_leave_a_three_second_cell_at_three_seconds(kernel):
+    kernel.client.wait_for_ready(timeout=60)
+    kernel.execute("%load_ext kernel_runtime")
+    kernel.execute(CELL, timeout=120)
+    kernel.cluster_dir = Path(kernel.evaluate("str(job.client.cluster.cluster_dir)"))
+    wait_for(lambda: kernel.evaluate("job.row_count()") > 0, 60, "result rows in the kernel")
+    kernel.execute(DASHBOARDS)
+    wait_for(lambda: kernel.evaluate("min(b.updates for b in boards)") >= 2, 30, "every dashboard live")
+    before = kernel.evaluate("[b.updates for b in boards]")
+
+    started = time.monotonic()
+    kernel.execute("import time\ntime.sleep(3)")
+    elapsed = time.monotonic() - started
+    assert elapsed < 4.0, f"a 3-second cell took {elapsed:.1f} s with ten dashboards open"
+
+    time.sleep(1.5)  # and they go on updating once the cell is done
+    after = kernel.evaluate("[b.updates for b in boards]")
+    assert all(a > b for a, b in zip(after, before)), (before, after)
