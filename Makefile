@@ -1,12 +1,12 @@
 # streamlab: one entry point for setting up, running and testing.
 #   make quickstart   set up, then run the quickstart job on an embedded local cluster
-#   make test         set up, then run the whole test suite
+#   make test         set up, type-check cluster/ and kernel_runtime/, then run the whole test suite
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup system-deps quickstart lab test test-fast bench bench-dashboards cluster-start cluster-stop clean check-python check-java
+.PHONY: setup system-deps quickstart lab test test-fast typecheck bench bench-dashboards cluster-start cluster-stop clean check-python check-java
 
 setup: $(STAMP)
 
@@ -48,11 +48,16 @@ quickstart: setup
 lab: setup
 	$(VENV)/bin/jupyter lab notebooks/01-quickstart.ipynb
 
-test: setup system-deps
+# mypy first: a type error fails the run before the long suite starts
+test: setup system-deps typecheck
 	$(PY) -m pytest
 
-test-fast: setup system-deps
+test-fast: setup system-deps typecheck
 	$(PY) -m pytest -m "not slow"
+
+# cluster/ and kernel_runtime/, as [tool.mypy] in pyproject.toml says
+typecheck: setup
+	$(PY) -m mypy
 
 bench: setup
 	$(PY) bench/throughput.py

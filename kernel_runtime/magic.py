@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
+from IPython.core.interactiveshell import InteractiveShell
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from traitlets import Dict, Float, Int
 
@@ -88,7 +89,8 @@ class StreamSession:
     # ------------------------------------------------------------------ the embedded cluster
     def start(self, taskmanagers: Optional[int] = None, slots: Optional[int] = None) -> LocalCluster:
         if self.embedded is not None:
-            if self.embedded.jobmanager.poll() is None:
+            jobmanager = self.embedded.jobmanager
+            if jobmanager is not None and jobmanager.poll() is None:
                 return self.embedded
             self.stop()  # its JobManager died (killed, out of memory): start a new cluster
         directory = Path(tempfile.mkdtemp(prefix="streamlab-notebook-"))
@@ -119,7 +121,7 @@ class StreamSession:
 
     # ------------------------------------------------------------------ clients
     def client(self, address: Optional[str] = None) -> JobClient:
-        info = self._resolve(address) if address else self.start().info
+        info = self._resolve(address) if address else _info(self.start())
         client = self._clients.get(str(info.cluster_dir))
         if client is None or client.cluster != info:  # a restarted cluster has new ports and secret
             if client is not None:
@@ -132,6 +134,9 @@ class StreamSession:
         where = ClusterAddress.parse(address)
         if where.directory is not None:
             return ClusterInfo.load(Path(where.directory).expanduser())
+        rpc_address = where.rpc_address
+        if rpc_address is None:
+            raise ValueError(f"cluster address {address!r} names neither a directory nor a host:port")
         # Messages are signed with the cluster's secret, which lives in its directory: find the
         # directory of the cluster that listens there.
         known = [default_cluster_dir()] + ([self.embedded.cluster_dir] if self.embedded else [])
@@ -140,7 +145,7 @@ class StreamSession:
                 info = ClusterInfo.load(directory)
             except ClusterNotRunning:
                 continue
-            if _same_address(info.rpc_address, where.rpc_address):
+            if _same_address(info.rpc_address, rpc_address):
                 return info
         raise ClusterNotRunning(
             f"no running cluster known at {where.rpc_address} (looked in {', '.join(map(str, known))}); "
@@ -153,6 +158,12 @@ def _start_watchdog(directory: Path) -> None:
     subprocess.Popen([sys.executable, "-I", processes.__file__, str(os.getpid()), str(directory)],
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                      start_new_session=True)
+
+
+def _info(cluster: LocalCluster) -> ClusterInfo:
+    if cluster.info is None:
+        raise ClusterNotRunning(f"the embedded cluster in {cluster.cluster_dir} has no connection info: not started")
+    return cluster.info
 
 
 def _same_address(a: str, b: str) -> bool:
@@ -185,6 +196,12 @@ class StreamMagics(Magics):
         self._session: Optional[StreamSession] = None
 
     @property
+    def ipython(self) -> InteractiveShell:
+        if self.shell is None:
+            raise RuntimeError("the %%stream magics are used outside an IPython shell")
+        return self.shell
+
+    @property
     def session(self) -> StreamSession:
         if self._session is None:
             self._session = StreamSession(default_cluster_config() | dict(self.cluster_config),
@@ -195,14 +212,14 @@ class StreamMagics(Magics):
     @cell_magic
     def stream(self, line: str, cell: str) -> JobHandle:
         args = parse_stream_args(line)
-        sites = CellSites(self.shell)
+        sites = CellSites(self.ipython)
         try:
             env = StreamEnvironment(parallelism=args.parallelism, config=args.job_config())
         except GraphValidationError as exc:
             raise _expected(exc, sites) from None
         filename = self._run_body(line, cell, env)
-        sites = CellSites(self.shell, filename)
-        name = args.name or f"cell {self.shell.execution_count}"
+        sites = CellSites(self.ipython, filename)
+        name = args.name or f"cell {self.ipython.execution_count}"
         try:
             graph = env.get_job_graph(name)
             result_mode = ResultMode(args.mode, args.max_rows)
@@ -211,7 +228,7 @@ class StreamMagics(Magics):
         except EXPECTED_ERRORS as exc:
             raise _expected(exc, sites) from None
         if args.output:
-            self.shell.user_ns[args.output] = handle
+            self.ipython.user_ns[args.output] = handle
         if args.detached:
             print(f"Job has been submitted with JobID {handle.job_id}")
         from .widgets import in_kernel
@@ -221,7 +238,7 @@ class StreamMagics(Magics):
 
     def _run_body(self, line: str, cell: str, env: StreamEnvironment) -> str:
         """Run the cell body with ``env`` in the user's namespace; returns the body's file name."""
-        shell = self.shell
+        shell = self.ipython
         # a blank first line stands for the %%stream line, so line numbers are the cell's own
         source = "\n" + shell.transform_cell(cell)
         filename = shell.compile.cache(source, shell.execution_count, raw_code=f"%%stream {line}\n{cell}")
@@ -250,11 +267,12 @@ class StreamMagics(Magics):
         session = self.session
         try:
             if args.action == "start":
-                if session.embedded is not None:
+                cluster = session.embedded
+                if cluster is not None:
                     print("The embedded cluster is already running (%stream_cluster stop, then start to resize it).")
                 else:
-                    session.start(args.taskmanagers, args.slots)
-                session.current = session.embedded.info
+                    cluster = session.start(args.taskmanagers, args.slots)
+                session.current = _info(cluster)
                 self._print_status(session.client())
             elif args.action == "stop":
                 print("Embedded cluster stopped." if session.stop() else "No embedded cluster is running.")

@@ -8,7 +8,7 @@ import keyword
 import re
 import shlex
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, overload
 
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import argument, magic_arguments
@@ -106,6 +106,12 @@ def _parse(magic, line: str):
     return magic.parser.parse_args(argv)
 
 
+@overload
+def _positive(value: int, option: str) -> int: ...
+@overload
+def _positive(value: Optional[int], option: str) -> Optional[int]: ...
+
+
 def _positive(value: Optional[int], option: str) -> Optional[int]:
     if value is not None and value < 1:
         raise UsageError(f"{option} must be a positive integer, got {value}")
@@ -126,7 +132,7 @@ def parse_stream_args(line: str) -> StreamArgs:
     return StreamArgs(name=args.name, parallelism=_positive(args.parallelism, "--parallelism"),
                       checkpoint_interval=args.checkpoint_interval, detached=args.detached,
                       cluster=args.cluster, output=args.output, mode=args.mode,
-                      max_rows=_positive(args.max_rows, "--max-rows"))
+                      max_rows=_positive(int(args.max_rows), "--max-rows"))  # it has a default
 
 
 def parse_cluster_args(line: str) -> ClusterArgs:

@@ -9,11 +9,22 @@ checkpoint of a finished input are triggered on demand, outside the periodic rul
 """
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-PERIODIC_KINDS = ("checkpoint",)
-SAVEPOINT_KINDS = ("savepoint", "stop")
+
+
+class CheckpointKind(enum.StrEnum):
+    """Why a checkpoint was taken; equal to the plain strings on the wire and in _metadata."""
+    CHECKPOINT = "checkpoint"  # periodic
+    SAVEPOINT = "savepoint"
+    STOP = "stop"              # stop-with-savepoint: the sources end after it
+    FINAL = "final"            # the last checkpoint of a bounded job whose input has ended
+
+
+PERIODIC_KINDS = (CheckpointKind.CHECKPOINT,)
+SAVEPOINT_KINDS = (CheckpointKind.SAVEPOINT, CheckpointKind.STOP)
 
 
 @dataclass
@@ -104,7 +115,7 @@ class CheckpointCoordinator:
         return None
 
     def trigger(self, now_ms: int, participants: list[str], directory_for: Callable[[int], str],
-                kind: str = "checkpoint") -> PendingCheckpoint:
+                kind: str = CheckpointKind.CHECKPOINT) -> PendingCheckpoint:
         checkpoint_id = self._next_id
         self._next_id += 1
         pending = PendingCheckpoint(checkpoint_id, kind, now_ms, directory_for(checkpoint_id), set(participants))
@@ -159,14 +170,19 @@ class CheckpointCoordinator:
 
     def expire(self, now_ms: int) -> list[PendingCheckpoint]:
         late = [p for p in self.pending.values() if now_ms - p.trigger_ms > self.timeout_ms]
-        return [self.abort(p.checkpoint_id, f"expired before completing (timeout {self.timeout_ms} ms, "
-                                            f"{len(p.waiting)} participant(s) had not acknowledged)", now_ms)
-                for p in late]
+        return [self._abort(p, f"expired before completing (timeout {self.timeout_ms} ms, "
+                               f"{len(p.waiting)} participant(s) had not acknowledged)", now_ms)
+                for p in late if p.checkpoint_id in self.pending]  # a callback may have aborted it
 
     def abort(self, checkpoint_id: int, reason: str, now_ms: int) -> Optional[PendingCheckpoint]:
-        pending = self.pending.pop(checkpoint_id, None)
+        pending = self.pending.get(checkpoint_id)
         if pending is None:
             return None
+        return self._abort(pending, reason, now_ms)
+
+    def _abort(self, pending: PendingCheckpoint, reason: str, now_ms: int) -> PendingCheckpoint:
+        checkpoint_id = pending.checkpoint_id
+        del self.pending[checkpoint_id]
         record = self.records[checkpoint_id]
         record.status, record.end_ms, record.failure = "FAILED", now_ms, reason
         self.counts["failed"] += 1
@@ -175,7 +191,8 @@ class CheckpointCoordinator:
         return pending
 
     def abort_all(self, reason: str, now_ms: int) -> list[PendingCheckpoint]:
-        return [self.abort(cid, reason, now_ms) for cid in list(self.pending)]
+        return [self._abort(p, reason, now_ms) for p in list(self.pending.values())
+                if p.checkpoint_id in self.pending]  # a callback may have aborted it
 
     def latest(self) -> Optional[CompletedCheckpoint]:
         return self.completed[-1] if self.completed else None

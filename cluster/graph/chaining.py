@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .job_graph import JobEdge, JobGraph, JobVertex, OperatorSpec, new_id
+from .job_graph import JobEdge, JobGraph, JobVertex, OperatorSpec, ShipStrategy, new_id
 from .operator_kinds import KINDS
 
 
@@ -34,7 +34,7 @@ class StreamNode:
 
 
 def _chainable(up: StreamNode, down: StreamNode, edge: StreamEdge, consumers: dict[str, int]) -> bool:
-    return (edge.ship_strategy == "FORWARD" and edge.side_output is None and up.parallelism == down.parallelism
+    return (edge.ship_strategy == ShipStrategy.FORWARD and edge.side_output is None and up.parallelism == down.parallelism
             and len(down.inputs) == 1 and consumers[up.uid] == 1)
 
 

@@ -5,13 +5,15 @@ back what follows. Job and task states are Flink's names.
 """
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable, ClassVar, Optional
 
 from .job_graph import JobGraph, JobVertex, new_id
 
 
-class JobState:
+class JobState(enum.StrEnum):
+    """A StrEnum so that members equal their names as plain strings (wire format, JSON)."""
     CREATED = "CREATED"
     RUNNING = "RUNNING"
     FAILING = "FAILING"
@@ -21,11 +23,18 @@ class JobState:
     FINISHED = "FINISHED"
     RESTARTING = "RESTARTING"
 
-    ALL = (CREATED, RUNNING, FAILING, FAILED, CANCELLING, CANCELED, FINISHED, RESTARTING)
-    GLOBALLY_TERMINAL = (FAILED, CANCELED, FINISHED)
+    # Not members: set after the class body (an assignment inside it would make a member).
+    ALL: ClassVar[tuple[JobState, ...]]
+    GLOBALLY_TERMINAL: ClassVar[tuple[JobState, ...]]
 
 
-_JOB_TRANSITIONS = {
+# Tuples rather than sets: views list the states in this order (REST "timestamps", "status-counts").
+JobState.ALL = tuple(JobState)
+JobState.GLOBALLY_TERMINAL = (JobState.FAILED, JobState.CANCELED, JobState.FINISHED)
+
+
+# Keyed by str: states also arrive as plain strings from the wire.
+_JOB_TRANSITIONS: dict[str, set[str]] = {
     JobState.CREATED: {JobState.RUNNING, JobState.FAILING, JobState.FAILED, JobState.CANCELLING,
                        JobState.CANCELED},
     JobState.RUNNING: {JobState.FINISHED, JobState.FAILING, JobState.CANCELLING, JobState.RESTARTING},
@@ -35,7 +44,7 @@ _JOB_TRANSITIONS = {
 }
 
 
-class ExecutionState:
+class ExecutionState(enum.StrEnum):
     CREATED = "CREATED"
     SCHEDULED = "SCHEDULED"
     DEPLOYING = "DEPLOYING"
@@ -46,13 +55,17 @@ class ExecutionState:
     CANCELED = "CANCELED"
     FAILED = "FAILED"
 
-    ALL = (CREATED, SCHEDULED, DEPLOYING, INITIALIZING, RUNNING, FINISHED, CANCELING, CANCELED, FAILED)
-    TERMINAL = (FINISHED, CANCELED, FAILED)
+    ALL: ClassVar[tuple[ExecutionState, ...]]
+    TERMINAL: ClassVar[tuple[ExecutionState, ...]]
+
+
+ExecutionState.ALL = tuple(ExecutionState)
+ExecutionState.TERMINAL = (ExecutionState.FINISHED, ExecutionState.CANCELED, ExecutionState.FAILED)
 
 
 # What a task's reported state may follow (Flink's Execution): a report that does not fit is
 # stale or late (a RUNNING that arrives after the JobMaster asked the task to cancel) and loses.
-_TASK_TRANSITIONS = {
+_TASK_TRANSITIONS: dict[str, set[str]] = {
     ExecutionState.CREATED: {ExecutionState.SCHEDULED, ExecutionState.CANCELED, ExecutionState.FAILED},
     ExecutionState.SCHEDULED: {ExecutionState.CREATED, ExecutionState.DEPLOYING, ExecutionState.CANCELED,
                                ExecutionState.FAILED},
@@ -105,9 +118,9 @@ class ExecutionGraph:
     def __init__(self, job_graph: JobGraph, now_ms: int, clock=lambda: 0):
         self.job_graph = job_graph
         self._clock = clock  # ms; only for the times shown, never for decisions
-        self.state = JobState.CREATED
+        self.state: str = JobState.CREATED
         self.attempt = 0
-        self.timestamps = {s: 0 for s in JobState.ALL}
+        self.timestamps: dict[str, int] = {s: 0 for s in JobState.ALL}
         self.timestamps[JobState.CREATED] = now_ms
         self.failure: Optional[str] = None
         self.executions: dict[str, Execution] = {}
@@ -178,7 +191,7 @@ class ExecutionGraph:
                       key=lambda e: e.subtask)
 
     def status_counts(self, vertex_id: Optional[str] = None) -> dict[str, int]:
-        counts = {s: 0 for s in ExecutionState.ALL}
+        counts: dict[str, int] = {s: 0 for s in ExecutionState.ALL}
         for e in self.executions.values():
             if vertex_id is None or e.vertex.id == vertex_id:
                 counts[e.state] += 1

@@ -9,13 +9,24 @@ everything it is given, because the JobManager must not trust a submitted graph'
 """
 from __future__ import annotations
 
+import enum
 import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
 from .operator_kinds import KINDS
 
-SHIP_STRATEGIES = ("FORWARD", "HASH", "REBALANCE", "BROADCAST")
+
+
+class ShipStrategy(enum.StrEnum):
+    """How records move along an edge (Flink's ShipStrategyType); equal to the plain strings on the wire."""
+    FORWARD = "FORWARD"
+    HASH = "HASH"
+    REBALANCE = "REBALANCE"
+    BROADCAST = "BROADCAST"
+
+
+SHIP_STRATEGIES = tuple(ShipStrategy)
 
 
 class GraphValidationError(ValueError):
@@ -130,9 +141,9 @@ class JobGraph:
             if e.ship_strategy not in SHIP_STRATEGIES:
                 raise GraphValidationError(f"unknown ship strategy {e.ship_strategy!r}")
             src, dst = self.vertex(e.source), self.vertex(e.target)
-            if e.ship_strategy == "HASH" and not e.key:
+            if e.ship_strategy == ShipStrategy.HASH and not e.key:
                 raise GraphValidationError(f"{dst.operators[0].where()}: a keyed exchange needs key columns")
-            if e.ship_strategy == "FORWARD" and src.parallelism != dst.parallelism:
+            if e.ship_strategy == ShipStrategy.FORWARD and src.parallelism != dst.parallelism:
                 raise GraphValidationError(
                     f"{dst.operators[0].where()}: forward partitioning does not allow a change of "
                     f"parallelism ({src.parallelism} -> {dst.parallelism}); use rebalance()")

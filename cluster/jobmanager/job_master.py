@@ -22,7 +22,7 @@ from cluster.clock import now_ms
 from cluster.graph.deployment import (InputGateDescriptor, OutputDescriptor,
                                       TaskDeploymentDescriptor, channel_id)
 from cluster.graph.execution_graph import Execution, ExecutionState
-from cluster.graph.job_graph import JobGraph
+from cluster.graph.job_graph import JobGraph, ShipStrategy
 from cluster.protocol import messages as m
 from cluster.protocol.endpoint import DeferredReply, Peer, RpcEndpoint, RpcError
 
@@ -67,7 +67,7 @@ class JobMaster:
         self._savepoint_replies: dict[str, DeferredReply] = {}
         self._events: deque = deque()
         self._handling = False
-        self.handlers = {
+        self.handlers: dict[type, Callable[[Any, Peer], Optional[m.Message]]] = {
             m.OfferSlots: lambda msg, peer: self._feed(s.SlotsOffered(tuple(msg.allocation_ids))),
             m.UpdateTaskExecutionState: lambda msg, peer: self._feed(
                 s.TaskStateReported(msg.execution_id, msg.state, msg.error, msg.metrics)),
@@ -78,7 +78,8 @@ class JobMaster:
             m.EndOfInput: lambda msg, peer: self._feed(s.SourceExhausted(msg.execution_id)),
             m.AcknowledgeCollect: self.acknowledge_collect,
         }
-        self._execute: dict[type, Callable[[Any], None]] = {
+        # the instructions' results, if any, are not used
+        self._execute: dict[type, Callable[[Any], object]] = {
             s.RequestSlots: lambda i: self.rm.request_slots(self.job_id, i.count, self),
             s.CancelSlotRequest: lambda i: self.rm.cancel_slot_request(self.job_id),
             s.ReleaseSlots: lambda i: self.rm.release_slots(self.job_id),
@@ -201,11 +202,11 @@ class JobMaster:
         g, attempt, sub = self.job_graph, i.attempt, execution.subtask
         inputs, outputs = [], []
         for idx, edge in g.inputs_of(execution.vertex.id):
-            producers = [sub] if edge.ship_strategy == "FORWARD" else range(g.vertex(edge.source).parallelism)
+            producers = [sub] if edge.ship_strategy == ShipStrategy.FORWARD else range(g.vertex(edge.source).parallelism)
             inputs.append(InputGateDescriptor(idx, edge.ship_strategy, [
                 (channel_id(self.job_id, attempt, idx, p, sub), address_of_subtask[p]) for p in producers]))
         for idx, edge in g.outputs_of(execution.vertex.id):
-            consumers = [sub] if edge.ship_strategy == "FORWARD" else range(g.vertex(edge.target).parallelism)
+            consumers = [sub] if edge.ship_strategy == ShipStrategy.FORWARD else range(g.vertex(edge.target).parallelism)
             outputs.append(OutputDescriptor(idx, edge.ship_strategy, list(edge.key),
                                             g.vertex(edge.target).max_parallelism, [
                 (channel_id(self.job_id, attempt, idx, sub, c), address_of_subtask[c]) for c in consumers],

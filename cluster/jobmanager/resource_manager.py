@@ -141,7 +141,8 @@ class ResourceManager:
             m.HeartbeatFromTaskManager: self.heartbeat_from_task_manager,
             m.DisconnectTaskManager: self.disconnect_task_manager,
         }
-        self._execute: dict[type, Callable[[Any], None]] = {
+        # the instructions' results, if any, are not used
+        self._execute: dict[type, Callable[[Any], object]] = {
             AcceptRegistration: self._accepted,
             RejectRegistration: self._rejected,
             AskToRegister: lambda i: self._send(i.task_manager_id, m.RequestRegistration()),

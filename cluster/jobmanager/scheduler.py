@@ -15,7 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from cluster.checkpoint.coordinator import CheckpointCoordinator, CompletedCheckpoint, PendingCheckpoint
+from cluster.checkpoint.coordinator import (CheckpointCoordinator, CheckpointKind, CompletedCheckpoint,
+                                            PendingCheckpoint)
 from cluster.checkpoint.storage import CheckpointStorage
 from cluster.graph.execution_graph import Execution, ExecutionGraph, ExecutionState, JobState
 from cluster.graph.job_graph import JobGraph
@@ -279,7 +280,7 @@ class JobCheckpointing:
         for expired in self.coordinator.expire(self.s.now()):
             self._aborted(expired)
         if self.all_running() and self.coordinator.why_not_trigger(self.s.now()) is None:
-            self.trigger("checkpoint")
+            self.trigger(CheckpointKind.CHECKPOINT)
 
     def all_running(self) -> bool:
         return self.s.state == JobState.RUNNING and all(
@@ -299,7 +300,7 @@ class JobCheckpointing:
     def trigger_savepoint(self, request_id: str, target: Optional[str], stop: bool) -> None:
         if not self.all_running():
             raise SchedulerError(f"job {self.s.job_id} is {self.s.state}: a savepoint needs every task RUNNING")
-        pending = self.trigger("stop" if stop else "savepoint", str(self.storage.new_savepoint_dir(target)))
+        pending = self.trigger(CheckpointKind.STOP if stop else CheckpointKind.SAVEPOINT, str(self.storage.new_savepoint_dir(target)))
         self.savepoint_requests[request_id] = {"status": "IN_PROGRESS"}
 
         def done(completed: Optional[CompletedCheckpoint], reason: Optional[str]) -> None:
@@ -319,9 +320,9 @@ class JobCheckpointing:
     def trigger_final(self) -> None:
         if self.s.state != JobState.RUNNING:
             return
-        if any(p.kind == "final" for p in self.coordinator.pending.values()):
+        if any(p.kind == CheckpointKind.FINAL for p in self.coordinator.pending.values()):
             return
-        pending = self.trigger("final")
+        pending = self.trigger(CheckpointKind.FINAL)
 
         def retry(completed, reason) -> None:
             if completed is None and self.s.state == JobState.RUNNING:
@@ -540,7 +541,8 @@ class DefaultScheduler:
 
     def _task_metrics_reported(self, event: TaskMetricsReported) -> None:
         for task in event.tasks:
-            execution = self.graph.executions.get(task.get("execution_id"))
+            execution_id = task.get("execution_id")
+            execution = self.graph.executions.get(execution_id) if isinstance(execution_id, str) else None
             if execution is not None and not execution.is_terminal:
                 execution.metrics = task
 

@@ -19,7 +19,7 @@ import re
 import time
 import uuid
 import zlib
-from typing import Iterator, Optional
+from typing import Generator, Iterator, Optional
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -82,6 +82,8 @@ class _Lines:
         return record
 
 
+# Batches as the readers yield them: (records consumed, table); generators, so a reader can be closed
+Batches = Generator[tuple[int, pa.Table], None, None]
 # A record as the text formats yield it: (line number, raw text, values by column or the reason it is malformed)
 Record = tuple[int, str, "dict | str"]
 
@@ -112,7 +114,7 @@ class FileSource(SourceOperator, kind="file-source"):
         self._offset = 0               # records of the current file consumed
         self._done: list[str] = []
         self._known: set[str] = set()  # pending or done: never read a file twice
-        self._reader: Optional[Iterator[tuple[int, pa.Table]]] = None
+        self._reader: Optional[Batches] = None
         self._next_scan = 0.0
         self._discover()
 
@@ -180,17 +182,17 @@ class FileSource(SourceOperator, kind="file-source"):
     def close(self) -> None:
         self._close_reader()
 
-    def _read(self, path: str, skip: int) -> Iterator[tuple[int, pa.Table]]:
+    def _read(self, path: str, skip: int) -> Batches:
         """(records consumed, table) per batch of ``path``, after its first ``skip`` records."""
         if self.format == "parquet":
             return self._read_parquet(path, skip)
         records = self._csv_records(path) if self.format == "csv" else self._json_records(path)
         return self._batches(path, itertools.islice(records, skip, None), text=self.format == "csv")
 
-    def _batches(self, path: str, records: Iterator[Record], text: bool) -> Iterator[tuple[int, pa.Table]]:
+    def _batches(self, path: str, records: Iterator[Record], text: bool) -> Batches:
         while chunk := list(itertools.islice(records, self.batch_size)):
             malformed = MalformedRecords(self, "line")
-            good = [r for r in chunk if isinstance(r[2], dict)]
+            good = [(line, raw, values) for line, raw, values in chunk if isinstance(values, dict)]
             bad = [(line, raw, reason) for line, raw, reason in chunk if isinstance(reason, str)]
             if self.schema is None and good:
                 self.schema = infer_schema(_columns([values for _, _, values in good], None), text)
@@ -208,9 +210,15 @@ class FileSource(SourceOperator, kind="file-source"):
         with open(path, "rb") as f:
             lines = _Lines(f)
             reader = csv.reader(lines, delimiter=self.delimiter)
-            columns = self._csv_columns(path, reader) if self.header else [f.name for f in self.schema]
+            if self.header:
+                columns = self._csv_columns(path, reader)
+            elif self.schema is None:  # open() refuses this; here for the type checker and a clear error
+                raise ValueError(f"{self.spec.where()}: a CSV source without a header needs a schema")
+            else:
+                columns = [f.name for f in self.schema]
             lines.take()
             while True:
+                fields: list[str] | str  # the fields, or why the line is not valid CSV
                 try:
                     fields = next(reader)
                 except StopIteration:
@@ -258,7 +266,7 @@ class FileSource(SourceOperator, kind="file-source"):
                 else:
                     yield line, raw, f"not a JSON object but {type(value).__name__}"
 
-    def _read_parquet(self, path: str, skip: int) -> Iterator[tuple[int, pa.Table]]:
+    def _read_parquet(self, path: str, skip: int) -> Batches:
         with pq.ParquetFile(path) as f:
             names = None
             if self.schema is not None:
@@ -325,10 +333,9 @@ class FileSink(Operator, kind="file-sink"):
 
     def process(self, table: pa.Table) -> list[pa.Table]:
         while table.num_rows:
-            if self._writer is None:
-                self._start(table.schema.remove_metadata())
+            writer = self._writer if self._writer is not None else self._start(table.schema.remove_metadata())
             take = min(table.num_rows, self.rows_per_file - self._rows)
-            self._writer.write_table(self._conform(table.slice(0, take)))
+            writer.write_table(self._conform(table.slice(0, take), writer.schema))
             self._rows += take
             table = table.slice(take)
             if self._rows >= self.rows_per_file:
@@ -337,13 +344,13 @@ class FileSink(Operator, kind="file-sink"):
                     self.commit(self.prepare_commit())
         return []
 
-    def _start(self, schema: pa.Schema) -> None:
+    def _start(self, schema: pa.Schema) -> pq.ParquetWriter:
         name = f".part-{self.ctx.subtask}-{self._part}.parquet.inprogress.{uuid.uuid4().hex[:12]}"
         self._in_progress = os.path.join(self.directory, name)
         self._writer = pq.ParquetWriter(self._in_progress, schema, compression=self.compression)
+        return self._writer
 
-    def _conform(self, table: pa.Table) -> pa.Table:
-        schema = self._writer.schema
+    def _conform(self, table: pa.Table, schema: pa.Schema) -> pa.Table:
         if table.schema.equals(schema, check_metadata=False):
             return table
         try:
@@ -357,13 +364,19 @@ class FileSink(Operator, kind="file-sink"):
     def _roll(self) -> None:
         if self._writer is None:
             return
+        in_progress = self._in_progress_path()
         self._writer.close()
-        with open(self._in_progress, "rb") as f:
+        with open(in_progress, "rb") as f:
             os.fsync(f.fileno())  # durable before it can be committed
         final = os.path.join(self.directory, f"part-{self.ctx.subtask}-{self._part}.parquet")
-        self._pending.append({"in_progress": self._in_progress, "final": final, "rows": self._rows})
+        self._pending.append({"in_progress": in_progress, "final": final, "rows": self._rows})
         self._writer, self._in_progress, self._rows = None, None, 0
         self._part += 1
+
+    def _in_progress_path(self) -> str:
+        if self._in_progress is None:
+            raise RuntimeError(f"{self.spec.where()}: a part file is open but its in-progress path is unknown")
+        return self._in_progress
 
     def prepare_commit(self) -> list[dict]:
         """Close the file being written and hand over every file waiting for commit (plain data)."""
@@ -392,7 +405,7 @@ class FileSink(Operator, kind="file-sink"):
     def restore_state(self, handles: list[dict]) -> None:
         # the old subtasks' pending files are committed by the new subtask with their index mod p
         mine = [h for h in handles if h["subtask"] % self.ctx.parallelism == self.ctx.subtask]
-        keep = set()
+        keep: set[str] = set()
         for handle in mine:
             self.commit(handle["pending"])
             keep.update(f["in_progress"] for f in handle["pending"])
@@ -415,5 +428,5 @@ class FileSink(Operator, kind="file-sink"):
         # an in-progress file nobody prepared can never be committed
         if self._writer is not None:
             self._writer.close()
-            os.remove(self._in_progress)
+            os.remove(self._in_progress_path())
             self._writer = None

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Any, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import numpy as np
 import pandas as pd
@@ -29,11 +29,11 @@ from .sources import to_table
 
 # partial aggregates: how each function is computed from a batch and merged into state
 PARTIALS = {"sum": ("s",), "count": ("c",), "min": ("min",), "max": ("max",), "mean": ("s", "c")}
-MERGE = {"s": lambda a, b: a + b, "c": lambda a, b: a + b, "min": min, "max": max}
+MERGE: dict[str, Callable[[Any, Any], Any]] = {"s": lambda a, b: a + b, "c": lambda a, b: a + b, "min": min, "max": max}
 MERGE_IN_BATCH = {"s": "sum", "c": "sum", "min": "min", "max": "max"}
 
 
-def partial_columns(aggregations: dict) -> list[tuple[str, str, Optional[str]]]:
+def partial_columns(aggregations: dict) -> list[tuple[str, str, str]]:
     """(partial column name, partial kind, source column) for named aggregations {out: [col, func]}."""
     return [(f"__{out}__{kind}", kind, column) for out, (column, func) in aggregations.items()
             for kind in PARTIALS[func]]

@@ -12,6 +12,7 @@ from typing import Optional
 
 import pyarrow as pa
 import redis
+from redis.typing import EncodableT, FieldT
 
 from .base import Operator, SourceOperator
 from .records import (MalformedRecords, infer_schema, parse_schema, raw_json, schema_from_bytes, schema_to_bytes,
@@ -24,6 +25,22 @@ def entry_id(text: str) -> tuple[int, int]:
     """An entry id ("1700000000000-3", or just "0") as a comparable pair."""
     ms, _, seq = text.partition("-")
     return int(ms), int(seq or 0)
+
+
+def _text_id(raw: object, key: str) -> str:
+    # connect() asks for decoded responses, so ids come back as str; anything else is a client misconfigured
+    if not isinstance(raw, str):
+        raise TypeError(f"stream {key!r}: entry id {raw!r} is not text (the Redis client must decode responses)")
+    return raw
+
+
+def _xread_entries(reply: object) -> dict[str, list[tuple[str, dict]]]:
+    """XREAD's reply (RESP2: [[key, [[id, fields], ...]], ...], or None on timeout) by stream key."""
+    if reply is None:
+        return {}
+    if not isinstance(reply, list):
+        raise TypeError(f"XREAD replied with a {type(reply).__name__}, not the list of streams of RESP2")
+    return {key: [(_text_id(eid, key), fields) for eid, fields in entries] for key, entries in reply}
 
 
 def connect(url: str, where: str) -> redis.Redis:
@@ -68,7 +85,7 @@ class RedisStreamSource(SourceOperator, kind="redis-stream-source"):
 
     def _last_entry(self, key: str) -> str:
         newest = self.redis.xrevrange(key, count=1)
-        return newest[0][0] if newest else "0-0"
+        return _text_id(newest[0][0], key) if newest else "0-0"
 
     def _finished(self, key: str) -> bool:
         return (self.count is not None and self.read[key] >= self.count) or \
@@ -92,8 +109,10 @@ class RedisStreamSource(SourceOperator, kind="redis-stream-source"):
                 return None
             self.ctx.cancelled.wait(IDLE_WAIT_MS / 1000)  # this subtask was given no stream
             return pa.table({})
-        reply = self.redis.xread(active, count=self.batch_size, block=None if self.bounded else IDLE_WAIT_MS)
-        received = {key: entries for key, entries in reply or []}
+        # redis-py types ``streams`` as an invariant Dict[KeyT, StreamIdT]; a dict[str, str] is what it takes
+        reply = self.redis.xread(active, count=self.batch_size,  # type: ignore[arg-type]
+                                 block=None if self.bounded else IDLE_WAIT_MS)
+        received = _xread_entries(reply)
         rows: list[tuple[str, str, dict]] = []
         for key in active:
             entries = received.get(key, [])
@@ -157,7 +176,11 @@ class RedisStreamSink(Operator, kind="redis-stream-sink"):
         columns = {name: as_text(table.column(name)) for name in table.column_names}
         pipe = self.redis.pipeline(transaction=False)
         for row in range(table.num_rows):
-            fields = {name: values[row] for name, values in columns.items() if values[row] is not None}
+            fields: dict[FieldT, EncodableT] = {}
+            for name, values in columns.items():
+                value = values[row]
+                if value is not None:
+                    fields[name] = value
             if not fields:
                 raise ValueError(f"{self.spec.where()}: a row whose values are all null cannot be a stream entry "
                                  f"(columns: {table.column_names})")

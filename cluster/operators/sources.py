@@ -120,7 +120,8 @@ class GeneratorSource(SourceOperator, kind="generator-source"):
                              "position": position}])
 
     def restore_state(self, handles: list[dict]) -> None:
-        facts, partial = [], {}
+        facts: list[dict] = []
+        partial: dict[int, int] = {}
         for h in handles:
             facts += [f for f in h["position"]["facts"] if f not in facts]
             for split, offset in h["position"]["partial"].items():

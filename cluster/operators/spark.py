@@ -17,14 +17,18 @@ import os
 import sys
 import threading
 import time
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import cloudpickle
 import pyarrow as pa
 
 from cluster.conf import TaskConfig
+from cluster.graph.job_graph import OperatorSpec
 
 from .base import Operator, OperatorContext, TaskCancelled, UserFunctionError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +62,7 @@ class SparkRunner:
         self.config = config
         self.ready = threading.Event()
         self.error: Optional[str] = None
-        self.session = None
+        self.session: Optional[SparkSession] = None
         self.started_at = time.monotonic()
         self.startup_seconds: Optional[float] = None
         self._thread = threading.Thread(target=self._start, name="spark-start", daemon=True)
@@ -106,6 +110,8 @@ class SparkRunner:
             waiting("")
         if self.error:
             raise RuntimeError(self.error)
+        if self.session is None:
+            raise RuntimeError("the TaskManager's SparkSession is marked ready but was never set")
         return self.session.newSession()
 
     def stop(self) -> None:
@@ -119,7 +125,7 @@ class SparkChain(Operator, kind="spark"):
     Each step is a ``.spark(fn)`` (fn: DataFrame -> DataFrame) or a ``.sql(query)`` over the view
     ``input``, which is the previous step's DataFrame."""
 
-    def __init__(self, specs, ctx: OperatorContext):
+    def __init__(self, specs: list[OperatorSpec], ctx: OperatorContext):
         super().__init__(specs[0], ctx)
         self.steps = [(spec, cloudpickle.loads(spec.udf) if spec.udf is not None else None) for spec in specs]
         self.batches = 0

@@ -46,7 +46,9 @@ class KeyGroupRangeError(ValueError):
 def as_list(values: Sequence) -> list:
     # numpy arrays: python ints are faster dict keys and encode to bytes directly
     tolist = getattr(values, "tolist", None)
-    return tolist() if tolist is not None else values
+    if tolist is not None:
+        return tolist()
+    return values if isinstance(values, list) else list(values)
 
 
 def check_state_name(state: str) -> None:

@@ -90,7 +90,7 @@ class HeapKeyedStateBackend(KeyedStateBackend):
 
     def _restore_rows(self, key_groups: list[int], states: list[str], keys: list[bytes],
                       values: list[bytes]) -> None:
-        tables = {}
+        tables: dict[str, dict[int, dict]] = {}
         for g, state, key, value in zip(key_groups, states, keys, values):
             groups = tables.get(state)
             if groups is None:
@@ -114,7 +114,7 @@ class HeapStateSnapshot(StateSnapshot):
         for g in sorted(copies):
             for state, entries in copies[g]:
                 self._check_not_discarded()
-                writer.add_run(g, state, codec.encode_many(entries.keys()),
+                writer.add_run(g, state, codec.encode_many(list(entries.keys())),
                                [encode_value(v) for v in entries.values()])
 
     def _release(self) -> None:

@@ -20,9 +20,10 @@ import pathlib
 import shutil
 import tempfile
 import weakref
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence, cast
 
-from rocksdict import Options, Rdict, RdictItems, WriteBatch, WriteOptions
+from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+from rocksdict.rocksdict import RdictItems  # not re-exported by the package's __all__
 
 from .backend import KeyedStateBackend, StateSnapshot, as_list, check_state_name
 from .snapshot_format import (ROWS_PER_BATCH, KeyCodec, SnapshotFileWriter, decode_key,
@@ -45,7 +46,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         self.db_path = pathlib.Path(tempfile.mkdtemp(prefix="rocksdb-", dir=self.work_dir))
         self._db = Rdict(str(self.db_path), _options())
         self._write_options = WriteOptions()
-        self._write_options.disable_wal = True
+        # rocksdict's stub declares disable_wal a method; at runtime it is a settable attribute
+        self._write_options.disable_wal = True  # type: ignore[method-assign, assignment]
         self._db.set_write_options(self._write_options)
         self._codec = KeyCodec()
         self._prefixes: dict[str, dict[int, bytes]] = {}
@@ -86,7 +88,10 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         self.put(state, key_group, key, None)
 
     def get_many(self, state: str, key_groups: Sequence[int], keys: Sequence) -> list:
-        found = self._db.get(self._db_keys(state, key_groups, keys))
+        # rocksdict's stub wants a List[Union[str, int, float, bytes, bool]] (invariant); bytes keys are fine
+        found = self._db.get(self._db_keys(state, key_groups, keys))  # type: ignore[arg-type]
+        if found is None:
+            raise RuntimeError(f"RocksDB multi-get for state {state!r} returned nothing, not one value per key")
         return [None if raw is None else decode_value(raw) for raw in found]
 
     def put_many(self, state: str, key_groups: Sequence[int], keys: Sequence,
@@ -146,10 +151,15 @@ class RocksDBStateSnapshot(StateSnapshot):
     def _write_to(self, writer: SnapshotFileWriter) -> None:
         items = self._items
         self._check_not_discarded()  # discard() may have dropped the iterator since write()
+        if items is None:
+            raise RuntimeError("state snapshot discarded while being written")
         run_prefix: Optional[bytes] = None
-        key_group, state, keys, values = 0, "", [], []
+        key_group, state = 0, ""
+        keys: list[bytes] = []
+        values: list[bytes] = []
         start = 0
-        for db_key, value in items:
+        # the database is opened in raw mode (see _options): keys and values are bytes
+        for db_key, value in cast(Iterator[tuple[bytes, bytes]], items):
             # a run is one (key group, state): the rows that share a key prefix
             if run_prefix is None or not db_key.startswith(run_prefix) or len(keys) >= ROWS_PER_BATCH:
                 if keys:

@@ -276,6 +276,8 @@ def _open(path: Path, source, max_parallelism: int) -> ipc.RecordBatchFileReader
 
 def _group_span(path: Path, index: int, metadata: Optional[pa.KeyValueMetadata],
                 max_parallelism: int) -> tuple[int, int]:
+    if metadata is None:
+        raise StateFormatError(path, f"record batch {index} has no key group span")
     try:
         first, last = int(metadata[_FIRST_KEY]), int(metadata[_LAST_KEY])
     except (TypeError, KeyError, ValueError):

@@ -78,7 +78,7 @@ class InputGate:
 
     def __init__(self, channel_ids: list[str]):
         self.channel_ids = list(channel_ids)
-        self._queues = {c: deque() for c in channel_ids}
+        self._queues: dict[str, deque] = {c: deque() for c in channel_ids}
         self._open = set(channel_ids)
         self._cond = threading.Condition()
         self._next = 0

@@ -25,14 +25,16 @@ import numpy as np
 import pyarrow as pa
 
 from cluster.checkpoint.barriers import Barrier, BarrierAligner
+from cluster.checkpoint.coordinator import CheckpointKind
 from cluster.conf import TaskConfig
 from cluster.graph.deployment import OutputDescriptor, TaskDeploymentDescriptor
 from cluster.graph.execution_graph import ExecutionState
-from cluster.graph.job_graph import OperatorSpec
+from cluster.graph.job_graph import OperatorSpec, ShipStrategy
 from cluster.graph.operator_kinds import KINDS
 from cluster.operators import OPERATORS
 from cluster.operators.base import OperatorContext, SourceOperator, TaskCancelled, UserFunctionError
-from cluster.protocol.messages import AddCredit, BufferResponse, EndOfPartition
+from cluster.operators.spark import SparkChain
+from cluster.protocol.messages import AddCredit, BufferResponse, EndOfPartition, Message
 from cluster.protocol.serde import ipc_to_table, table_to_ipc
 from cluster.state.key_groups import key_groups_of, operator_index_for_key_group
 
@@ -40,7 +42,7 @@ from .network import END, WAIT_SLICE, ChannelSender, InputGate, NetworkEnvironme
 
 log = logging.getLogger(__name__)
 IDLE, BACKPRESSURED = "idle", "backpressured"
-ENDING_KINDS = ("final", "stop")  # checkpoints after which the sources end
+ENDING_KINDS = (CheckpointKind.FINAL, CheckpointKind.STOP)  # checkpoints after which the sources end
 
 
 class CheckpointResponder(Protocol):
@@ -189,16 +191,16 @@ class RecordWriter:
         if table.num_rows == 0:
             return
         strategy = self.desc.ship_strategy
-        if strategy == "HASH":
+        if strategy == ShipStrategy.HASH:
             targets = operator_index_for_key_group(
                 key_groups_of(table, self.desc.key, self.desc.max_parallelism),
                 self.desc.max_parallelism, len(self.desc.channels))
             for index in np.unique(targets):
                 self._buffer(int(index), table.take(pa.array(np.flatnonzero(targets == index))))
-        elif strategy == "BROADCAST":
+        elif strategy == ShipStrategy.BROADCAST:
             for index in range(len(self.desc.channels)):
                 self._buffer(index, table)
-        elif strategy == "REBALANCE":
+        elif strategy == ShipStrategy.REBALANCE:
             self._buffer(next(self._round_robin), table)
         else:  # FORWARD: the one channel to the same subtask index
             self._buffer(0, table)
@@ -265,7 +267,7 @@ class RecordWriter:
         """In-band, after every row before it (the buffers are flushed first)."""
         self._event(("barrier", barrier), barrier.on_channel)
 
-    def _event(self, local_item: tuple, remote: Callable[[str], object]) -> None:
+    def _event(self, local_item: tuple, remote: Callable[[str], Message]) -> None:
         self.flush_all()
         for (channel, address), account in zip(self.desc.channels, self.accounts):
             account.wait_announced(self.cancelled)
@@ -298,7 +300,7 @@ class Task:
         self._end_confirmed = False
         self.cancelled = threading.Event()
         self.metrics = TaskMetrics()
-        self.state = ExecutionState.DEPLOYING
+        self.state: str = ExecutionState.DEPLOYING
         self.detail = ""  # what an INITIALIZING task waits for, shown in the job's status
         self.name = f"{tdd.vertex['name']} ({tdd.subtask + 1}/{tdd.vertex['parallelism']})"
         self._thread = threading.Thread(target=self._run, name=f"task {self.name}", daemon=True)
@@ -394,7 +396,8 @@ class Task:
             if desc.side_output is None:
                 self._writers.append(writer)
             else:
-                self._side_writers.setdefault(tuple(desc.side_output), []).append(writer)
+                uid, tag = desc.side_output
+                self._side_writers.setdefault((uid, tag), []).append(writer)
         ctx = OperatorContext(
             job_id=tdd.job_id, job_name=tdd.job_name, attempt=tdd.attempt, subtask=tdd.subtask,
             parallelism=tdd.vertex["parallelism"], max_parallelism=tdd.vertex["max_parallelism"],
@@ -406,13 +409,16 @@ class Task:
         specs = [OperatorSpec(**o) for o in tdd.vertex["operators"]]
         # consecutive operators of a Spark kind become one operator: one Spark plan per batch
         for _, group in itertools.groupby(specs, key=lambda s: s.kind if KINDS[s.kind].spark else s.uid):
-            group = list(group)
-            implementation = OPERATORS[group[0].kind]
+            members = list(group)
+            implementation = OPERATORS[members[0].kind]
+            if KINDS[members[0].kind].spark and not issubclass(implementation, SparkChain):
+                raise TypeError(f"{members[0].where()}: Spark kind {members[0].kind!r} is run by "
+                                f"{implementation.__name__}, which is not a SparkChain")
             try:
-                chain.append(implementation(group, ctx) if KINDS[group[0].kind].spark
-                             else implementation(group[0], ctx))
+                chain.append(implementation(members, ctx) if issubclass(implementation, SparkChain)
+                             else implementation(members[0], ctx))
             except Exception as exc:
-                raise UserFunctionError(f"{group[0].where()} could not be loaded on the TaskManager: "
+                raise UserFunctionError(f"{members[0].where()} could not be loaded on the TaskManager: "
                                         f"{type(exc).__name__}: {exc}") from exc
         self._producer_address = {c: a for desc in tdd.inputs for c, a in desc.channels}
         if self._producer_address:
@@ -469,6 +475,8 @@ class Task:
 
     def _run_inputs(self, chain: list, sender: ChannelSender) -> None:
         gate = self._gate
+        if gate is None:
+            raise RuntimeError(f"task {self.name}: _run_inputs called before _build_chain made its input gate")
         aligner = BarrierAligner(list(self._producer_address), self.config.exactly_once)
         while not gate.finished:
             self._process_control()

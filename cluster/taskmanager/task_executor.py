@@ -16,7 +16,7 @@ import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import psutil
 
@@ -64,7 +64,7 @@ class TaskExecutor:
         self.registered = False
         self._heartbeating = False
         self.stopped = threading.Event()
-        self.handlers = {
+        self.handlers: dict[type, Callable[[Any, Peer], Optional[m.Message]]] = {
             m.RegistrationSuccess: self.registration_success,
             m.RegistrationRejected: self.registration_rejected,
             m.RequestRegistration: self.request_registration,
@@ -143,16 +143,18 @@ class TaskExecutor:
             if isinstance(i, OfferSlot):
                 self.jobmanager.offer_slots(self.task_manager_id, i.job_id, [i.allocation_id])
             elif isinstance(i, StartTask):
+                if deployment is None:
+                    raise ValueError(f"StartTask for execution {i.execution_id} without its deployment descriptor")
                 task = Task(deployment, self.network, self._report_from_task, self, self.snapshot_executor)
                 self.tasks[i.execution_id] = task
                 task.start()
             elif isinstance(i, CancelTaskThread):
                 self.tasks[i.execution_id].cancel()
             elif isinstance(i, ReportTaskState):
-                task = self.tasks.get(i.execution_id)
-                metrics = task.metrics_snapshot() if task is not None else {}
+                reporting = self.tasks.get(i.execution_id)
+                metrics = reporting.metrics_snapshot() if reporting is not None else {}
                 if i.state == ExecutionState.FAILED:
-                    log.warning("task %s failed:\n%s", task.name if task else i.execution_id, i.error)
+                    log.warning("task %s failed:\n%s", reporting.name if reporting else i.execution_id, i.error)
                 self.jobmanager.update_task_execution_state(i.job_id, i.execution_id, i.state, i.error, metrics)
                 if i.state in ExecutionState.TERMINAL:
                     self.tasks.pop(i.execution_id, None)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
+from typing import Callable, Literal, NoReturn, Optional, Sequence, overload
 
 import pyarrow as pa
 
@@ -40,8 +40,13 @@ class _Check:
     def __init__(self, factory: str):
         self.where = f"{factory} ({call_site()})"
 
-    def fail(self, argument: str, expected: str, value) -> None:
+    def fail(self, argument: str, expected: str, value) -> NoReturn:
         raise GraphValidationError(f"{self.where}: {argument} must be {expected}, got {value!r}")
+
+    @overload
+    def integer(self, argument: str, value, low: int = 1, optional: Literal[False] = False) -> int: ...
+    @overload
+    def integer(self, argument: str, value, low: int = 1, *, optional: bool) -> Optional[int]: ...
 
     def integer(self, argument: str, value, low: int = 1, optional: bool = False) -> Optional[int]:
         if value is None and optional:
@@ -54,6 +59,11 @@ class _Check:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
             self.fail(argument, "a positive number", value)
         return float(value)
+
+    @overload
+    def text(self, argument: str, value, optional: Literal[False] = False) -> str: ...
+    @overload
+    def text(self, argument: str, value, optional: bool) -> Optional[str]: ...
 
     def text(self, argument: str, value, optional: bool = False) -> Optional[str]:
         if value is None and optional:

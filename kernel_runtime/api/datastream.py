@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import os
 import sys
+from types import FrameType
 from typing import TYPE_CHECKING, Callable, Optional
 
 import cloudpickle
 
 from cluster.graph.chaining import StreamEdge, StreamNode
-from cluster.graph.job_graph import GraphValidationError, OperatorSpec
+from cluster.graph.job_graph import GraphValidationError, OperatorSpec, ShipStrategy
 from cluster.graph.operator_kinds import KINDS, Role
 
 if TYPE_CHECKING:
@@ -25,7 +26,7 @@ _API_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def call_site() -> str:
     """file:line of the first caller outside kernel_runtime."""
-    frame = sys._getframe(1)
+    frame: Optional[FrameType] = sys._getframe(1)
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_API_DIR):
         frame = frame.f_back
     if frame is None:
@@ -45,6 +46,14 @@ def check_parallelism(value, where: str) -> Optional[int]:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise GraphValidationError(f"{where}: parallelism must be a positive integer, got {value!r}")
     return value
+
+
+def require_parallelism(value, where: str) -> int:
+    """check_parallelism for a setter, where None (use the default) has no meaning."""
+    checked = check_parallelism(value, where)
+    if checked is None:
+        raise GraphValidationError(f"{where}: parallelism must be a positive integer, got None")
+    return checked
 
 
 def pickle_udf(fn, where: str) -> Optional[bytes]:
@@ -67,7 +76,13 @@ class DataStream:
                  partitioning: Optional[tuple[str, list[str]]] = None):
         self.env = env
         self.node = node  # None for a union, which has no operator of its own
-        self._upstreams = upstreams or [(node.uid, None)]  # (node uid, side output tag)
+        # (node uid, side output tag)
+        if upstreams:
+            self._upstreams = upstreams
+        elif node is not None:
+            self._upstreams = [(node.uid, None)]
+        else:
+            raise ValueError("a DataStream needs its operator's node or, for a union, its upstreams")
         self._partitioning = partitioning  # (ship strategy, key) set by rebalance()/broadcast()/key_by
 
     # ------------------------------------------------------------------ building
@@ -120,11 +135,11 @@ class DataStream:
 
     def rebalance(self) -> "DataStream":
         """Spread batches round-robin over the next operator's subtasks."""
-        return DataStream(self.env, self.node, self._upstreams, ("REBALANCE", []))
+        return DataStream(self.env, self.node, self._upstreams, (ShipStrategy.REBALANCE, []))
 
     def broadcast(self) -> "DataStream":
         """Send every batch to every subtask of the next operator."""
-        return DataStream(self.env, self.node, self._upstreams, ("BROADCAST", []))
+        return DataStream(self.env, self.node, self._upstreams, (ShipStrategy.BROADCAST, []))
 
     def union(self, *others: "DataStream") -> "DataStream":
         """One stream of the rows of all of them (their schemas should match)."""
@@ -144,7 +159,7 @@ class DataStream:
     def set_parallelism(self, parallelism: int) -> "DataStream":
         if self.node is None:
             raise GraphValidationError(f"set_parallelism ({call_site()}): a union has no operator of its own")
-        self.node.parallelism = check_parallelism(parallelism, self.node.spec.where())
+        self.node.parallelism = require_parallelism(parallelism, self.node.spec.where())
         return self
 
     # ------------------------------------------------------------------ sinks
@@ -175,12 +190,12 @@ class KeyedStream:
     def map_batches(self, fn: Callable, name: str = "map_batches", parallelism: Optional[int] = None) -> DataStream:
         """fn(pandas.DataFrame) -> pandas.DataFrame on hash-partitioned batches: all rows of a key
         reach the same subtask."""
-        return self.stream._then("map-batches", name, fn, parallelism=parallelism, partitioning=("HASH", self.key))
+        return self.stream._then("map-batches", name, fn, parallelism=parallelism, partitioning=(ShipStrategy.HASH, self.key))
 
     def count(self, name: str = "count", parallelism: Optional[int] = None) -> DataStream:
         """A running count per key: each batch emits the new count of every key it holds."""
         return self.stream._then("keyed-count", name, params={"key": self.key}, parallelism=parallelism,
-                                 partitioning=("HASH", self.key))
+                                 partitioning=(ShipStrategy.HASH, self.key))
 
     def aggregate(self, name: str = "aggregate", parallelism: Optional[int] = None,
                   **aggregations: tuple[str, str]) -> DataStream:
@@ -211,16 +226,16 @@ class KeyedStream:
         source = pre or self.stream
         return source._then("keyed-aggregate", name, params={"key": self.key, "aggregations": spec,
                                                               "pre_aggregated": pre is not None},
-                            parallelism=parallelism, partitioning=("HASH", self.key))
+                            parallelism=parallelism, partitioning=(ShipStrategy.HASH, self.key))
 
     def reduce(self, fn: Callable, name: str = "reduce", parallelism: Optional[int] = None) -> DataStream:
         """fn(accumulated, new) -> combined, on DataFrames of aligned rows (one per key, all columns):
         folds each key's rows into one, kept in keyed state; emits each touched key's value."""
         return self.stream._then("keyed-reduce", name, fn, params={"key": self.key}, parallelism=parallelism,
-                                 partitioning=("HASH", self.key))
+                                 partitioning=(ShipStrategy.HASH, self.key))
 
     def process(self, fn: Callable, name: str = "process", parallelism: Optional[int] = None) -> DataStream:
         """fn(key, rows, state) -> DataFrame or None, per key and batch, with Flink's keyed state:
         ``state.value_state("n")`` (.value()/.update()), ``state.list_state(..)``, ``state.map_state(..)``."""
         return self.stream._then("keyed-process", name, fn, params={"key": self.key}, parallelism=parallelism,
-                                 partitioning=("HASH", self.key))
+                                 partitioning=(ShipStrategy.HASH, self.key))

@@ -14,13 +14,13 @@ from typing import Any, Callable, Optional
 
 from cluster.conf import Configuration, ConfigError
 from cluster.graph.chaining import StreamEdge, StreamNode, build_job_graph
-from cluster.graph.job_graph import GraphValidationError, JobGraph, OperatorSpec
+from cluster.graph.job_graph import GraphValidationError, JobGraph, OperatorSpec, ShipStrategy
 from cluster.graph.operator_kinds import KINDS, Role
 
 from ..client import JobClient, JobExecutionResult, JobHandle
 from ..local_cluster import ClusterInfo, LocalCluster
 from .connectors import Connector
-from .datastream import DataStream, call_site, check_parallelism, pickle_udf, plays
+from .datastream import DataStream, call_site, check_parallelism, pickle_udf, plays, require_parallelism
 from .schema import annotate_spark_input_schemas
 
 # Set by `streamlab run`: the cluster to submit to and how.
@@ -49,7 +49,7 @@ class StreamEnvironment:
         return cls(**kwargs)
 
     def set_parallelism(self, parallelism: int) -> "StreamEnvironment":
-        self.parallelism = check_parallelism(parallelism, "set_parallelism")
+        self.parallelism = require_parallelism(parallelism, "set_parallelism")
         return self
 
     # ------------------------------------------------------------------ sources
@@ -108,7 +108,8 @@ class StreamEnvironment:
             for edge in node.inputs:
                 if edge.ship_strategy == "DEFAULT":  # Flink's rule: forward if it can, else rebalance
                     upstream = next(n for n in self._nodes if n.uid == edge.source)
-                    edge.ship_strategy = "FORWARD" if upstream.parallelism == node.parallelism else "REBALANCE"
+                    edge.ship_strategy = (ShipStrategy.FORWARD if upstream.parallelism == node.parallelism
+                                          else ShipStrategy.REBALANCE)
                 if node.parallelism > self.max_parallelism:
                     raise GraphValidationError(
                         f"{node.spec.where()}: parallelism {node.parallelism} exceeds pipeline.max-parallelism "
@@ -120,22 +121,29 @@ class StreamEnvironment:
         return build_job_graph(self._nodes, name, self.max_parallelism, config)
 
     # ------------------------------------------------------------------ execution
+    def _given_cluster_dir(self) -> Optional[Path]:
+        """The cluster to submit to: the environment's own, else `streamlab run`'s (None: an embedded one)."""
+        given = self.cluster_dir or os.environ.get(CONTEXT_CLUSTER_DIR)
+        return Path(given) if given else None
+
     def execute_async(self, name: str = "streamlab job", client: Optional[JobClient] = None,
                       detached: bool = False) -> JobHandle:
         graph = self.get_job_graph(name)
-        client = client or JobClient(ClusterInfo.load(self.cluster_dir or os.environ.get(CONTEXT_CLUSTER_DIR)))
+        client = client or JobClient(ClusterInfo.load(self._given_cluster_dir()))
         return client.submit(graph, detached=detached)
 
     def execute(self, name: str = "streamlab job") -> JobExecutionResult | JobHandle:
         """Run the job and wait for it; inside `streamlab run -d`, submit it and return its handle."""
         graph = self.get_job_graph(name)
-        context_dir = os.environ.get(CONTEXT_CLUSTER_DIR)
-        if self.cluster_dir or context_dir:
-            client = JobClient(ClusterInfo.load(self.cluster_dir or context_dir))
+        cluster_dir = self._given_cluster_dir()
+        if cluster_dir is not None:
+            client = JobClient(ClusterInfo.load(cluster_dir))
             return _run(client, graph, detached=os.environ.get(CONTEXT_DETACHED) == "1",
                         verbose=os.environ.get(CONTEXT_VERBOSE) == "1")
         slots = max(1, math.ceil(max(n.parallelism for n in self._nodes) / 2))
         with _embedded_cluster(taskmanagers=2, slots=slots) as cluster:
+            if cluster.info is None:
+                raise RuntimeError("the embedded cluster started without its connection info")
             client = JobClient(cluster.info)
             try:
                 return _run(client, graph, detached=False, verbose=False)

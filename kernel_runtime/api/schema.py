@@ -29,11 +29,20 @@ def _sequence(spec: OperatorSpec, fn: Optional[Callable], table: Optional[pa.Tab
     return pa.table({"seq": seq}) if fn is None else _table(fn(seq))
 
 
+def _given(spec: OperatorSpec, value, what: str):
+    if value is None:
+        raise ValueError(f"{spec.where()}: no {what} to sample its output from")
+    return value
+
+
 def _function(spec: OperatorSpec, fn: Optional[Callable], table: Optional[pa.Table]) -> pa.Table:
+    fn = _given(spec, fn, "function")
+    table = _given(spec, table, "input sample")
     return _table(fn(table.to_pandas()))
 
 
 def _key_count(spec: OperatorSpec, fn: Optional[Callable], table: Optional[pa.Table]) -> pa.Table:
+    table = _given(spec, table, "input sample")
     return table.select(spec.params["key"]).append_column("count", pa.array([1] * table.num_rows, pa.int64()))
 
 
@@ -77,8 +86,9 @@ def annotate_spark_input_schemas(nodes: list[StreamNode]) -> None:
     samples: dict[str, Optional[pa.Table]] = {}
     for node in nodes:  # creation order is a topological order
         inputs = [samples.get(e.source) if e.side_output is None else None for e in node.inputs]
-        if KINDS[node.spec.kind].spark and inputs and all(t is not None for t in inputs):
-            schema = inputs[0].schema if len(inputs) == 1 else pa.unify_schemas([t.schema for t in inputs])
+        known = [t for t in inputs if t is not None]
+        if KINDS[node.spec.kind].spark and inputs and len(known) == len(inputs):
+            schema = known[0].schema if len(known) == 1 else pa.unify_schemas([t.schema for t in known])
             node.spec.params["input_schema"] = schema.serialize().to_pybytes()
         try:
             samples[node.uid] = _sample_of(node, inputs)

@@ -3,8 +3,11 @@
 a table of the current values."""
 from __future__ import annotations
 
+from typing import Optional
+
 import ipywidgets as widgets
-from bokeh.models import BoxAnnotation, ColumnDataSource, Range1d
+from bokeh.models import ColumnDataSource, Range1d
+from bokeh.models.annotations import BoxAnnotation  # bokeh.models' type stub does not list it
 from bokeh.palettes import Category10_10
 from bokeh.plotting import figure
 from jupyter_bokeh import BokehModel
@@ -31,10 +34,11 @@ class TimeSeries:
         fig.legend.label_text_font_size = "9px"
         fig.legend.background_fill_alpha = 0.6
         fig.legend.spacing = 0
-        fig.legend.padding = 2
+        # bokeh's stub types padding by its descriptor (Property[...]); at runtime it takes the int
+        fig.legend.padding = 2  # type: ignore[assignment]
         self.figure = fig
         self.widget = BokehModel(fig)
-        self._last_t = None
+        self._last_t: Optional[float] = None
 
     def add(self, t: float, values: dict[str, float]) -> None:
         if t == self._last_t:
@@ -76,7 +80,7 @@ class BackpressureView(_ChartWithTable):
     def __init__(self, vertices: list[tuple[str, str]]):
         chart = TimeSeries("Back pressure (max over subtasks)", "back-pressured share",
                            [(_series_key(i), name, i, "solid") for i, (_, name) in enumerate(vertices)],
-                           y_range=Range1d(0, 1.05))
+                           y_range=Range1d(start=0, end=1.05))
         for bottom, top, color in ((0, 0.10, "#31a354"), (0.10, 0.5, "#e6a700"), (0.5, 1.05, "#de2d26")):
             chart.figure.add_layout(BoxAnnotation(bottom=bottom, top=top, fill_color=color, fill_alpha=0.07))
         super().__init__(chart, vertices, "streamlab-backpressure")

@@ -52,7 +52,7 @@ class JobGraphView(HTMLComponent):
         places = layout(plan)
         heights = {vid: (2 + len(operator_names(n.get("description", "")))) * LINE_H + PAD for vid, n in nodes.items()}
         row_h = max(heights.values()) + GAP_Y
-        pos = {vid: (PAD + col * (BOX_W + GAP_X), PAD + row * row_h) for vid, (col, row) in places.items()}
+        pos: dict[str, tuple[float, float]] = {vid: (PAD + col * (BOX_W + GAP_X), PAD + row * row_h) for vid, (col, row) in places.items()}
         width = max(x for x, _ in pos.values()) + BOX_W + PAD
         height = max(y + heights[vid] for vid, (_, y) in pos.items()) + PAD
         parts = ['<defs><marker id="streamlab-arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" '
