@@ -112,7 +112,8 @@ def latency_ms(cluster, client, rate: int, seconds: float) -> np.ndarray:
     (env.from_generator(timed_rows, rate=rate, batch_size=rate // 10).sql("SELECT k, v, ts FROM input WHERE v % 10 < 8")
         .key_by("k").map_batches(lambda df: df, name="keyed pass-through").collect())
     stamps = ArrivalStamps(cluster.info.secret)
-    reply = client.rpc.request(m.SubmitJob(env.get_job_graph("latency").to_dict(), stamps.address))
+    reply = client.rpc.request(m.SubmitJob(env.get_job_graph("latency").to_dict(), stamps.address),
+                               expect=m.JobSubmitted)
     time.sleep(seconds)
     client.cancel(reply.job_id)
     stamps.running = False

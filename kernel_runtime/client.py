@@ -65,13 +65,14 @@ class _SinkResults:
         self.error: Optional[str] = None
         self.first_row_at: Optional[float] = None  # time.perf_counter() of the first row kept
 
-    def receive(self, msg: m.Message, table: Optional[pa.Table] = None) -> Optional[m.AcknowledgeCollect]:
+    def receive(self, msg: m.CollectBatch | m.CollectBarrier | m.CollectEnd,
+                table: Optional[pa.Table] = None) -> Optional[m.AcknowledgeCollect]:
         self.latest_attempt = max(self.latest_attempt, msg.attempt)
         if isinstance(msg, m.CollectEnd):
             self.ended.setdefault(msg.attempt, set()).add(msg.subtask)
         elif isinstance(msg, m.CollectBarrier):
             return m.AcknowledgeCollect(msg.job_id, msg.attempt, msg.sink, msg.subtask, msg.checkpoint_id)
-        elif msg.attempt >= self.attempt:  # else a straggler from before a restart
+        elif table is not None and msg.attempt >= self.attempt:  # else a straggler from before a restart
             if msg.attempt > self.attempt:
                 self.attempt, self.error = msg.attempt, None
                 self.buffer = self.buffer.restored(msg.restored_from)
@@ -388,7 +389,7 @@ class _Acknowledger:
     def _run(self) -> None:
         while (ack := self._queue.get()) is not None:
             try:
-                self.rpc.request(ack, timeout=5)
+                self.rpc.request(ack, timeout=5, expect=m.Acknowledge)
             except Exception as exc:  # the job ended or restarted meanwhile: the checkpoint is moot
                 log.warning("could not acknowledge checkpoint %s of job %s: %s", ack.checkpoint_id, ack.job_id, exc)
 
@@ -423,11 +424,11 @@ class JobClient:
                        for name, uid in sinks.items()}
             self.results.expect(job_graph.job_id, buffers)
             result_address = self.results.address
-        reply = self.rpc.request(m.SubmitJob(job_graph.to_dict(), result_address))
+        reply = self.rpc.request(m.SubmitJob(job_graph.to_dict(), result_address), expect=m.JobSubmitted)
         return JobHandle(self, reply.job_id, job_graph.name, sinks, job_graph, detached)
 
     def job_status(self, job_id: str) -> m.JobStatus:
-        return self.rpc.request(m.RequestJobStatus(job_id))
+        return self.rpc.request(m.RequestJobStatus(job_id), expect=m.JobStatus)
 
     def follow(self, job_id: str, listener: Optional[Callable[[JobView], None]] = None) -> JobWatch:
         """Follow a job's events (through this process's one subscription to the cluster);
@@ -436,31 +437,32 @@ class JobClient:
 
     def control_stats(self) -> dict[str, int]:
         """How many control messages the JobManager handled since it started, per op."""
-        return self.rpc.request(m.RequestControlStats()).handled
+        return self.rpc.request(m.RequestControlStats(), expect=m.ControlStats).handled
 
     def list_jobs(self) -> list[dict]:
-        return self.rpc.request(m.ListJobs()).jobs
+        return self.rpc.request(m.ListJobs(), expect=m.JobList).jobs
 
     def cancel(self, job_id: str) -> None:
-        self.rpc.request(m.CancelJob(job_id))
+        self.rpc.request(m.CancelJob(job_id), expect=m.Acknowledge)
 
     def cluster_overview(self) -> m.ClusterOverview:
-        return self.rpc.request(m.RequestClusterOverview())
+        return self.rpc.request(m.RequestClusterOverview(), expect=m.ClusterOverview)
 
     def job_details(self, job_id: str) -> dict:
         """GET /jobs/<jobid> as a dict, plus "subtasks": state, TaskManager, slot and metrics of each."""
-        return self.rpc.request(m.RequestJobDetails(job_id)).details
+        return self.rpc.request(m.RequestJobDetails(job_id), expect=m.JobDetails).details
 
     def trigger_savepoint(self, job_id: str, target_directory: Optional[str] = None, stop: bool = False,
                           timeout: float = 600.0) -> str:
         """Take a savepoint (stop=True: then end the job); returns its location once complete."""
-        return self.rpc.request(m.TriggerSavepoint(job_id, target_directory, stop), timeout=timeout).location
+        return self.rpc.request(m.TriggerSavepoint(job_id, target_directory, stop), timeout=timeout,
+                                expect=m.SavepointCompleted).location
 
     def dispose_savepoint(self, location: str) -> None:
-        self.rpc.request(m.DisposeSavepoint(location))
+        self.rpc.request(m.DisposeSavepoint(location), expect=m.Acknowledge)
 
     def shutdown_cluster(self) -> None:
-        self.rpc.request(m.ShutdownCluster())
+        self.rpc.request(m.ShutdownCluster(), expect=m.Acknowledge)
 
     def close(self) -> None:
         if self._results is not None:

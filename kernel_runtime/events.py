@@ -33,7 +33,7 @@ from cluster.protocol import messages as m
 from cluster.protocol.codec import Codec
 from cluster.protocol.endpoint import RpcClient, RpcError, make_socket
 
-from .local_cluster import ClusterInfo, ClusterNotRunning
+from .local_cluster import ClusterInfo
 
 log = logging.getLogger(__name__)
 
@@ -125,9 +125,6 @@ class ClusterEvents:
         """Watch a job of ``cluster`` through this process's subscription to it (made on the first
         watch, closed with the last); ``listener(view)`` is called on the events thread at every
         change and must not block."""
-        if not cluster.events_address:
-            raise ClusterNotRunning(f"the JobManager of {cluster.cluster_dir} publishes no job events (it was "
-                                    "started by an older streamlab): restart the cluster")
         key = (cluster.events_address, cluster.secret)
         with cls._shared_lock:
             events = cls._shared.get(key)
@@ -138,7 +135,7 @@ class ClusterEvents:
     def __init__(self, cluster: ClusterInfo, key: tuple):
         self.cluster, self._key = cluster, key
         self.codec = Codec(cluster.secret)
-        self.ctx = zmq.Context.instance()
+        self.ctx: zmq.Context = zmq.Context.instance()
         self._lock = threading.Condition()
         self._jobs: dict[str, _Job] = {}
         self._commands: deque = deque()
@@ -301,9 +298,9 @@ class ClusterEvents:
             self.interval_s = max(0.05, msg.interval_ms / 1000)
             with self._lock:
                 for job_id, sequence in msg.job_sequences.items():
-                    job = self._jobs.get(job_id)
-                    if job is not None and isinstance(sequence, int) and sequence > job.sequence:
-                        job.needs_fetch = True  # its latest events never arrived
+                    watched = self._jobs.get(job_id)
+                    if watched is not None and isinstance(sequence, int) and sequence > watched.sequence:
+                        watched.needs_fetch = True  # its latest events never arrived
                 if msg.cluster_sequence > self.cluster_sequence and self._jobs:
                     next(iter(self._jobs.values())).needs_fetch = True  # a fetch carries the overview
 
@@ -326,7 +323,7 @@ class ClusterEvents:
         job.needs_fetch = False
         self.fetches += 1
         try:
-            snap = rpc.request(m.RequestJobSnapshot(job.view.job_id))
+            snap = rpc.request(m.RequestJobSnapshot(job.view.job_id), expect=m.JobSnapshot)
         except (RpcError, TimeoutError) as exc:
             with self._lock:
                 for other in self._jobs.values() if isinstance(exc, TimeoutError) else [job]:

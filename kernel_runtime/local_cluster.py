@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
@@ -39,8 +39,8 @@ class ClusterInfo:
     cluster_dir: Path
     rpc_address: str
     rest_address: str
-    secret: bytes
-    events_address: Optional[str] = None  # where the JobManager publishes job events (None: an older one)
+    events_address: str  # where the JobManager publishes job events
+    secret: bytes = field(repr=False)  # never in a printed cell output or a log line
 
     @classmethod
     def load(cls, cluster_dir: Optional[Path] = None) -> "ClusterInfo":
@@ -52,7 +52,7 @@ class ClusterInfo:
         info = json.loads(info_file.read_text())
         if not processes.alive(info.get("pid")):
             raise ClusterNotRunning(f"the JobManager of {cluster_dir} (pid {info.get('pid')}) is not running")
-        return cls(cluster_dir, info["rpc"], info["rest"], load_secret(cluster_dir / "secret"), info.get("events"))
+        return cls(cluster_dir, info["rpc"], info["rest"], info["events"], load_secret(cluster_dir / "secret"))
 
 
 class LocalCluster:
@@ -66,7 +66,7 @@ class LocalCluster:
         self.conf = Configuration(dict(config or {}) | overrides, "the cluster configuration")
         self.jobmanager: Optional[subprocess.Popen] = None
         self.taskmanagers: list[subprocess.Popen] = []
-        self.info: Optional[ClusterInfo] = None
+        self._info: Optional[ClusterInfo] = None
 
     # ------------------------------------------------------------------ start
     def start(self, timeout: float = 30.0) -> "LocalCluster":
@@ -87,12 +87,19 @@ class LocalCluster:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the JobManager did not start within {timeout:g} s; see {self._log('jobmanager')}")
             time.sleep(0.05)
-        self.info = ClusterInfo.load(self.cluster_dir)
+        self._info = ClusterInfo.load(self.cluster_dir)
         for _ in range(self.num_taskmanagers):
             self.start_taskmanager()
         self._write_pids()
         self.wait_for_taskmanagers(self.num_taskmanagers, deadline - time.monotonic())
         return self
+
+    @property
+    def info(self) -> ClusterInfo:
+        """How to reach this cluster; ClusterNotRunning before ``start()``."""
+        if self._info is None:
+            raise ClusterNotRunning(f"the cluster in {self.cluster_dir} is not started")
+        return self._info
 
     def start_taskmanager(self) -> subprocess.Popen:
         index = len(self.taskmanagers)
@@ -141,6 +148,8 @@ class LocalCluster:
             raise RuntimeError(f"the {name} process exited with code {proc.returncode}:\n{tail}")
 
     def _write_pids(self) -> None:
+        if self.jobmanager is None:
+            raise ClusterNotRunning(f"the cluster in {self.cluster_dir} has no JobManager process")
         pids = {"jobmanager": self.jobmanager.pid, "taskmanagers": [p.pid for p in self.taskmanagers]}
         (self.cluster_dir / processes.PIDS_FILE).write_text(json.dumps(pids))
 

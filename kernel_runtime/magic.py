@@ -121,7 +121,7 @@ class StreamSession:
 
     # ------------------------------------------------------------------ clients
     def client(self, address: Optional[str] = None) -> JobClient:
-        info = self._resolve(address) if address else _info(self.start())
+        info = self._resolve(address) if address else self.start().info
         client = self._clients.get(str(info.cluster_dir))
         if client is None or client.cluster != info:  # a restarted cluster has new ports and secret
             if client is not None:
@@ -158,12 +158,6 @@ def _start_watchdog(directory: Path) -> None:
     subprocess.Popen([sys.executable, "-I", processes.__file__, str(os.getpid()), str(directory)],
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                      start_new_session=True)
-
-
-def _info(cluster: LocalCluster) -> ClusterInfo:
-    if cluster.info is None:
-        raise ClusterNotRunning(f"the embedded cluster in {cluster.cluster_dir} has no connection info: not started")
-    return cluster.info
 
 
 def _same_address(a: str, b: str) -> bool:
@@ -272,7 +266,7 @@ class StreamMagics(Magics):
                     print("The embedded cluster is already running (%stream_cluster stop, then start to resize it).")
                 else:
                     cluster = session.start(args.taskmanagers, args.slots)
-                session.current = _info(cluster)
+                session.current = cluster.info
                 self._print_status(session.client())
             elif args.action == "stop":
                 print("Embedded cluster stopped." if session.stop() else "No embedded cluster is running.")

@@ -170,7 +170,8 @@ class Dispatcher:
     def _task_metrics(self, tasks: list[dict]) -> None:
         by_job: dict[str, list[dict]] = {}
         for task in tasks:
-            by_job.setdefault(task.get("job_id"), []).append(task)
+            if isinstance(task.get("job_id"), str):
+                by_job.setdefault(task["job_id"], []).append(task)
         for job_id, job_tasks in by_job.items():
             master = self.jobs.get(job_id)
             if master is not None:

@@ -16,6 +16,7 @@ import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any, Callable
 
 from cluster.conf import Configuration
 from cluster.protocol.auth import load_secret
@@ -47,11 +48,13 @@ class JobManager:
         self.dispatcher = Dispatcher(self.endpoint, self.resource_manager, conf, self.stop, self.storage_executor)
         self.events = JobEventPublisher.bind(self.endpoint, self.dispatcher, conf)
         self.handled: collections.Counter = collections.Counter()  # control messages per op
-        for component in (self.dispatcher, self.resource_manager, self.events, self):
+        components: tuple[Any, ...] = (self.dispatcher, self.resource_manager, self.events, self)
+        for component in components:
             clash = set(component.handlers) & set(self.endpoint.handlers)
             if clash:
                 raise RuntimeError(f"message types handled twice: {clash}")
-            self.endpoint.handlers.update({t: self._counted(t.op, h) for t, h in component.handlers.items()})
+            handlers: dict[type[m.Message], Callable] = component.handlers
+            self.endpoint.handlers.update({t: self._counted(t.op, h) for t, h in handlers.items()})
         self.rest = RestServer(self.dispatcher, conf["rest.address"], conf["rest.port"])
         self.rest_address = f"http://{conf['rest.address']}:{self.rest.port}"
         self.stopped = threading.Event()

@@ -102,7 +102,7 @@ class EventSocket:
     def subscriptions(self) -> list[tuple[bool, bytes]]:
         """The (subscribed?, topic) changes since the last call: XPUB reports the first subscriber
         of a topic and the departure of its last one."""
-        changes = []
+        changes: list[tuple[bool, bytes]] = []
         while not self._sock.closed:
             try:
                 frame = self._sock.recv(zmq.NOBLOCK)

@@ -22,7 +22,7 @@ from collections import deque
 from concurrent.futures import Executor, Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, TypeVar
 
 import zmq
 
@@ -30,6 +30,7 @@ from .codec import Codec
 from .messages import ErrorResponse, MalformedMessage, Message
 
 log = logging.getLogger(__name__)
+R = TypeVar("R", bound=Message)
 
 MAX_MESSAGE_BYTES = 512 * 1024 * 1024
 
@@ -342,7 +343,9 @@ class RpcClient:
         self._thread = threading.Thread(target=self._run, name=f"rpc {address}", daemon=True)
         self._thread.start()
 
-    def request(self, msg: Message, timeout: Optional[float] = None) -> Message:
+    def request(self, msg: Message, *, expect: type[R], timeout: Optional[float] = None) -> R:
+        """Send ``msg`` and wait for its reply, which must be an ``expect`` (an RpcError says so
+        otherwise; an ErrorResponse is raised as RpcError with its message)."""
         timeout = self.timeout if timeout is None else timeout
         if self._closed.is_set():
             raise RpcError("the client is closed")
@@ -364,6 +367,8 @@ class RpcClient:
                 self._pending.pop(cid, None)
         if isinstance(reply, ErrorResponse):
             raise RpcError(reply.message)
+        if not isinstance(reply, expect):
+            raise RpcError(f"the JobManager answered {msg.op} with {reply.op}, not {expect.__name__}")
         return reply
 
     def _run(self) -> None:

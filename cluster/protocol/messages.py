@@ -34,7 +34,7 @@ class Message:
         Message.registry[op] = cls
 
     def to_wire(self) -> dict:
-        wire = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        wire = {name: getattr(self, name) for name in _field_types(type(self))}
         wire["op"] = self.op
         return wire
 

@@ -147,11 +147,11 @@ def test_submission_is_validated_by_the_jobmanager_too(cluster, client):
     graph["edges"] = [{"source": "nope", "target": "nope", "ship_strategy": "HASH", "key": []}]
     from cluster.protocol import messages as m
     with pytest.raises(RpcError, match="job rejected: edge nope -> nope names an unknown vertex"):
-        client.rpc.request(m.SubmitJob(graph, None))
+        client.rpc.request(m.SubmitJob(graph, None), expect=m.JobSubmitted)
     graph = env.get_job_graph("y").to_dict()
     graph["config"] = {"rest.port": 1}
     with pytest.raises(RpcError, match="'rest.port' is cluster-wide"):
-        client.rpc.request(m.SubmitJob(graph, None))
+        client.rpc.request(m.SubmitJob(graph, None), expect=m.JobSubmitted)
 
 
 def test_union_of_streams_with_different_parallelism(cluster, client):
