@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 
 from cluster.conf import Configuration
-from cluster.protocol.auth import load_secret
+from cluster.protocol.auth import load_secret, rest_token
 from cluster.protocol.codec import Codec
 from cluster.protocol.endpoint import RpcEndpoint
 
@@ -43,7 +43,7 @@ class JobManager:
             if clash:
                 raise RuntimeError(f"message types handled twice: {clash}")
             self.endpoint.handlers.update(component.handlers)
-        self.rest = RestServer(self.dispatcher, conf["rest.address"], conf["rest.port"])
+        self.rest = RestServer(self.dispatcher, conf, rest_token(secret))
         self.rest_address = f"http://{conf['rest.address']}:{self.rest.port}"
         self.stopped = threading.Event()
 

@@ -2,6 +2,8 @@
 
 Shared by the REST API (rest.py) and the Dispatcher's control messages (the CLI's status, the
 notebook dashboard), so there is one definition of each answer. Called on the loop thread.
+An id that names nothing raises NotFound (the REST API's 404), never a bare KeyError: a KeyError
+out of a view is a bug and answered as one.
 """
 from __future__ import annotations
 
@@ -15,6 +17,24 @@ if TYPE_CHECKING:
     from .dispatcher import Dispatcher
 
 VERSION = "streamlab-0.1.0"
+
+
+class NotFound(LookupError):
+    """An id in a request names no job, vertex, checkpoint or savepoint operation."""
+
+
+def job_master(d: "Dispatcher", job_id: str):
+    job = d.jobs.get(job_id)
+    if job is None:
+        raise NotFound(f"Job {job_id} not found")
+    return job
+
+
+def job_vertex(job, vertex_id: str):
+    try:
+        return job.job_graph.vertex(vertex_id)
+    except KeyError:
+        raise NotFound(f"No vertex with ID '{vertex_id}' exists in job {job.job_id}") from None
 
 
 def overview_json(d: "Dispatcher") -> dict:
@@ -115,7 +135,7 @@ def plan_json(job) -> dict:
 
 
 def job_json(d: "Dispatcher", job_id: str) -> dict:
-    job = d.jobs[job_id]
+    job = job_master(d, job_id)
     start, end, duration = _job_times(job)
     vertices = []
     for v in job.job_graph.vertices:
@@ -147,8 +167,8 @@ def backpressure_level(ratio: float) -> str:
 
 
 def backpressure_json(d: "Dispatcher", job_id: str, vertex_id: str) -> dict:
-    job = d.jobs[job_id]
-    job.job_graph.vertex(vertex_id)  # KeyError -> 404
+    job = job_master(d, job_id)
+    job_vertex(job, vertex_id)
     subtasks = []
     for e in job.graph.executions_of(vertex_id):
         ratio = round(e.metrics.get("backPressuredTimeMsPerSecond", 0.0) / 1000, 3)
@@ -164,8 +184,8 @@ def backpressure_json(d: "Dispatcher", job_id: str, vertex_id: str) -> dict:
 
 
 def vertex_json(d: "Dispatcher", job_id: str, vertex_id: str) -> dict:
-    job = d.jobs[job_id]
-    v = job.job_graph.vertex(vertex_id)
+    job = job_master(d, job_id)
+    v = job_vertex(job, vertex_id)
     start, end, duration = _job_times(job)
     subtasks = []
     for e in job.graph.executions_of(vertex_id):
@@ -200,7 +220,7 @@ def _stats(values: list) -> dict:
 
 def subtasks_json(d: "Dispatcher", job_id: str) -> list[dict]:
     """streamlab's own: every subtask with its state, TaskManager, slot and latest metrics."""
-    job = d.jobs[job_id]
+    job = job_master(d, job_id)
     slots = {a.allocation_id: a.slot_index for a in d.rm.slot_manager.allocations_of(job_id)}
     return [{"vertex_id": e.vertex.id, "vertex": e.vertex.name, "subtask": e.subtask, "attempt": e.attempt,
              "status": e.state, "taskmanager_id": e.task_manager_id, "slot": slots.get(e.allocation_id),
@@ -257,7 +277,7 @@ def _summary(values: list) -> dict:
 
 
 def checkpoints_json(d: "Dispatcher", job_id: str) -> dict:
-    c = d.jobs[job_id].checkpointing.coordinator
+    c = job_master(d, job_id).checkpointing.coordinator
     records = sorted(c.records.values(), key=lambda r: r.checkpoint_id, reverse=True)
     completed = [r for r in records if r.status == "COMPLETED"]
     latest = lambda pred: next((_checkpoint_entry(r) for r in records if pred(r)), None)
@@ -281,11 +301,14 @@ def checkpoints_json(d: "Dispatcher", job_id: str) -> dict:
 
 
 def checkpoint_details_json(d: "Dispatcher", job_id: str, checkpoint_id: int) -> dict:
-    return _checkpoint_entry(d.jobs[job_id].checkpointing.coordinator.records[checkpoint_id])
+    record = job_master(d, job_id).checkpointing.coordinator.records.get(checkpoint_id)
+    if record is None:
+        raise NotFound(f"Could not find checkpointing statistics for checkpoint {checkpoint_id} of job {job_id}")
+    return _checkpoint_entry(record)
 
 
 def checkpoint_config_json(d: "Dispatcher", job_id: str) -> dict:
-    conf = d.jobs[job_id].conf
+    conf = job_master(d, job_id).conf
     return {"mode": conf["execution.checkpointing.mode"].lower(), "interval": conf["execution.checkpointing.interval"],
             "timeout": conf["execution.checkpointing.timeout"], "min_pause": conf["execution.checkpointing.min-pause"],
             "max_concurrent": conf["execution.checkpointing.max-concurrent-checkpoints"],
@@ -299,7 +322,9 @@ def checkpoint_config_json(d: "Dispatcher", job_id: str) -> dict:
 
 
 def savepoint_status_json(d: "Dispatcher", job_id: str, trigger_id: str) -> dict:
-    request = d.jobs[job_id].checkpointing.savepoint_requests[trigger_id]
+    request = job_master(d, job_id).checkpointing.savepoint_requests.get(trigger_id)
+    if request is None:
+        raise NotFound(f"No savepoint operation with trigger id {trigger_id} for job {job_id}")
     if request["status"] == "IN_PROGRESS":
         return {"status": {"id": "IN_PROGRESS"}, "operation": None}
     if "location" in request:
