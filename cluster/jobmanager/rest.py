@@ -55,6 +55,9 @@ log = logging.getLogger(__name__)
 # How long a handler waits for the JobManager's loop before it answers 503.
 LOOP_TIMEOUT_S = 10.0
 MUTATING_METHODS = frozenset({"POST", "PATCH", "PUT", "DELETE"})
+# Every body a route here reads is a small JSON object (a savepoint request is a few hundred bytes);
+# Flink's cap (100 MB by default, sized for jar uploads, which streamlab has none of) applies on top.
+MAX_JSON_BODY = 1024 * 1024
 _HEX_ID = re.compile(r"[0-9a-f]{32}")
 _LOCAL_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
 
@@ -75,7 +78,7 @@ class RequestGuard:
     def __init__(self, conf: Configuration, token: str):
         self.token = token
         self.auth = conf["rest.auth"]
-        self.max_content_length = conf["rest.server.max-content-length"]
+        self.max_content_length = min(conf["rest.server.max-content-length"], MAX_JSON_BODY)
         allowed = list(conf["rest.allowed-hosts"])
         self.any_host = "*" in allowed
         self.names = _LOCAL_NAMES | {h.lower() for h in allowed} | {conf["rest.address"].lower()}
@@ -144,8 +147,8 @@ class RequestGuard:
 
     def too_large(self) -> RestError:
         return RestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                         f"Request body larger than the maximum content length of {self.max_content_length} bytes "
-                         "(rest.server.max-content-length)")
+                         f"Request body larger than {self.max_content_length} bytes, the most this API accepts "
+                         "(rest.server.max-content-length, and 1 MiB for the JSON bodies of its routes)")
 
 
 def _ip(text: str):
@@ -228,8 +231,8 @@ class FlinkHandler(tornado.web.RequestHandler):
         try:
             self.server.guard.check(self.request)
         except RestError:
-            # the answer goes out now; the body is drained unread and the connection closed, without
-            # tornado's own bare 400 for an oversized declared length
+            # answered now; whatever body follows is discarded unbuffered until the connection closes
+            # behind the answer (and tornado adds no bare 400 of its own for a long declared length)
             self.request.connection.set_max_body_size(2**62)
             raise
 
@@ -237,6 +240,7 @@ class FlinkHandler(tornado.web.RequestHandler):
         if self._finished:
             return
         if len(self._body) + len(chunk) > self.server.guard.max_content_length:
+            self._body = bytearray()
             self.request.connection.set_max_body_size(2**62)
             error = self.server.guard.too_large()
             # answered at once; tornado then reads no further body for this handler and closes the connection

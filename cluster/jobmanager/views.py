@@ -249,23 +249,25 @@ def config_json() -> dict:
 # ---------------------------------------------------------------------- checkpoints
 def _checkpoint_entry(record) -> dict:
     duration = (record.end_ms if record.end_ms > 0 else now_ms()) - record.trigger_ms
-    return {"className": {"COMPLETED": "completed", "FAILED": "failed"}.get(record.status, "in_progress"),
-            "id": record.checkpoint_id, "status": record.status, "is_savepoint": record.kind in ("savepoint", "stop"),
-            "savepointFormat": "CANONICAL" if record.kind in ("savepoint", "stop") else None,
-            "trigger_timestamp": record.trigger_ms, "latest_ack_timestamp": record.latest_ack_ms,
-            "checkpointed_size": record.size, "state_size": record.size, "end_to_end_duration": duration,
-            "alignment_buffered": 0, "processed_data": 0, "persisted_data": 0,
-            "num_subtasks": record.participants, "num_acknowledged_subtasks": record.acknowledged,
-            "checkpoint_type": {"savepoint": "SAVEPOINT", "stop": "SAVEPOINT"}.get(record.kind, "CHECKPOINT"),
-            "tasks": {vid: {"id": record.checkpoint_id, "status": record.status,
-                            "latest_ack_timestamp": t["latest_ack"], "checkpointed_size": t["size"],
-                            "state_size": t["size"], "end_to_end_duration": t["latest_ack"] - record.trigger_ms,
-                            "alignment_buffered": 0, "processed_data": 0, "persisted_data": 0,
-                            "num_subtasks": t["num_subtasks"],
-                            "num_acknowledged_subtasks": t["num_acknowledged_subtasks"]}
-                      for vid, t in record.tasks.items()},
-            "external_path": f"file:{record.directory}", "discarded": False,
-            "failure_message": record.failure}
+    entry = {"className": {"COMPLETED": "completed", "FAILED": "failed"}.get(record.status, "in_progress"),
+             "id": record.checkpoint_id, "status": record.status, "is_savepoint": record.kind in ("savepoint", "stop"),
+             "savepointFormat": "CANONICAL" if record.kind in ("savepoint", "stop") else None,
+             "trigger_timestamp": record.trigger_ms, "latest_ack_timestamp": record.latest_ack_ms,
+             "checkpointed_size": record.size, "state_size": record.size, "end_to_end_duration": duration,
+             "alignment_buffered": 0, "processed_data": 0, "persisted_data": 0,
+             "num_subtasks": record.participants, "num_acknowledged_subtasks": record.acknowledged,
+             "checkpoint_type": {"savepoint": "SAVEPOINT", "stop": "SAVEPOINT"}.get(record.kind, "CHECKPOINT"),
+             "tasks": {vid: {"id": record.checkpoint_id, "status": record.status,
+                             "latest_ack_timestamp": t["latest_ack"], "checkpointed_size": t["size"],
+                             "state_size": t["size"], "end_to_end_duration": t["latest_ack"] - record.trigger_ms,
+                             "alignment_buffered": 0, "processed_data": 0, "persisted_data": 0,
+                             "num_subtasks": t["num_subtasks"],
+                             "num_acknowledged_subtasks": t["num_acknowledged_subtasks"]}
+                       for vid, t in record.tasks.items()},
+             "external_path": f"file:{record.directory}", "discarded": False}
+    if record.status == "FAILED":  # Flink's FailedCheckpointStatistics; the others have no failure fields
+        entry |= {"failure_message": record.failure or "", "failure_timestamp": record.end_ms}
+    return entry
 
 
 def _summary(values: list) -> dict:
