@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import tornado.web
+from tornado.http1connection import HTTP1Connection
 from tornado.httpserver import HTTPServer
 from tornado.ioloop import IOLoop
 from tornado.netutil import bind_sockets
@@ -109,8 +110,6 @@ class RequestGuard:
         else:
             allowed = host in self.names
         if not allowed:
-            log.warning("rest: refused a request with Host %r (not a name of this server; see rest.allowed-hosts)",
-                        host_header)
             raise RestError(HTTPStatus.FORBIDDEN, f"Host {host_header!r} is not a name of this server; "
                                                   "add it to rest.allowed-hosts to serve it")
 
@@ -231,9 +230,7 @@ class FlinkHandler(tornado.web.RequestHandler):
         try:
             self.server.guard.check(self.request)
         except RestError:
-            # answered now; whatever body follows is discarded unbuffered until the connection closes
-            # behind the answer (and tornado adds no bare 400 of its own for a long declared length)
-            self.request.connection.set_max_body_size(2**62)
+            self._discard_body()
             raise
 
     def data_received(self, chunk: bytes) -> None:
@@ -241,12 +238,19 @@ class FlinkHandler(tornado.web.RequestHandler):
             return
         if len(self._body) + len(chunk) > self.server.guard.max_content_length:
             self._body = bytearray()
-            self.request.connection.set_max_body_size(2**62)
+            self._discard_body()
             error = self.server.guard.too_large()
             # answered at once; tornado then reads no further body for this handler and closes the connection
             self.send_error(error.status_code, exc_info=(RestError, error, None))
             return
         self._body += chunk
+
+    def _discard_body(self) -> None:
+        """After an early answer: the rest of the body is read and dropped unbuffered until the
+        connection closes behind the answer, and tornado adds no bare 400 for a long declared length."""
+        connection = self.request.connection
+        if isinstance(connection, HTTP1Connection):
+            connection.set_max_body_size(2**62)
 
     def json_body(self) -> dict:
         if not self._body.strip():
@@ -330,11 +334,13 @@ class FlinkHandler(tornado.web.RequestHandler):
         return value
 
     @staticmethod
-    def int_id(value: str, what: str) -> int:
-        if not re.fullmatch(r"-?\d{1,19}", value):
-            raise RestError(HTTPStatus.BAD_REQUEST,
-                            f"Bad request, could not parse parameters: {what} {value!r} is not an integer")
-        return int(value)
+    def int_id(value: str, what: str, bits: int = 64) -> int:
+        """A Java long (or int, ``bits=32``), as Flink's parameter converters read one."""
+        number = int(value) if re.fullmatch(r"-?\d{1,20}", value) else None
+        if number is None or not -(2 ** (bits - 1)) <= number < 2 ** (bits - 1):
+            raise RestError(HTTPStatus.BAD_REQUEST, f"Bad request, could not parse parameters: {what} {value!r} "
+                                                    f"is not a {bits}-bit integer")
+        return number
 
 
 class NotFoundHandler(FlinkHandler):
@@ -402,8 +408,8 @@ class JobPlanHandler(FlinkHandler):
 class JobExceptionsHandler(FlinkHandler):
     async def get(self, job_id: str) -> None:
         job_id = self.hex_id(job_id, "job id")
-        limit = self.get_query_argument("maxExceptions", None)
-        limit = None if limit is None else self.int_id(limit, "maxExceptions")
+        given = self.get_query_argument("maxExceptions", None)
+        limit = None if given is None else self.int_id(given, "maxExceptions", bits=32)
 
         def exceptions(d, jid):
             body = exceptions_json(job_master(d, jid))
@@ -431,16 +437,11 @@ class CheckpointDetailsHandler(FlinkHandler):
                         self.int_id(checkpoint_id, "checkpoint id"))
 
 
-class SavepointTriggerHandler(FlinkHandler):
-    """Flink's asynchronous operation: 202 with a trigger id, then GET .../savepoints/<trigger id>.
+class SavepointHandler(FlinkHandler):
+    """POST /jobs/<id>/savepoints (``target-directory``, ``cancel-job``), Flink's asynchronous
+    operation: 202 with a trigger id, then GET .../savepoints/<trigger id>."""
 
-    POST /jobs/<id>/savepoints (``target-directory``, ``cancel-job``) and POST /jobs/<id>/stop
-    (``targetDirectory``, ``drain``) share it; ``stop`` says which route this is.
-    """
-
-    def initialize(self, server: "RestServer", stop: bool) -> None:
-        super().initialize(server)
-        self.stop = stop
+    stop = False
 
     async def post(self, job_id: str) -> None:
         job_id = self.hex_id(job_id, "job id")
@@ -461,6 +462,12 @@ class SavepointTriggerHandler(FlinkHandler):
             target = confined_target(target, savepoints_dir, allowed)
         trigger = await self.on_loop(self.server.trigger_savepoint, job_id, target, stop, client_trigger)
         self.answer(HTTPStatus.ACCEPTED, {"request-id": trigger})
+
+
+class StopWithSavepointHandler(SavepointHandler):
+    """POST /jobs/<id>/stop (``targetDirectory``, ``drain``): a savepoint, then the job ends FINISHED."""
+
+    stop = True
 
 
 class SavepointStatusHandler(FlinkHandler):
@@ -499,14 +506,13 @@ def route_table(server: "RestServer") -> list:
         (_JOB + r"/checkpoints", CheckpointsHandler),
         (_JOB + r"/checkpoints/config", CheckpointConfigHandler),
         (_JOB + r"/checkpoints/details/(?P<checkpoint_id>[^/]+)", CheckpointDetailsHandler),
-        (_JOB + r"/savepoints", SavepointTriggerHandler, {"stop": False}),
+        (_JOB + r"/savepoints", SavepointHandler),
         (_JOB + r"/savepoints/(?P<trigger_id>[^/]+)", SavepointStatusHandler),
-        (_JOB + r"/stop", SavepointTriggerHandler, {"stop": True}),
+        (_JOB + r"/stop", StopWithSavepointHandler),
         (_JOB + r"/vertices/(?P<vertex_id>[^/]+)", VertexHandler),
         (_JOB + r"/vertices/(?P<vertex_id>[^/]+)/backpressure", BackpressureHandler),
     ]
-    return [(rf"(?:/v1)?{path}/?", handler, {"server": server, **(extra[0] if extra else {})})
-            for path, handler, *extra in routes]
+    return [(rf"(?:/v1)?{path}/?", handler, {"server": server}) for path, handler in routes]
 
 
 def _log_request(handler: tornado.web.RequestHandler) -> None:
@@ -529,7 +535,7 @@ class RestServer:
         self._sockets = bind_sockets(conf["rest.port"], conf["rest.address"])
         self.port = self._sockets[0].getsockname()[1]
         self._io_loop: Optional[IOLoop] = None
-        self._stopping: Optional[asyncio.Event] = None
+        self._stopping = asyncio.Event()
         self._started = threading.Event()
         self._thread = threading.Thread(target=lambda: asyncio.run(self._serve()), name="rest", daemon=True)
 
@@ -547,7 +553,6 @@ class RestServer:
         server = HTTPServer(self.application, max_body_size=2**62, idle_connection_timeout=300, body_timeout=300)
         server.add_sockets(self._sockets)
         self._io_loop = IOLoop.current()
-        self._stopping = asyncio.Event()
         self._started.set()
         await self._stopping.wait()
         server.stop()
@@ -555,13 +560,12 @@ class RestServer:
     # ------------------------------------------------------------------ loop thread
     def trigger_savepoint(self, job_id: str, target: Optional[str], stop: bool, client_trigger: Optional[str]) -> str:
         job = job_master(self.dispatcher, job_id)
-        key = (job_id, client_trigger)
-        if client_trigger is not None and key in self._client_triggers:
+        if client_trigger is not None and (job_id, client_trigger) in self._client_triggers:
             return client_trigger
         trigger = job.checkpointing.trigger_savepoint_async(target, stop)
         if client_trigger is None:
             return trigger
-        self._client_triggers[key] = trigger
+        self._client_triggers[job_id, client_trigger] = trigger
         return client_trigger
 
     def savepoint_trigger(self, job_id: str, trigger_id: str) -> str:

@@ -35,7 +35,7 @@ SERVED = [
     ("GET", "/jobs/{jobid}/vertices/{vertexid}/backpressure"),
     ("POST", "/jobs/{jobid}/savepoints"), ("POST", "/jobs/{jobid}/stop"), ("PATCH", "/jobs/{jobid}"),
 ]
-EXAMPLES = {"GET": 15, "POST": 40, "PATCH": 15}  # per operation and kind of data; about a minute in all
+EXAMPLES = {"GET": 10, "POST": 30, "PATCH": 10}  # per operation and kind of data; about a minute in all
 
 # Checks, and why the others are left out:
 # * status_code_conformance: Flink's description lists only each operation's success status, none
@@ -72,6 +72,11 @@ def served_spec() -> dict:
                           ("LatestCheckpoints", "failed"), ("LatestCheckpoints", "restored"),
                           ("CheckpointStatistics", "savepointFormat"), ("AsynchronousOperationResult", "operation")]:
         schemas[schema]["properties"][field] = {"nullable": True, "allOf": [schemas[schema]["properties"][field]]}
+    # The other way round: Flink's savepoint request bodies take null for an absent field (their
+    # fields are @Nullable; Flink's own client may send nulls), and so does streamlab.
+    for body in ("SavepointTriggerRequestBody", "StopWithSavepointRequestBody"):
+        for name, field in schemas[body]["properties"].items():
+            schemas[body]["properties"][name] = {"nullable": True, "allOf": [field]}
     # Flink 2.3 answers the checkpointing mode in lower case ("exactly_once", jobs_ID_checkpoints_config.json).
     schemas["ProcessingMode"]["enum"] += [mode.lower() for mode in schemas["ProcessingMode"]["enum"]]
     # A savepoint's result {"location": ...} fits both CheckpointInfo and SavepointInfo, whose
@@ -119,12 +124,13 @@ def test_flinks_openapi_description_holds_for_what_streamlab_serves(cluster, liv
         real_ids = {name: value for name, value in live_ids.items() if "{%s}" % name in path}
         strategies = [operation.as_strategy(GenerationMode.POSITIVE),
                       operation.as_strategy(GenerationMode.NEGATIVE)]
-        if real_ids:
-            strategies.append(operation.as_strategy(GenerationMode.POSITIVE, path_parameters=real_ids))
+        if real_ids:  # the same, at the real job: bodies and queries get past the job lookup
+            strategies += [operation.as_strategy(mode, path_parameters=real_ids) for mode in GenerationMode]
         statuses = counts.setdefault(f"{method} {path}", {})
 
         @given(case=st.one_of(strategies))
-        @settings(max_examples=EXAMPLES[method] * len(strategies), deadline=None, database=None,
+        # derandomized: CI runs the same cases each time; a failure names the case to reproduce
+        @settings(max_examples=EXAMPLES[method] * len(strategies), deadline=None, database=None, derandomize=True,
                   phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
         def check(case):
             response = case.call_and_validate(base_url=base_url, headers=headers, checks=CHECKS, timeout=10)
