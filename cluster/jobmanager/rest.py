@@ -441,33 +441,26 @@ class SavepointHandler(FlinkHandler):
     """POST /jobs/<id>/savepoints (``target-directory``, ``cancel-job``), Flink's asynchronous
     operation: 202 with a trigger id, then GET .../savepoints/<trigger id>."""
 
-    stop = False
+    stop, target_field, flag_field = False, "target-directory", "cancel-job"
 
     async def post(self, job_id: str) -> None:
         job_id = self.hex_id(job_id, "job id")
         route = f"POST /jobs/<id>/{'stop' if self.stop else 'savepoints'}"
-        body = self.json_body()
-        if self.stop:
-            target, drain, client_trigger = _savepoint_options(body, route, "targetDirectory", "drain")
-            if drain:
-                raise RestError(HTTPStatus.BAD_REQUEST, f"{route}: drain is not supported (no MAX_WATERMARK to "
-                                                        "emit); stop without it")
-            stop = True
-        else:
-            target, stop, client_trigger = _savepoint_options(body, route, "target-directory", "cancel-job")
+        target, flag, client_trigger = _savepoint_options(self.json_body(), route, self.target_field, self.flag_field)
+        if self.stop and flag:
+            raise RestError(HTTPStatus.BAD_REQUEST, f"{route}: drain is not supported (no MAX_WATERMARK to emit); "
+                                                    "stop without it")
         if target is not None:
-            savepoints_dir, allowed = await self.on_loop(
-                lambda: (lambda conf: (conf["state.savepoints.dir"], conf["state.savepoints.allowed-dirs"]))(
-                    job_master(self.dispatcher, job_id).conf))
+            savepoints_dir, allowed = await self.on_loop(self.server.savepoint_folders, job_id)
             target = confined_target(target, savepoints_dir, allowed)
-        trigger = await self.on_loop(self.server.trigger_savepoint, job_id, target, stop, client_trigger)
+        trigger = await self.on_loop(self.server.trigger_savepoint, job_id, target, self.stop or flag, client_trigger)
         self.answer(HTTPStatus.ACCEPTED, {"request-id": trigger})
 
 
 class StopWithSavepointHandler(SavepointHandler):
     """POST /jobs/<id>/stop (``targetDirectory``, ``drain``): a savepoint, then the job ends FINISHED."""
 
-    stop = True
+    stop, target_field, flag_field = True, "targetDirectory", "drain"
 
 
 class SavepointStatusHandler(FlinkHandler):
@@ -558,6 +551,11 @@ class RestServer:
         server.stop()
 
     # ------------------------------------------------------------------ loop thread
+    def savepoint_folders(self, job_id: str) -> tuple[str, list[str]]:
+        """Where REST may write this job's savepoints (the job's configuration may widen it)."""
+        conf = job_master(self.dispatcher, job_id).conf
+        return conf["state.savepoints.dir"], conf["state.savepoints.allowed-dirs"]
+
     def trigger_savepoint(self, job_id: str, target: Optional[str], stop: bool, client_trigger: Optional[str]) -> str:
         job = job_master(self.dispatcher, job_id)
         if client_trigger is not None and (job_id, client_trigger) in self._client_triggers:
