@@ -101,6 +101,17 @@ def cluster_status(cluster_dir) -> None:
     console.print(table)
 
 
+@cluster.command("rest-token")
+@cluster_dir_option
+def cluster_rest_token(cluster_dir) -> None:
+    """Print the REST API's bearer token (for curl, or Flink's client via FLINK_REST_CLIENT_HEADERS)."""
+    try:
+        info = ClusterInfo.load(cluster_dir)
+    except ClusterNotRunning as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(info.rest_token)
+
+
 @main.command("run", context_settings={"ignore_unknown_options": True})
 @click.option("--detached", "-d", is_flag=True, help="Submit and return the job id.")
 @click.option("--fromSavepoint", "-s", "savepoint", help="Start from this savepoint (or retained checkpoint).")

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from cluster.conf import Configuration
-from cluster.protocol.auth import create_secret, load_secret
+from cluster.protocol.auth import create_secret, load_secret, rest_token
 
 from . import processes
 
@@ -54,6 +54,16 @@ class ClusterInfo:
             raise ClusterNotRunning(f"the JobManager of {cluster_dir} (pid {info.get('pid')}) is not running")
         return cls(cluster_dir, info["rpc"], info["rest"], info["events"], load_secret(cluster_dir / "secret"))
 
+    @property
+    def rest_token(self) -> str:
+        """The REST API's bearer token (derived from the secret, as the JobManager derives it)."""
+        return rest_token(self.secret)
+
+    @property
+    def rest_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.rest_token}"}
+
+
 
 class LocalCluster:
     def __init__(self, cluster_dir: Optional[Path] = None, taskmanagers: int = 1, slots: int = 1,
@@ -76,7 +86,7 @@ class LocalCluster:
                                "(streamlab cluster stop)")
         except ClusterNotRunning:
             pass
-        (self.cluster_dir / "log").mkdir(parents=True, exist_ok=True)
+        (self.cluster_dir / "log").mkdir(mode=0o700, parents=True, exist_ok=True)
         (self.cluster_dir / "jobmanager.json").unlink(missing_ok=True)
         create_secret(self.cluster_dir / "secret")
         self.conf.write(self.cluster_dir / "config.yaml")
@@ -131,11 +141,12 @@ class LocalCluster:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
         env["PYTHONUNBUFFERED"] = "1"
-        log_file = open(self._log(name), "ab")
+        log_file = os.fdopen(os.open(self._log(name), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
         try:
+            # what the cluster writes (savepoints, checkpoints, state) is its user's alone
             return subprocess.Popen([sys.executable, "-m", module, "--cluster-dir", str(self.cluster_dir), *args],
                                     stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=env, start_new_session=True)
+                                    env=env, start_new_session=True, umask=0o077)
         finally:
             log_file.close()
 

@@ -56,8 +56,13 @@ def client(cluster):
     c.close()
 
 
-def rest(cluster: LocalCluster, path: str, method: str = "GET"):
-    req = urllib.request.Request(cluster.info.rest_address + path, method=method)
+def rest(cluster: LocalCluster, path: str, method: str = "GET", body: dict | None = None):
+    """A REST call as the CLI and notebook make it: with the cluster's token, JSON in and out."""
+    headers = dict(cluster.info.rest_headers)
+    data = None
+    if body is not None:
+        data, headers["Content-Type"] = json.dumps(body).encode(), "application/json"
+    req = urllib.request.Request(cluster.info.rest_address + path, data=data, method=method, headers=headers)
     with urllib.request.urlopen(req, timeout=10) as resp:
         body = resp.read()
         return resp.status, json.loads(body) if body else None

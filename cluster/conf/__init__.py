@@ -68,6 +68,17 @@ def _str_or_empty(value: Any) -> str:
     return value
 
 
+def _str_list(value: Any) -> list[str]:
+    """A YAML list of strings, or Flink's notation for lists in one string ("a;b", also "a,b")."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        value = [part for part in re.split(r"[;,]", value)]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValueError("a list of strings")
+    return [v.strip() for v in value if v.strip()]
+
+
 def _enum_exact(*choices: str) -> Callable[[Any], str]:
     def parse(value: Any) -> str:
         text = str(value).upper().replace("-", "_") if isinstance(value, str) else ""
@@ -110,6 +121,13 @@ OPTIONS: dict[str, ConfigOption] = {
                      "Port the JobManager publishes job events on, beside its control port (0: any free port)."),
         ConfigOption("rest.address", _str, "Host the REST API binds to."),
         ConfigOption("rest.port", _int(0, 65535), "REST API port (0: any free port)."),
+        ConfigOption("rest.auth", _enum("all", "mutating"),
+                     "Routes that need the REST token: all, or only mutating ones (read-only GETs open)."),
+        ConfigOption("rest.allowed-hosts", _str_list,
+                     "Host header names the REST API answers besides localhost, loopback and rest.address "
+                     "(DNS rebinding guard); \"*\" allows any."),
+        ConfigOption("rest.server.max-content-length", _int(1, 2**31 - 1),
+                     "Largest request body the REST API accepts, in bytes (larger: 413 before it is read)."),
         ConfigOption("taskmanager.host", _str, "Host TaskManagers bind their data port on."),
         ConfigOption("taskmanager.data.port", _int(0, 65535), "TaskManager data port (0: any free port)."),
         ConfigOption("taskmanager.numberOfTaskSlots", _int(1, 1024), "Slots per TaskManager."),
@@ -148,6 +166,8 @@ OPTIONS: dict[str, ConfigOption] = {
         ConfigOption("execution.checkpointing.dir", _str_or_empty,
                      "Where checkpoints go (empty: <cluster dir>/checkpoints)."),
         ConfigOption("state.savepoints.dir", _str_or_empty, "Default savepoint folder (empty: <cluster dir>/savepoints)."),
+        ConfigOption("state.savepoints.allowed-dirs", _str_list,
+                     "Folders besides state.savepoints.dir (and below) that REST may write savepoints to."),
         ConfigOption("state.checkpoints.num-retained", _int(1), "Completed checkpoints kept."),
         ConfigOption("state.backend.type", _enum("hashmap", "heap", "rocksdb"), "Keyed state backend."),
         ConfigOption("execution.savepoint.path", _str_or_empty, "Savepoint (or checkpoint) a job starts from."),

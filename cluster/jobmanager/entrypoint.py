@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from cluster.conf import Configuration
-from cluster.protocol.auth import load_secret
+from cluster.protocol.auth import load_secret, rest_token
 from cluster.protocol import messages as m
 from cluster.protocol.codec import Codec
 from cluster.protocol.endpoint import RpcEndpoint
@@ -55,7 +55,7 @@ class JobManager:
                 raise RuntimeError(f"message types handled twice: {clash}")
             handlers: dict[type[m.Message], Callable] = component.handlers
             self.endpoint.handlers.update({t: self._counted(t.op, h) for t, h in handlers.items()})
-        self.rest = RestServer(self.dispatcher, conf["rest.address"], conf["rest.port"])
+        self.rest = RestServer(self.dispatcher, conf, rest_token(secret))
         self.rest_address = f"http://{conf['rest.address']}:{self.rest.port}"
         self.stopped = threading.Event()
 

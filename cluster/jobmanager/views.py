@@ -2,6 +2,8 @@
 
 Shared by the REST API (rest.py) and the Dispatcher's control messages (the CLI's status, the
 notebook dashboard), so there is one definition of each answer. Called on the loop thread.
+An id that names nothing raises NotFound (the REST API's 404), never a bare KeyError: a KeyError
+out of a view is a bug and answered as one.
 """
 from __future__ import annotations
 
@@ -16,6 +18,24 @@ if TYPE_CHECKING:
     from .dispatcher import Dispatcher
 
 VERSION = "streamlab-0.1.0"
+
+
+class NotFound(LookupError):
+    """An id in a request names no job, vertex, checkpoint or savepoint operation."""
+
+
+def job_master(d: "Dispatcher", job_id: str):
+    job = d.jobs.get(job_id)
+    if job is None:
+        raise NotFound(f"Job {job_id} not found")
+    return job
+
+
+def job_vertex(job, vertex_id: str):
+    try:
+        return job.job_graph.vertex(vertex_id)
+    except KeyError:
+        raise NotFound(f"No vertex with ID '{vertex_id}' exists in job {job.job_id}") from None
 
 
 def overview_json(d: "Dispatcher") -> dict:
@@ -116,7 +136,7 @@ def plan_json(job) -> dict:
 
 
 def job_json(d: "Dispatcher", job_id: str) -> dict:
-    job = d.jobs[job_id]
+    job = job_master(d, job_id)
     start, end, duration = _job_times(job)
     vertices = []
     for v in job.job_graph.vertices:
@@ -143,8 +163,8 @@ def job_json(d: "Dispatcher", job_id: str) -> dict:
 
 
 def backpressure_json(d: "Dispatcher", job_id: str, vertex_id: str) -> dict:
-    job = d.jobs[job_id]
-    job.job_graph.vertex(vertex_id)  # KeyError -> 404
+    job = job_master(d, job_id)
+    job_vertex(job, vertex_id)
     subtasks = []
     for e in job.graph.executions_of(vertex_id):
         ratio = round(e.metrics.get("backPressuredTimeMsPerSecond", 0.0) / 1000, 3)
@@ -160,8 +180,8 @@ def backpressure_json(d: "Dispatcher", job_id: str, vertex_id: str) -> dict:
 
 
 def vertex_json(d: "Dispatcher", job_id: str, vertex_id: str) -> dict:
-    job = d.jobs[job_id]
-    v = job.job_graph.vertex(vertex_id)
+    job = job_master(d, job_id)
+    v = job_vertex(job, vertex_id)
     start, end, duration = _job_times(job)
     subtasks = []
     for e in job.graph.executions_of(vertex_id):
@@ -196,7 +216,7 @@ def _stats(values: list) -> dict:
 
 def subtasks_json(d: "Dispatcher", job_id: str) -> list[dict]:
     """streamlab's own: every subtask with its state, TaskManager, slot and latest metrics."""
-    job = d.jobs[job_id]
+    job = job_master(d, job_id)
     slots = {a.allocation_id: a.slot_index for a in d.rm.slot_manager.allocations_of(job_id)}
     return [{"vertex_id": e.vertex.id, "vertex": e.vertex.name, "subtask": e.subtask, "attempt": e.attempt,
              "status": e.state, "taskmanager_id": e.task_manager_id, "slot": slots.get(e.allocation_id),
@@ -225,23 +245,25 @@ def config_json() -> dict:
 # ---------------------------------------------------------------------- checkpoints
 def _checkpoint_entry(record) -> dict:
     duration = (record.end_ms if record.end_ms > 0 else now_ms()) - record.trigger_ms
-    return {"className": {"COMPLETED": "completed", "FAILED": "failed"}.get(record.status, "in_progress"),
-            "id": record.checkpoint_id, "status": record.status, "is_savepoint": record.kind in ("savepoint", "stop"),
-            "savepointFormat": "CANONICAL" if record.kind in ("savepoint", "stop") else None,
-            "trigger_timestamp": record.trigger_ms, "latest_ack_timestamp": record.latest_ack_ms,
-            "checkpointed_size": record.size, "state_size": record.size, "end_to_end_duration": duration,
-            "alignment_buffered": 0, "processed_data": 0, "persisted_data": 0,
-            "num_subtasks": record.participants, "num_acknowledged_subtasks": record.acknowledged,
-            "checkpoint_type": {"savepoint": "SAVEPOINT", "stop": "SAVEPOINT"}.get(record.kind, "CHECKPOINT"),
-            "tasks": {vid: {"id": record.checkpoint_id, "status": record.status,
-                            "latest_ack_timestamp": t["latest_ack"], "checkpointed_size": t["size"],
-                            "state_size": t["size"], "end_to_end_duration": t["latest_ack"] - record.trigger_ms,
-                            "alignment_buffered": 0, "processed_data": 0, "persisted_data": 0,
-                            "num_subtasks": t["num_subtasks"],
-                            "num_acknowledged_subtasks": t["num_acknowledged_subtasks"]}
-                      for vid, t in record.tasks.items()},
-            "external_path": f"file:{record.directory}", "discarded": False,
-            "failure_message": record.failure}
+    entry = {"className": {"COMPLETED": "completed", "FAILED": "failed"}.get(record.status, "in_progress"),
+             "id": record.checkpoint_id, "status": record.status, "is_savepoint": record.kind in ("savepoint", "stop"),
+             "savepointFormat": "CANONICAL" if record.kind in ("savepoint", "stop") else None,
+             "trigger_timestamp": record.trigger_ms, "latest_ack_timestamp": record.latest_ack_ms,
+             "checkpointed_size": record.size, "state_size": record.size, "end_to_end_duration": duration,
+             "alignment_buffered": 0, "processed_data": 0, "persisted_data": 0,
+             "num_subtasks": record.participants, "num_acknowledged_subtasks": record.acknowledged,
+             "checkpoint_type": {"savepoint": "SAVEPOINT", "stop": "SAVEPOINT"}.get(record.kind, "CHECKPOINT"),
+             "tasks": {vid: {"id": record.checkpoint_id, "status": record.status,
+                             "latest_ack_timestamp": t["latest_ack"], "checkpointed_size": t["size"],
+                             "state_size": t["size"], "end_to_end_duration": t["latest_ack"] - record.trigger_ms,
+                             "alignment_buffered": 0, "processed_data": 0, "persisted_data": 0,
+                             "num_subtasks": t["num_subtasks"],
+                             "num_acknowledged_subtasks": t["num_acknowledged_subtasks"]}
+                       for vid, t in record.tasks.items()},
+             "external_path": f"file:{record.directory}", "discarded": False}
+    if record.status == "FAILED":  # Flink's FailedCheckpointStatistics; the others have no failure fields
+        entry |= {"failure_message": record.failure or "", "failure_timestamp": record.end_ms}
+    return entry
 
 
 def _summary(values: list) -> dict:
@@ -253,7 +275,7 @@ def _summary(values: list) -> dict:
 
 
 def checkpoints_json(d: "Dispatcher", job_id: str) -> dict:
-    c = d.jobs[job_id].checkpointing.coordinator
+    c = job_master(d, job_id).checkpointing.coordinator
     records = sorted(c.records.values(), key=lambda r: r.checkpoint_id, reverse=True)
     completed = [r for r in records if r.status == "COMPLETED"]
     latest = lambda pred: next((_checkpoint_entry(r) for r in records if pred(r)), None)
@@ -277,11 +299,14 @@ def checkpoints_json(d: "Dispatcher", job_id: str) -> dict:
 
 
 def checkpoint_details_json(d: "Dispatcher", job_id: str, checkpoint_id: int) -> dict:
-    return _checkpoint_entry(d.jobs[job_id].checkpointing.coordinator.records[checkpoint_id])
+    record = job_master(d, job_id).checkpointing.coordinator.records.get(checkpoint_id)
+    if record is None:
+        raise NotFound(f"Could not find checkpointing statistics for checkpoint {checkpoint_id} of job {job_id}")
+    return _checkpoint_entry(record)
 
 
 def checkpoint_config_json(d: "Dispatcher", job_id: str) -> dict:
-    conf = d.jobs[job_id].conf
+    conf = job_master(d, job_id).conf
     return {"mode": conf["execution.checkpointing.mode"].lower(), "interval": conf["execution.checkpointing.interval"],
             "timeout": conf["execution.checkpointing.timeout"], "min_pause": conf["execution.checkpointing.min-pause"],
             "max_concurrent": conf["execution.checkpointing.max-concurrent-checkpoints"],
@@ -295,7 +320,9 @@ def checkpoint_config_json(d: "Dispatcher", job_id: str) -> dict:
 
 
 def savepoint_status_json(d: "Dispatcher", job_id: str, trigger_id: str) -> dict:
-    request = d.jobs[job_id].checkpointing.savepoint_requests[trigger_id]
+    request = job_master(d, job_id).checkpointing.savepoint_requests.get(trigger_id)
+    if request is None:
+        raise NotFound(f"No savepoint operation with trigger id {trigger_id} for job {job_id}")
     if request["status"] == "IN_PROGRESS":
         return {"status": {"id": "IN_PROGRESS"}, "operation": None}
     if "location" in request:

@@ -6,11 +6,16 @@ made once per cluster and readable by its owner only.
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
 import secrets
 from pathlib import Path
 
 SECRET_BYTES = 32
+# Domain separation: the REST token is shown to users (curl, FLINK_REST_CLIENT_HEADERS), the secret
+# never is, and knowing the token must not help to sign control messages.
+_REST_TOKEN_LABEL = b"streamlab-rest-token"
 
 
 def create_secret(path: Path) -> bytes:
@@ -47,3 +52,8 @@ def load_secret(path: Path) -> bytes:
     if len(secret) < 16:
         raise ValueError(f"cluster secret {path} is too short")
     return secret
+
+
+def rest_token(secret: bytes) -> str:
+    """The bearer token of the cluster's REST API, derived from the cluster secret (hex)."""
+    return hmac.new(secret, _REST_TOKEN_LABEL, hashlib.sha256).hexdigest()

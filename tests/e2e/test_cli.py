@@ -1,11 +1,13 @@
 """The `streamlab` command from a shell: cluster start/status/stop, run (attached, detached), list, cancel."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -35,6 +37,12 @@ def test_cli_session(shell_env):
     assert "2 TaskManager(s) x 2 slot(s)" in out
     status = sh(["cluster", "status"], shell_env).stdout
     assert "TaskManagers: 2  slots: 4 free of 4" in status
+    # the REST token for curl and Flink's own client (FLINK_REST_CLIENT_HEADERS)
+    token = sh(["cluster", "rest-token"], shell_env).stdout.strip()
+    overview = urllib.request.Request(re.search(r"REST (\S+)", status).group(1) + "/overview",
+                                      headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(overview, timeout=10) as resp:
+        assert json.loads(resp.read())["slots-total"] == 4
 
     run = sh(["run", "examples/keyed_count.py"], shell_env).stdout
     assert "Job has been submitted with JobID" in run and "keyed count: FINISHED" in run

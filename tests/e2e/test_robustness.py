@@ -77,7 +77,8 @@ def test_unauthenticated_rest_cannot_submit_code(cluster):
     # the REST API offers no job submission at all: code only enters through signed messages
     import urllib.error
     import urllib.request
-    req = urllib.request.Request(cluster.info.rest_address + "/jars/upload", data=b"x", method="POST")
+    req = urllib.request.Request(cluster.info.rest_address + "/jars/upload", data=b"{}", method="POST",
+                                 headers={**cluster.info.rest_headers, "Content-Type": "application/json"})
     try:
         urllib.request.urlopen(req, timeout=5)
         raise AssertionError("POST /jars/upload was accepted")

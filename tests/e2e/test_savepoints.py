@@ -115,13 +115,11 @@ def test_savepoint_trigger_and_dispose_and_checkpoint_stats_over_rest(cluster, c
     assert not missing_fields(flink("jobs_ID_checkpoints_config.json"), config)
     assert (config["mode"], config["interval"]) == ("exactly_once", 300)
 
-    import urllib.request
-    req = urllib.request.Request(f"{cluster.info.rest_address}/jobs/{handle.job_id}/savepoints", method="POST",
-                                 data=json.dumps({"target-directory": str(tmp_path / "sp")}).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req) as resp:
-        assert resp.status == 202
-        trigger = json.loads(resp.read())["request-id"]
+    # REST writes savepoints below state.savepoints.dir only (the cluster's own folder here)
+    target = cluster.cluster_dir / "savepoints" / f"rest-{handle.job_id[:8]}"
+    status, answer = rest(cluster, f"/jobs/{handle.job_id}/savepoints", "POST", {"target-directory": str(target)})
+    assert status == 202
+    trigger = answer["request-id"]
     status = wait_for(lambda: (b := rest(cluster, f"/jobs/{handle.job_id}/savepoints/{trigger}")[1])["status"]["id"]
                       == "COMPLETED" and b, 30, "savepoint completed")
     location = status["operation"]["location"].removeprefix("file:")
