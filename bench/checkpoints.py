@@ -22,7 +22,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))

@@ -17,9 +17,7 @@ read the newest one without a lock. Listeners are called on the events thread an
 """
 from __future__ import annotations
 
-import itertools
 import logging
-import os
 import threading
 import time
 from collections import deque
@@ -31,7 +29,7 @@ import zmq
 from cluster.graph.execution_graph import JobState
 from cluster.protocol import messages as m
 from cluster.protocol.codec import Codec
-from cluster.protocol.endpoint import RpcClient, RpcError, make_socket
+from cluster.protocol.endpoint import RpcClient, RpcError, inproc_pair, make_socket
 
 from .local_cluster import ClusterInfo
 
@@ -140,11 +138,7 @@ class ClusterEvents:
         self._jobs: dict[str, _Job] = {}
         self._commands: deque = deque()
         self._changed: set[str] = set()  # jobs whose listeners have not heard of their newest view
-        self._wake_address = f"inproc://job-events-{os.getpid()}-{next(_instances)}"
-        self._wake_recv = self.ctx.socket(zmq.PULL)
-        self._wake_recv.bind(self._wake_address)
-        self._wake_send = self.ctx.socket(zmq.PUSH)
-        self._wake_send.connect(self._wake_address)
+        self._wake_recv, self._wake_send = inproc_pair(self.ctx, "job-events")
         self.interval_s = FIRST_INTERVAL_S
         self.cluster_sequence = 0
         self._overview: tuple[dict, list] = ({}, [])
@@ -370,6 +364,3 @@ class ClusterEvents:
         if changed:  # waiters last: a wait() that pumps a dashboard finds its new snapshot there
             with self._lock:
                 self._lock.notify_all()
-
-
-_instances = itertools.count()

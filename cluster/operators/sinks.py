@@ -8,7 +8,7 @@ import pyarrow as pa
 
 from cluster.protocol.messages import CollectBarrier, CollectBatch, CollectEnd
 
-from .base import Operator, OperatorSnapshot
+from .base import Operator
 from cluster.protocol.serde import table_to_ipc
 
 log = logging.getLogger(__name__)

@@ -88,6 +88,20 @@ def make_socket(ctx: zmq.Context, kind: int) -> zmq.Socket:
     return sock
 
 
+_inproc_numbers = itertools.count()  # inproc names must be unique while an old one is still closing
+
+
+def inproc_pair(ctx: zmq.Context, name: str) -> tuple[zmq.Socket, zmq.Socket]:
+    """A PULL socket for a thread that polls, and the PUSH through which other threads hand it
+    work or wake it (the PUSH is not thread-safe: its users share it under a lock)."""
+    address = f"inproc://{name}-{os.getpid()}-{next(_inproc_numbers)}"
+    recv = ctx.socket(zmq.PULL)
+    recv.bind(address)
+    send = ctx.socket(zmq.PUSH)
+    send.connect(address)
+    return recv, send
+
+
 def bound_address(sock: zmq.Socket) -> str:
     return sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
@@ -105,11 +119,7 @@ class RpcEndpoint:
         self._calls: deque = deque()
         self._calls_lock = threading.Lock()
         # Other threads wake the loop through this pair; the lock makes the shared PUSH safe.
-        self._wake_address = f"inproc://wake-{name}-{os.getpid()}-{id(self)}"
-        self._wake_recv = self.ctx.socket(zmq.PULL)
-        self._wake_recv.bind(self._wake_address)
-        self._wake_send = self.ctx.socket(zmq.PUSH)
-        self._wake_send.connect(self._wake_address)
+        self._wake_recv, self._wake_send = inproc_pair(self.ctx, f"wake-{name}")
         self._running = False
         self._thread: Optional[threading.Thread] = None
         self.dropped_messages = 0
@@ -311,9 +321,6 @@ class RpcEndpoint:
             self.send(peer, reply, cid)
 
 
-_client_numbers = itertools.count()  # inproc names must be unique while an old one is still closing
-
-
 class RpcClient:
     """Request/reply over one DEALER, for clients and the CLI; any thread may call ``request``.
 
@@ -331,11 +338,7 @@ class RpcClient:
         self._cids = itertools.count(1)
         self._pending: dict[int, Future] = {}
         self._pending_lock = threading.Lock()
-        self._outbox_address = f"inproc://rpc-client-{os.getpid()}-{next(_client_numbers)}"
-        self._outbox_recv = self.ctx.socket(zmq.PULL)
-        self._outbox_recv.bind(self._outbox_address)
-        self._outbox = self.ctx.socket(zmq.PUSH)
-        self._outbox.connect(self._outbox_address)
+        self._outbox_recv, self._outbox = inproc_pair(self.ctx, "rpc-client")
         self._send_lock = threading.Lock()
         self._sock = make_socket(self.ctx, zmq.DEALER)
         self._sock.connect(address)

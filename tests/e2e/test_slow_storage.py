@@ -11,7 +11,6 @@ import os
 import threading
 import time
 
-import pytest
 
 from cluster.protocol.endpoint import RpcError
 from kernel_runtime import JobClient, StreamEnvironment

@@ -88,7 +88,7 @@ def test_a_mistake_in_a_function_of_an_earlier_cell_names_that_cell(shell):
     shell.run_cell("def add_slow_step(stream):\n"
                    "    return stream.map_batches(print, parallelism=-1)\n", store_history=True)
     earlier = shell.execution_count - 1
-    _, out = run(shell, f"%%stream\nadd_slow_step(env.from_generator(count=10)).collect()\n")
+    _, out = run(shell, "%%stream\nadd_slow_step(env.from_generator(count=10)).collect()\n")
     assert f"operator 'map_batches' (cell In[{earlier}] line 2): parallelism must be a positive integer" in out
 
 

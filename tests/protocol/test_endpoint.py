@@ -1,0 +1,50 @@
+"""The endpoint's loop rule and its hand-over of blocking work, on a real (in-process) loop."""
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from cluster.protocol.codec import Codec
+from cluster.protocol.endpoint import RpcEndpoint
+
+
+@pytest.fixture
+def endpoint():
+    ep = RpcEndpoint("loop-test", Codec(b"s" * 32))
+    ep.start()
+    yield ep
+    ep.stop()
+
+
+def test_state_touched_off_the_loop_thread_is_caught(endpoint):
+    endpoint.call(endpoint.assert_loop_thread)  # on the loop: fine
+    with pytest.raises(AssertionError, match="not from the endpoint's loop thread"):
+        endpoint.assert_loop_thread()  # the test's thread
+
+
+def test_blocking_work_reports_back_on_the_loop_thread(endpoint):
+    done = threading.Event()
+    seen: dict = {}
+    release = threading.Event()
+
+    def then(result, error):
+        seen.update(result=result, error=error, thread=threading.current_thread())
+        done.set()
+
+    with ThreadPoolExecutor(max_workers=1) as storage:
+        endpoint.call(lambda: endpoint.run_blocking(storage, lambda: release.wait(5) and 42, then=then))
+        assert endpoint.call(lambda: "the loop answers while the disk is busy") == \
+            "the loop answers while the disk is busy"
+        release.set()
+        assert done.wait(5)
+    assert seen["result"] == 42 and seen["error"] is None and seen["thread"] is endpoint._thread
+
+    def fail():
+        raise OSError("No space left on device")
+    done.clear()
+    with ThreadPoolExecutor(max_workers=1) as storage:
+        endpoint.call(lambda: endpoint.run_blocking(storage, fail, then=then))
+        assert done.wait(5)
+    assert isinstance(seen["error"], OSError) and seen["thread"] is endpoint._thread
