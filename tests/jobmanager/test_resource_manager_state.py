@@ -1,0 +1,68 @@
+"""The ResourceManager's decisions without sockets: registration, heartbeat expiry (time moved by
+hand), slot grants and what a lost TaskManager takes with it."""
+from __future__ import annotations
+
+from cluster.jobmanager.resource_manager import (AcceptRegistration, AskToRegister, DeclareLost, ForwardMetrics,
+                                                 FreeSlotAt, GrantSlots, RejectRegistration, RequestSlotAt,
+                                                 ResourceManagerState)
+from cluster.jobmanager.slot_manager import TaskManagerRegistration
+
+
+def register(rm, tm_id, slots=2, now=0.0, connection=None):
+    reg = TaskManagerRegistration(tm_id, f"tcp://127.0.0.1:{len(tm_id)}", slots, 1, now, now)
+    return rm.register_task_manager(reg, (connection or tm_id).encode())
+
+
+def of(instructions, kind):
+    return [i for i in instructions if isinstance(i, kind)]
+
+
+def test_registration_must_come_from_the_connection_it_names():
+    rm = ResourceManagerState(heartbeat_timeout_s=2)
+    assert of(register(rm, "tm-a", connection="tm-b"), RejectRegistration)
+    assert of(register(rm, "tm-a", slots=0), RejectRegistration)
+    assert rm.slot_manager.task_managers == {}
+    assert register(rm, "tm-a") == [AcceptRegistration("tm-a", True)]
+    assert register(rm, "tm-a") == [AcceptRegistration("tm-a", False)]  # again: known, slots kept
+
+
+def test_a_silent_taskmanager_is_lost_after_the_timeout_and_a_heartbeat_keeps_it():
+    rm = ResourceManagerState(heartbeat_timeout_s=2)
+    register(rm, "tm-a", now=0.0)
+    register(rm, "tm-b", now=0.0)
+    assert rm.heartbeat_from_task_manager("tm-a", [{"execution_id": "e"}], now=1.5) == [
+        ForwardMetrics(({"execution_id": "e"},))]
+    assert rm.check_heartbeats(now=2.0) == []
+    out = rm.check_heartbeats(now=2.1)
+    assert [i.task_manager_id for i in of(out, DeclareLost)] == ["tm-b"]
+    assert "no heartbeat for 2000 ms (heartbeat.timeout)" in out[0].reason
+    assert rm.check_heartbeats(now=3.4) == []
+    assert of(rm.check_heartbeats(now=3.6), DeclareLost)  # tm-a's last word was at 1.5
+    # a heartbeat from a TaskManager declared lost: it must register again
+    assert rm.heartbeat_from_task_manager("tm-b", [], now=4.0) == [AskToRegister("tm-b")]
+
+
+def test_slots_are_granted_whole_and_a_waiting_request_is_served_when_slots_arrive():
+    rm = ResourceManagerState(heartbeat_timeout_s=2)
+    register(rm, "tm-a", slots=2)
+    assert rm.request_slots("big", 3) == []  # waits: all or nothing
+    out = register(rm, "tm-b", slots=2)
+    (grant,) = of(out, GrantSlots)
+    assert grant.job_id == "big" and len(grant.allocations) == 3
+    assert {i.allocation for i in of(out, RequestSlotAt)} == set(grant.allocations)
+    out = rm.release_slots("big")
+    assert {i.allocation for i in of(out, FreeSlotAt)} == set(grant.allocations)
+    assert rm.slot_manager.free_slots == 4
+
+
+def test_a_lost_taskmanager_takes_its_slots_and_a_cancelled_request_is_never_granted():
+    rm = ResourceManagerState(heartbeat_timeout_s=2)
+    register(rm, "tm-a", slots=2)
+    register(rm, "tm-b", slots=2)
+    (grant,) = of(rm.request_slots("job", 4), GrantSlots)
+    out = rm.lose("tm-a", "TaskManager tm-a disconnected")
+    assert out == [DeclareLost("tm-a", "TaskManager tm-a disconnected")]
+    assert rm.slot_manager.total_slots == 2 and rm.lose("tm-a", "again") == []
+    rm.release_slots("job")
+    assert rm.request_slots("other", 3) == [] and rm.cancel_slot_request("other") == []
+    assert of(register(rm, "tm-c", slots=2), GrantSlots) == []
