@@ -119,6 +119,8 @@ class Operator:
 
     def call_user(self, *args):
         """Call the user's function; its exception is re-raised naming this operator."""
+        if self.udf is None:
+            raise TypeError(f"operator '{self.spec.name}' ({self.spec.kind}) has no user function to call")
         try:
             return self.udf(*args)
         except TaskCancelled:

@@ -154,6 +154,8 @@ class SparkChain(Operator, kind="spark"):
                 elif "partial_aggregate" in spec.params:  # a keyed aggregation's pre-aggregation
                     from .keyed import spark_partial_aggregate
                     df = spark_partial_aggregate(df, spec.params["key"], spec.params["partial_aggregate"])
+                elif fn is None:
+                    raise TypeError(f"Spark step '{spec.name}' has neither SQL nor a function")
                 else:
                     df = fn(df)
                     if not isinstance(df, DataFrame):
