@@ -148,10 +148,10 @@ class Codec:
             if cid is not None and not isinstance(cid, int):
                 raise MalformedMessage("correlation id is not an integer")
             sid, seq, ts = (wire.pop(k, None) for k in GUARD_KEYS)
+            message = Message.from_wire(wire)
             if not (isinstance(sid, bytes) and len(sid) == SENDER_ID_BYTES and type(seq) is int
                     and type(ts) is int):
-                raise MalformedMessage("missing or malformed replay guard (sid, seq, ts)")
-            message = Message.from_wire(wire)
+                raise MalformedMessage(f"{message.op}: missing or malformed replay guard (sid, seq, ts)")
             self.window.admit(sid, seq, ts)  # only a well-formed frame may move the window
             return message, cid, list(body[1:])
         return Message.from_wire(wire), cid, list(body[1:])  # raises: not a map
