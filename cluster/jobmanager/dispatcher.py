@@ -161,7 +161,27 @@ class Dispatcher:
         if master is None:
             log.warning("%s for unknown job %s dropped", msg.op, msg.job_id)
             return None
+        if not self._sent_by_holder(master, msg, peer):
+            return None
         return master.handlers[type(msg)](msg, peer)
+
+    def _sent_by_holder(self, master: JobMaster, msg, peer: Peer) -> bool:
+        """Only the TaskManager that holds a slot offers it, and only the one an execution was
+        deployed to reports for it. (Collect acknowledgements come from clients.)"""
+        if isinstance(msg, m.OfferSlots):
+            holders = {a.allocation_id: a.task_manager_id for a in self.rm.slot_manager.allocations_of(msg.job_id)}
+            offerer = msg.task_manager_id
+            foreign = next((a for a in msg.allocation_ids if holders.get(a, offerer) != offerer), None)
+            if foreign is not None:
+                self.endpoint.drops.drop("offer of another TaskManager's slot", peer.identity,
+                                         f"{offerer} offered allocation {foreign} of {holders[foreign]}")
+                return False
+            return self.rm.sent_by(offerer, peer, msg)
+        if isinstance(msg, m.AcknowledgeCollect):
+            return True
+        execution = master.graph.executions.get(msg.execution_id)
+        return execution is None or execution.task_manager_id is None or \
+            self.rm.sent_by(execution.task_manager_id, peer, msg)
 
     def _task_manager_lost(self, tm_id: str, reason: str) -> None:
         for master in list(self.jobs.values()):

@@ -84,7 +84,7 @@ class EventSocket:
     """The XPUB socket events leave by; frames are ``[topic, *signed message]``."""
 
     def __init__(self, ctx: zmq.Context, codec: Codec, address: str):
-        self.codec = codec
+        self.codec = codec.for_socket()  # its own sending stream (see codec.py)
         self._sock = make_socket(ctx, zmq.XPUB)
         self._sock.setsockopt(zmq.SNDHWM, SEND_HIGH_WATER_MARK)
         self._sock.bind(address)

@@ -182,7 +182,18 @@ class ResourceManager:
         finally:
             self._pending_peers.pop(msg.task_manager_id, None)
 
+    def sent_by(self, tm_id: str, peer: Peer, msg: m.Message) -> bool:
+        """Whether ``peer`` is the connection of TaskManager ``tm_id``: the identity it registered
+        with (and the ROUTER keeps it from being taken over). A message that speaks for another
+        TaskManager is dropped, and logged rate-limited."""
+        if peer.identity == tm_id.encode():
+            return True
+        self.endpoint.drops.drop("message for another TaskManager", peer.identity, f"{msg.op} speaks for {tm_id}")
+        return False
+
     def heartbeat_from_task_manager(self, msg: m.HeartbeatFromTaskManager, peer: Peer) -> None:
+        if not self.sent_by(msg.task_manager_id, peer, msg):
+            return
         self._pending_peers[msg.task_manager_id] = peer
         try:
             self._run(self.state.heartbeat_from_task_manager(msg.task_manager_id, msg.tasks, self.clock()))
@@ -190,6 +201,8 @@ class ResourceManager:
             self._pending_peers.pop(msg.task_manager_id, None)
 
     def disconnect_task_manager(self, msg: m.DisconnectTaskManager, peer: Peer) -> None:
+        if not self.sent_by(msg.task_manager_id, peer, msg):
+            return
         self._run(self.state.lose(msg.task_manager_id,
                                   f"TaskManager {msg.task_manager_id} disconnected: {msg.reason}"))
 

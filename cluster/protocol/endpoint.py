@@ -6,8 +6,12 @@ hand work to the loop with ``call_soon``/``call`` instead of touching state them
 
 Handlers are looked up in ``self.handlers`` (message class -> callable(msg, peer)); a handler
 may return a reply, which goes back to the sender with the request's correlation id. A frame
-that fails authentication or decoding, or a handler that raises, is logged and dropped: the loop
-never dies of its input.
+that fails authentication, decoding or the replay check, or a handler that raises, is logged
+(rate-limited) and dropped: the loop never dies of its input.
+
+ROUTER sockets do not hand a routing id over: a second connection that claims the id of a
+connected peer (a TaskManager's id is public) is refused by ZeroMQ and never receives or steals
+the first one's traffic. Each process makes fresh ids, so a restart never needs the handover.
 """
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ from typing import Any, Callable, Optional, TypeVar
 import zmq
 
 from .codec import Codec
+from .droplog import DropLog, drop_kind
 from .messages import ErrorResponse, MalformedMessage, Message
 
 log = logging.getLogger(__name__)
@@ -114,6 +119,7 @@ class RpcEndpoint:
         self.handlers: dict[type, Callable[[Message, Peer], Optional[Message]]] = {}
         self._sockets: list[zmq.Socket] = []
         self._routers: set[zmq.Socket] = set()
+        self._codecs: dict[zmq.Socket, Codec] = {}  # a sending stream per socket (see codec.py)
         self._timers: list = []
         self._timer_seq = itertools.count()
         self._calls: deque = deque()
@@ -122,14 +128,18 @@ class RpcEndpoint:
         self._wake_recv, self._wake_send = inproc_pair(self.ctx, f"wake-{name}")
         self._running = False
         self._thread: Optional[threading.Thread] = None
-        self.dropped_messages = 0
+        self.drops = DropLog(log, name)
+        self.call_every(self.drops.interval, self.drops.flush)
+
+    @property
+    def dropped_messages(self) -> int:
+        return self.drops.dropped
 
     # ------------------------------------------------------------------ sockets
     def bind_router(self, address: str) -> str:
         sock = make_socket(self.ctx, zmq.ROUTER)
-        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted TaskManager reuses its identity
         sock.bind(address)
-        self._sockets.append(sock)
+        self._add(sock)
         self._routers.add(sock)
         return bound_address(sock)
 
@@ -137,12 +147,16 @@ class RpcEndpoint:
         sock = make_socket(self.ctx, zmq.DEALER)
         sock.setsockopt(zmq.IDENTITY, identity)
         sock.connect(address)
-        self._sockets.append(sock)
+        self._add(sock)
         return Peer(sock, None)
+
+    def _add(self, sock: zmq.Socket) -> None:
+        self._sockets.append(sock)
+        self._codecs[sock] = self.codec.for_socket()
 
     def send(self, peer: Peer, msg: Message, cid: Optional[int] = None, payload=()) -> bool:
         """Send from the loop thread; never blocks (a full or vanished peer drops the message)."""
-        frames = self.codec.encode(msg, cid, payload)
+        frames = self._codecs[peer.socket].encode(msg, cid, payload)
         if peer.identity is not None:
             frames = [peer.identity, *frames]
         try:
@@ -298,13 +312,11 @@ class RpcEndpoint:
         try:
             msg, cid, _payload = self.codec.decode(frames)
         except MalformedMessage as exc:
-            self.dropped_messages += 1
-            log.warning("%s: dropped malformed message from %r: %s", self.name, peer.identity, exc)
+            self.drops.drop(drop_kind(exc), peer.identity, str(exc))
             return
         handler = self.handlers.get(type(msg))
         if handler is None:
-            self.dropped_messages += 1
-            log.warning("%s: no handler for %s from %r; dropped", self.name, msg.op, peer.identity)
+            self.drops.drop("unhandled message", peer.identity, f"no handler for {msg.op}")
             if cid is not None:
                 self.send(peer, ErrorResponse(f"{self.name} does not handle {msg.op}"), cid)
             return
@@ -332,7 +344,8 @@ class RpcClient:
 
     def __init__(self, address: str, codec: Codec, timeout: float = 10.0, ctx=None):
         self.address = address
-        self.codec = codec
+        self.codec = codec.for_socket()
+        self.drops = DropLog(log, f"client of {address}")
         self.timeout = timeout
         self.ctx = ctx or zmq.Context.instance()
         self._cids = itertools.count(1)
@@ -357,9 +370,8 @@ class RpcClient:
         with self._pending_lock:
             self._pending[cid] = fut
         try:
-            frames = self.codec.encode(msg, cid)
-            with self._send_lock:
-                self._outbox.send_multipart(frames)
+            with self._send_lock:  # frames leave in the order of their sequence numbers
+                self._outbox.send_multipart(self.codec.encode(msg, cid))
             try:
                 reply = fut.result(timeout)
             except FutureTimeout:
@@ -408,7 +420,7 @@ class RpcClient:
             try:
                 reply, cid, _ = self.codec.decode(frames)
             except MalformedMessage as exc:
-                log.warning("client: dropped malformed reply: %s", exc)
+                self.drops.drop(drop_kind(exc), "the JobManager", str(exc))
                 continue
             with self._pending_lock:
                 fut = self._pending.pop(cid, None) if cid is not None else None

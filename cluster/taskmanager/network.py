@@ -22,6 +22,7 @@ from typing import Optional
 import zmq
 
 from cluster.protocol.codec import Codec
+from cluster.protocol.droplog import DropLog, drop_kind
 from cluster.protocol.endpoint import bound_address, make_socket
 from cluster.checkpoint.barriers import Barrier
 from cluster.protocol.messages import (AddCredit, BufferResponse, CheckpointBarrier, EndOfPartition, MalformedMessage,
@@ -126,6 +127,7 @@ class ChannelSender:
     def __init__(self, ctx: zmq.Context, codec: Codec, cancelled: threading.Event):
         self.ctx, self.codec, self.cancelled = ctx, codec, cancelled
         self._sockets: dict[str, zmq.Socket] = {}
+        self._codecs: dict[str, Codec] = {}  # a sending stream per socket, as the replay guard needs
 
     def send(self, address: str, msg: Message, payload=()) -> None:
         sock = self._sockets.get(address)
@@ -134,7 +136,8 @@ class ChannelSender:
             sock.setsockopt(zmq.SNDHWM, 64)  # bounded even when the peer is slow or gone
             sock.connect(address)
             self._sockets[address] = sock
-        frames = self.codec.encode(msg, None, payload)
+            self._codecs[address] = self.codec.for_socket()
+        frames = self._codecs[address].encode(msg, None, payload)
         while True:
             try:
                 sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
@@ -151,6 +154,7 @@ class ChannelSender:
         for sock in self._sockets.values():
             sock.close(linger)
         self._sockets.clear()
+        self._codecs.clear()
 
 
 class NetworkEnvironment:
@@ -168,7 +172,7 @@ class NetworkEnvironment:
         self._credits: dict[str, CreditAccount] = {}
         self._gates: dict[str, InputGate] = {}
         self._running = True
-        self.dropped_messages = 0
+        self.drops = DropLog(log, "data socket")
         self._thread = threading.Thread(target=self._receive_loop, name="network", daemon=True)
 
     def start(self) -> None:
@@ -220,6 +224,7 @@ class NetworkEnvironment:
     def _receive_loop(self) -> None:
         try:
             while self._running:
+                self.drops.flush()
                 if not self._socket.poll(100):
                     continue
                 for _ in range(256):
@@ -227,16 +232,19 @@ class NetworkEnvironment:
                         frames = self._socket.recv_multipart(zmq.NOBLOCK, copy=False)
                     except zmq.Again:
                         break
-                    self._handle(frames[1:])
+                    self._handle(frames[0].bytes, frames[1:])
         finally:
             self._socket.close(0)
 
-    def _handle(self, frames) -> None:
+    @property
+    def dropped_messages(self) -> int:
+        return self.drops.dropped
+
+    def _handle(self, peer: bytes, frames) -> None:
         try:
             msg, _, payload = self.codec.decode(frames)
         except MalformedMessage as exc:
-            self.dropped_messages += 1
-            log.warning("data socket: dropped malformed message: %s", exc)
+            self.drops.drop(drop_kind(exc), peer, str(exc))
             return
         if isinstance(msg, AddCredit):
             if msg.credit > 0:
@@ -256,5 +264,4 @@ class NetworkEnvironment:
             else:
                 log.warning("buffer-response without exactly one payload frame dropped")
             return
-        self.dropped_messages += 1
-        log.warning("data socket: %s is not a data-plane message; dropped", msg.op)
+        self.drops.drop("not a data-plane message", peer, msg.op)

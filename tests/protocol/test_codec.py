@@ -1,8 +1,12 @@
+import itertools
+import threading
+import time
+
 import msgpack
 import pytest
 
 from cluster.protocol import messages as m
-from cluster.protocol.codec import Codec
+from cluster.protocol.codec import Codec, ReplayedMessage, ReplayWindow
 from cluster.protocol.messages import MalformedMessage, Message
 
 SECRET = b"s" * 32
@@ -48,8 +52,14 @@ def test_garbage_is_refused(frames):
         Codec(SECRET).decode(frames)
 
 
-def _signed(wire) -> list:
+_sequence = itertools.count(1)
+
+
+def _signed(wire, guard: bool = True) -> list:
+    """Signed with the secret, bypassing encode's checks (but with a fresh replay guard)."""
     codec = Codec(SECRET)
+    if guard and isinstance(wire, dict):
+        wire = {**wire, "sid": b"t" * 16, "seq": next(_sequence), "ts": int(time.time() * 1000)}
     header = msgpack.packb(wire, use_bin_type=True)
     return [codec._mac([header]), header]
 
@@ -72,3 +82,112 @@ def test_authenticated_but_malformed_messages_are_refused(wire, reason):
 def test_optional_fields_accept_none():
     msg, _, _ = Codec(SECRET).decode(_signed({"op": "submit-job", "job_graph": {}, "result_address": None}))
     assert msg == m.SubmitJob({}, None)
+
+
+# --------------------------------------------------------------------------- replay guard
+class Clock:
+    def __init__(self, t: float = 1_000_000.0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_a_frame_is_accepted_once():
+    codec = Codec(SECRET)
+    frames = codec.encode(m.CancelJob("j"))
+    assert codec.decode(frames)[0] == m.CancelJob("j")
+    with pytest.raises(ReplayedMessage, match="sequence 1 after 1"):
+        codec.decode(frames)
+
+
+def test_a_replay_is_refused_by_another_codec_of_the_same_window_too():
+    receiver = Codec(SECRET)
+    frames = Codec(SECRET).encode(m.TriggerSavepoint("j", None, False))
+    receiver.decode(frames)
+    with pytest.raises(ReplayedMessage):
+        receiver.for_socket().decode(frames)
+
+
+def test_out_of_order_frames_of_one_sender_are_refused_and_later_ones_pass():
+    sender, receiver = Codec(SECRET), Codec(SECRET)
+    first, second, third = (sender.encode(m.CancelJob(str(i))) for i in range(3))
+    receiver.decode(second)
+    with pytest.raises(ReplayedMessage, match="sequence 1 after 2"):
+        receiver.decode(first)
+    assert receiver.decode(third)[0] == m.CancelJob("2")
+
+
+def test_senders_are_independent_streams():
+    sender, receiver = Codec(SECRET), Codec(SECRET)
+    other = sender.for_socket()
+    assert other.sender_id != sender.sender_id
+    a1, b1, a2 = sender.encode(m.CancelJob("a")), other.encode(m.CancelJob("b")), sender.encode(m.CancelJob("a"))
+    for frames in (a2, b1):
+        receiver.decode(frames)
+    with pytest.raises(ReplayedMessage):
+        receiver.decode(a1)
+
+
+def test_frames_older_than_the_window_are_refused_even_from_a_new_sender():
+    clock = Clock()
+    sender = Codec(SECRET, clock=clock)
+    receiver = Codec(SECRET, window=ReplayWindow(60, clock=clock))
+    old = sender.encode(m.CancelJob("j"))
+    clock.t += 61
+    with pytest.raises(ReplayedMessage, match="stale frame: signed 61.0 s ago"):
+        receiver.decode(old)
+    receiver.decode(sender.encode(m.CancelJob("j")))
+    clock.t -= 2 * 61  # a sender clock far ahead of the receiver's
+    with pytest.raises(ReplayedMessage, match="future"):
+        receiver.decode(Codec(SECRET, clock=lambda: clock.t + 122).encode(m.CancelJob("j")))
+
+
+def test_a_forgotten_sender_cannot_replay_within_the_window():
+    clock = Clock()
+    receiver = Codec(SECRET, window=ReplayWindow(60, max_senders=2, clock=clock))
+    first = Codec(SECRET, clock=clock)
+    captured = first.encode(m.CancelJob("j"))
+    receiver.decode(captured)
+    for _ in range(2):  # two newer senders push the first out of the bounded table
+        clock.t += 1
+        receiver.decode(Codec(SECRET, clock=clock).encode(m.ListJobs()))
+    assert len(receiver.window) == 2
+    with pytest.raises(ReplayedMessage, match="forgotten sender"):
+        receiver.decode(captured)
+    clock.t += 1
+    receiver.decode(first.encode(m.ListJobs()))  # its fresh frames still pass
+
+
+@pytest.mark.parametrize("guard", [
+    {}, {"sid": b"short", "seq": 1, "ts": 1}, {"sid": b"s" * 16, "seq": "1", "ts": 1},
+    {"sid": b"s" * 16, "seq": 1, "ts": 1.5}])
+def test_a_signed_frame_without_a_sound_guard_is_refused(guard):
+    with pytest.raises(MalformedMessage, match="replay guard"):
+        Codec(SECRET).decode(_signed({"op": "list-jobs", **guard}, guard=False))
+
+
+def test_a_signed_but_malformed_frame_does_not_move_the_window():
+    receiver = Codec(SECRET)
+    sid, now = b"q" * 16, int(time.time() * 1000)
+    with pytest.raises(MalformedMessage, match="unknown op"):
+        receiver.decode(_signed({"op": "nope", "sid": sid, "seq": 5, "ts": now}, guard=False))
+    receiver.decode(_signed({"op": "list-jobs", "sid": sid, "seq": 1, "ts": now}, guard=False))
+
+
+def test_one_codec_encoding_on_many_threads_never_repeats_a_sequence():
+    sender, receiver = Codec(SECRET), Codec(SECRET)
+    frames: list = []
+
+    def work():
+        for _ in range(500):
+            frames.append(sender.encode(m.ListJobs()))
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    seqs = [msgpack.unpackb(f[1])["seq"] for f in frames]
+    assert len(set(seqs)) == 2000
+    for f in sorted(frames, key=lambda f: msgpack.unpackb(f[1])["seq"]):
+        receiver.decode(f)
