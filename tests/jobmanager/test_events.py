@@ -28,16 +28,17 @@ class Harness:
                               "state.savepoints.dir": str(tmp_path / "savepoints"),
                               "taskmanager.numberOfTaskSlots": 2})
         self.endpoint = RpcEndpoint("jm-test", Codec(b"s" * 32))
-        # the TaskManager's side of the connection: what the JobManager sends it is dropped unread
-        self.tm_socket = self.endpoint.ctx.socket(zmq.ROUTER)
-        self.tm_socket.bind(f"inproc://events-test-{id(self)}")
+        # the JobManager's own socket towards the TaskManager: with nobody connected as the
+        # TaskManager, what the JobManager sends it is dropped unread
+        self.endpoint.bind_router(f"inproc://events-test-{id(self)}")
+        self.tm_socket = self.endpoint._sockets[-1]
         self.rm = ResourceManager(self.endpoint, conf)
         self.storage = ThreadPoolExecutor(max_workers=1)  # only a savepoint or checkpoint would use it
         self.dispatcher = Dispatcher(self.endpoint, self.rm, conf, lambda: None, self.storage)
         self.sent: list[tuple[bytes, m.Message]] = []
         self.deferred: list = []
         self.publisher = JobEventPublisher(self.dispatcher, 1000, publisher_send or self._send, self.deferred.append)
-        tm = Peer(self.tm_socket, TM.encode())
+        tm = self.tm_peer = Peer(self.tm_socket, TM.encode())
         self.rm.register_task_manager(m.RegisterTaskManager(TM, "tcp://127.0.0.1:1", 2, 1, {}), tm)
 
     def _send(self, topic: bytes, msg: m.Message) -> None:
@@ -56,13 +57,13 @@ class Harness:
 
     def deploy(self, job_id: str) -> None:
         allocations = [a.allocation_id for a in self.rm.slot_manager.allocations_of(job_id)]
-        self.dispatcher.handlers[m.OfferSlots](m.OfferSlots(TM, job_id, allocations), None)
+        self.dispatcher.handlers[m.OfferSlots](m.OfferSlots(TM, job_id, allocations), self.tm_peer)
         self.run_deferred()
 
     def report(self, job_id: str, state: str, error=None, metrics=None) -> None:
         for execution_id in list(self.dispatcher.jobs[job_id].graph.executions):
             self.dispatcher.handlers[m.UpdateTaskExecutionState](
-                m.UpdateTaskExecutionState(job_id, execution_id, state, error, metrics or {}), None)
+                m.UpdateTaskExecutionState(job_id, execution_id, state, error, metrics or {}), self.tm_peer)
         self.run_deferred()
 
     def metrics(self, job_id: str, **values) -> None:
@@ -203,9 +204,10 @@ def test_one_message_per_update_for_every_subscriber_however_many(tmp_path):
         assert harness.publisher.summaries_built == 3  # built once per update, not once per subscriber
         for sub in subscribers:
             got = []
+            receiver = Codec(b"s" * 32)  # each subscriber is a process of its own, with its own replay window
             while len(got) < 3 and sub.poll(2000):
                 topic, *frames = sub.recv_multipart()
-                msg, _, _ = codec.decode(frames)
+                msg, _, _ = receiver.decode(frames)
                 got.append(msg)
             assert [(type(g), g.summary["subtasks"][0]["metrics"]["records-in"]) for g in got] == \
                 [(m.JobSummaryUpdated, 1), (m.JobSummaryUpdated, 2), (m.JobSummaryUpdated, 3)]
