@@ -43,13 +43,13 @@ def test_taskmanagers_stop_their_tasks_and_wait_for_a_new_jobmanager(own_cluster
     def write_through(df):  # the TaskManager side's own record of every batch it processes
         import os
         import threading
-        with open(out / f"{os.getpid()}-{threading.get_ident()}", "a") as f:
+        with open(out / f"{os.getpid()}-{threading.get_native_id()}", "a") as f:
             f.write(f"{len(df)}\n")
         return df
 
     client = JobClient(own_cluster.info)
     env = StreamEnvironment(parallelism=4, cluster=own_cluster.cluster_dir)
-    env.from_generator(rate=2_000, batch_size=20).map_batches(write_through).collect()
+    env.from_generator(rate=2_000, batch_size=20).map_batches(write_through).print()  # needs no JobManager
     env.execute_async("orphaned", client=client)
     wait_for(lambda: len(list(out.iterdir())) == 4 and min(_sizes(out).values()) > 50, 30,
              "all 4 subtasks writing")
@@ -63,6 +63,9 @@ def test_taskmanagers_stop_their_tasks_and_wait_for_a_new_jobmanager(own_cluster
     settled = _sizes(out)
     time.sleep(2.0)
     assert _sizes(out) == settled, "tasks still running after the JobManager was lost"
+    for name in settled:  # and the task threads themselves are gone from their processes
+        pid, thread = map(int, name.split("-"))
+        assert thread not in {t.id for t in psutil.Process(pid).threads()}, f"task thread {thread} of {pid} lives"
     for i, proc in enumerate(own_cluster.taskmanagers):
         assert psutil.Process(proc.pid).is_running()
         log = (own_cluster.cluster_dir / "log" / f"taskmanager-{i}.log").read_text()
