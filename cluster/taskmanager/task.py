@@ -329,7 +329,9 @@ class Task:
         in time.sleep or C code only once that returns). Only there: raised anywhere else, it could
         break the task's own bookkeeping or cleanup. True if raised."""
         ident = self._thread.ident
-        frame = sys._current_frames().get(ident) if ident is not None else None
+        if ident is None:
+            return False  # not started
+        frame = sys._current_frames().get(ident)
         while frame is not None and frame.f_code is not _CALL_USER:
             frame = frame.f_back
         if frame is None:
