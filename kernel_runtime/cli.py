@@ -71,6 +71,9 @@ def cluster_start(taskmanagers, slots, config_file, dynamic, cluster_dir) -> Non
         local.start()
     except (ConfigError, RuntimeError, TimeoutError) as exc:
         raise click.ClickException(str(exc)) from None
+    if local.ended_stale:
+        console.print(f"Ended {len(local.ended_stale)} stale process(es) of a previous cluster in "
+                      f"{local.cluster_dir}: pids {', '.join(map(str, local.ended_stale))}")
     console.print(f"Cluster started in {local.cluster_dir}: JobManager {local.info.rpc_address}, "
                   f"REST {local.info.rest_address}, {taskmanagers} TaskManager(s) x {slots} slot(s)")
 

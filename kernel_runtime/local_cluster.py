@@ -77,6 +77,7 @@ class LocalCluster:
         self.jobmanager: Optional[subprocess.Popen] = None
         self.taskmanagers: list[subprocess.Popen] = []
         self._info: Optional[ClusterInfo] = None
+        self.ended_stale: list[int] = []  # pids of a previous cluster in this directory, ended by start()
 
     # ------------------------------------------------------------------ start
     def start(self, timeout: float = 30.0) -> "LocalCluster":
@@ -86,6 +87,7 @@ class LocalCluster:
                                "(streamlab cluster stop)")
         except ClusterNotRunning:
             pass
+        self.ended_stale = self._end_stale_processes()
         (self.cluster_dir / "log").mkdir(mode=0o700, parents=True, exist_ok=True)
         (self.cluster_dir / "jobmanager.json").unlink(missing_ok=True)
         create_secret(self.cluster_dir / "secret")
@@ -103,6 +105,16 @@ class LocalCluster:
         self._write_pids()
         self.wait_for_taskmanagers(self.num_taskmanagers, deadline - time.monotonic())
         return self
+
+    def _end_stale_processes(self) -> list[int]:
+        """End what a previous cluster of this directory left running (its JobManager killed, its
+        TaskManagers went on): they would keep their tasks' output going and knock at the new
+        JobManager with the old secret. Returns their pids."""
+        stale = processes.stale_processes(self.cluster_dir)
+        pids = [p.pid for p in stale]
+        if pids and not processes.stop(pids, timeout=5):
+            raise RuntimeError(f"could not end the stale processes {pids} of {self.cluster_dir}")
+        return pids
 
     @property
     def info(self) -> ClusterInfo:

@@ -28,6 +28,31 @@ def cluster_pids(cluster_dir: str | os.PathLike) -> list[int]:
     return [pids["jobmanager"], *pids["taskmanagers"]]
 
 
+CLUSTER_MODULES = ("cluster.jobmanager", "cluster.taskmanager")
+
+
+def _of_cluster_dir(proc: psutil.Process, cluster_dir: str | os.PathLike) -> bool:
+    """Whether ``proc`` is a JobManager or TaskManager of ``cluster_dir``, by its command line
+    (``python -m cluster.<x> --cluster-dir DIR ...``), run by this user."""
+    try:
+        if proc.uids().real != os.getuid():
+            return False
+        argv = proc.cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return False
+    pairs = dict(zip(argv, argv[1:]))
+    directory = pairs.get("--cluster-dir")
+    return pairs.get("-m") in CLUSTER_MODULES and directory is not None \
+        and os.path.realpath(directory) == os.path.realpath(cluster_dir)
+
+
+def stale_processes(cluster_dir: str | os.PathLike) -> list[psutil.Process]:
+    """The live processes of a cluster directory's pids file that really are that cluster's (a pid
+    the system gave to another program since is left alone). A JobManager killed with SIGKILL
+    leaves its TaskManagers listed here."""
+    return [p for p in _processes(cluster_pids(cluster_dir)) if _running(p) and _of_cluster_dir(p, cluster_dir)]
+
+
 def _running(proc: psutil.Process) -> bool:
     try:  # is_running() also tells a reused pid apart; a zombie has exited, only not been reaped
         return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE

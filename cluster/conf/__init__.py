@@ -40,6 +40,13 @@ def parse_duration_ms(value: Any) -> int:
     return int(float(m.group(1)) * _UNIT_MS[m.group(2)])
 
 
+def _positive_duration_ms(value: Any) -> int:
+    ms = parse_duration_ms(value)
+    if ms <= 0:
+        raise ValueError("a duration above 0")
+    return ms
+
+
 def _int(minimum: Optional[int] = None, maximum: Optional[int] = None) -> Callable[[Any], int]:
     def parse(value: Any) -> int:
         if isinstance(value, bool) or not isinstance(value, (int, str)):
@@ -137,6 +144,11 @@ OPTIONS: dict[str, ConfigOption] = {
         ConfigOption("pipeline.max-parallelism", _int(1, 32768), "Number of key groups."),
         ConfigOption("heartbeat.interval", parse_duration_ms, "TaskManager heartbeat interval."),
         ConfigOption("heartbeat.timeout", parse_duration_ms, "A TaskManager silent this long is lost."),
+        ConfigOption("task.cancellation.interval", _positive_duration_ms,
+                     "How often a TaskManager interrupts a cancelling task again until it stops."),
+        ConfigOption("task.cancellation.timeout", parse_duration_ms,
+                     "A cancelling task not stopped after this long is a fatal error of its TaskManager, "
+                     "which restarts (0: never)."),
         ConfigOption("slot.request.timeout", parse_duration_ms,
                      "How long a job waits for enough free slots before it fails."),
         ConfigOption("restart-strategy.type", _enum("none", "fixed-delay", "exponential-delay"),

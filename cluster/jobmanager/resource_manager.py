@@ -70,6 +70,11 @@ class DeclareLost:
 
 
 @dataclass(frozen=True)
+class AnswerHeartbeat:
+    task_manager_id: str
+
+
+@dataclass(frozen=True)
 class ForwardMetrics:
     tasks: tuple[dict, ...]
 
@@ -92,7 +97,7 @@ class ResourceManagerState:
     def heartbeat_from_task_manager(self, tm_id: str, tasks: list, now: float) -> list:
         if not self.slot_manager.heartbeat(tm_id, now, tasks):
             return [AskToRegister(tm_id)]
-        return [ForwardMetrics(tuple(tasks))]
+        return [AnswerHeartbeat(tm_id), ForwardMetrics(tuple(tasks))]
 
     def check_heartbeats(self, now: float) -> list:
         out: list = []
@@ -146,6 +151,7 @@ class ResourceManager:
             AcceptRegistration: self._accepted,
             RejectRegistration: self._rejected,
             AskToRegister: lambda i: self._send(i.task_manager_id, m.RequestRegistration()),
+            AnswerHeartbeat: lambda i: self._send(i.task_manager_id, m.HeartbeatFromResourceManager()),
             RequestSlotAt: lambda i: self._send(i.allocation.task_manager_id, m.RequestSlot(
                 i.allocation.slot_index, i.allocation.job_id, i.allocation.allocation_id)),
             FreeSlotAt: lambda i: self._send(i.allocation.task_manager_id, m.FreeSlot(i.allocation.allocation_id)),

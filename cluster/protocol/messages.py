@@ -224,6 +224,12 @@ class HeartbeatFromTaskManager(Message, op="heartbeat-from-task-manager"):
 
 
 @dataclass(frozen=True)
+class HeartbeatFromResourceManager(Message, op="heartbeat-from-resource-manager"):
+    """The answer to a known TaskManager's heartbeat: silence for heartbeat.timeout tells the
+    TaskManager its JobManager is lost."""
+
+
+@dataclass(frozen=True)
 class RequestRegistration(Message, op="request-registration"):
     """The ResourceManager does not know the sender (e.g. it was declared lost): register again."""
 

@@ -76,11 +76,18 @@ class ReleaseJobNetwork:
     job_id: str
 
 
+@dataclass(frozen=True)
+class ForgetTask:
+    """A task of a lost JobManager ended: drop its thread, report to no one."""
+    execution_id: str
+
+
 @dataclass
 class TaskEntry:
     job_id: str
     allocation_id: str
     state: str
+    orphaned: bool = False  # its JobManager was lost: its end is reported to no one
 
 
 class TaskSlotTable:
@@ -111,6 +118,19 @@ class TaskSlotTable:
     def cancel_task(self, execution_id: str) -> list:
         return [CancelTaskThread(execution_id)] if execution_id in self.tasks else []
 
+    def job_manager_lost(self) -> list:
+        """Flink's TaskExecutor on a JobManager heartbeat timeout: cancel every task, free every
+        slot and release every job's network; the cancelled tasks' ends go unreported."""
+        out: list = []
+        for execution_id, entry in self.tasks.items():
+            if not entry.orphaned:
+                entry.orphaned = True
+                out.append(CancelTaskThread(execution_id))
+        jobs = self.slots.jobs()
+        self.slots = SlotTable(len(self.slots))
+        out += [ReleaseJobNetwork(j) for j in sorted(jobs)]
+        return out
+
     def free_slot(self, allocation_id: str) -> list:
         job_id = self.slots.free(allocation_id)
         out: list = [CancelTaskThread(e) for e, t in self.tasks.items() if t.allocation_id == allocation_id]
@@ -125,6 +145,8 @@ class TaskSlotTable:
         entry.state = state
         if state in self.TERMINAL:
             del self.tasks[execution_id]
+        if entry.orphaned:
+            return [ForgetTask(execution_id)] if state in self.TERMINAL else []
         return [ReportTaskState(entry.job_id, execution_id, state, error)]
 
     def tasks_of(self, job_id: str) -> list[str]:

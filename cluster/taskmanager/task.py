@@ -11,9 +11,11 @@ counts records and bytes.
 """
 from __future__ import annotations
 
+import ctypes
 import itertools
 import logging
 import queue
+import sys
 import threading
 import time
 import traceback
@@ -32,7 +34,7 @@ from cluster.graph.execution_graph import ExecutionState
 from cluster.graph.job_graph import OperatorSpec, ShipStrategy
 from cluster.graph.operator_kinds import KINDS
 from cluster.operators import OPERATORS
-from cluster.operators.base import OperatorContext, SourceOperator, TaskCancelled, UserFunctionError
+from cluster.operators.base import Operator, OperatorContext, SourceOperator, TaskCancelled, UserFunctionError
 from cluster.operators.spark import SparkChain
 from cluster.protocol.messages import AddCredit, BufferResponse, EndOfPartition, Message
 from cluster.protocol.serde import ipc_to_table, table_to_ipc
@@ -52,6 +54,8 @@ class CheckpointResponder(Protocol):
     def decline_checkpoint(self, task: "Task", checkpoint_id: int, reason: str) -> None: ...
     def end_of_input(self, task: "Task") -> None: ...
 
+
+_CALL_USER = Operator.call_user.__code__  # the frame a task runs a user's function in
 
 WINDOW_S = 1.0  # Flink's *TimeMsPerSecond: the shares of time in the last window, in ms per second
 
@@ -315,6 +319,24 @@ class Task:
 
     def cancel(self) -> None:
         self.cancelled.set()
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def interrupt(self) -> bool:
+        """Flink's task interrupt, as far as Python allows: raise TaskCancelled in the task thread
+        if it is inside a user's function now (a busy loop stops at its next bytecode; one blocked
+        in time.sleep or C code only once that returns). Only there: raised anywhere else, it could
+        break the task's own bookkeeping or cleanup. True if raised."""
+        ident = self._thread.ident
+        if ident is None:
+            return False  # not started
+        frame = sys._current_frames().get(ident)
+        while frame is not None and frame.f_code is not _CALL_USER:
+            frame = frame.f_back
+        if frame is None:
+            return False
+        return ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(TaskCancelled)) == 1
 
     # called on the TaskManager's loop thread; the task thread acts on them between batches
     def trigger_checkpoint(self, barrier: Barrier) -> None:

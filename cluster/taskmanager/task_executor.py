@@ -4,6 +4,15 @@ It registers its slots with the ResourceManager (retrying until it is heard), he
 per-task metrics, accepts slot requests (offering the slot to the job's JobMaster), runs each
 deployed task as a thread, reports task states, and cancels and frees on request. A task that
 fails takes only its job down: the TaskExecutor reports and frees, and keeps serving.
+
+Cancelling follows Flink's Task: the task's flag is set, the thread is interrupted (as far as
+Python can: inside a user's function) at once and every ``task.cancellation.interval``, and a
+task still running after ``task.cancellation.timeout`` is a fatal error of the TaskManager. Python
+cannot kill a thread, so the process disconnects and re-executes itself (same pid, fresh id): its
+slots come back, and the JobMaster sees the task gone at once.
+
+The ResourceManager answers each heartbeat; silence for ``heartbeat.timeout`` means the JobManager
+is lost: every task is cancelled, every slot freed, and the TaskExecutor registers again.
 """
 from __future__ import annotations
 
@@ -12,7 +21,9 @@ import json
 import logging
 import os
 import signal
+import sys
 import threading
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -33,12 +44,13 @@ from cluster.protocol.gateways import JobManagerGateway
 from cluster.operators.spark import SparkRunner
 
 from .network import NetworkEnvironment
-from .slot_table import (CancelTaskThread, OfferSlot, ReleaseJobNetwork, ReportTaskState, StartTask,
-                         TaskSlotTable)
+from .slot_table import (CancelTaskThread, ForgetTask, OfferSlot, ReleaseJobNetwork, ReportTaskState,
+                         StartTask, TaskSlotTable)
 from .task import Task
 
 log = logging.getLogger("streamlab.taskmanager")
 REGISTRATION_RETRY_S = 1.0
+FATAL_DISCONNECT_GRACE_S = 0.2  # for the disconnect to leave before the process re-executes
 
 
 def hardware_info() -> dict:
@@ -63,11 +75,17 @@ class TaskExecutor:
         self.snapshot_executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="snapshot")
         self.registered = False
         self._heartbeating = False
+        self._last_heard_from_rm = time.monotonic()  # registration or the last heartbeat answer
+        self.heartbeat_timeout_s = conf["heartbeat.timeout"] / 1000
+        self.cancellation_interval_s = conf["task.cancellation.interval"] / 1000
+        self.cancellation_timeout_s = conf["task.cancellation.timeout"] / 1000
+        self._cancelling: set[str] = set()  # execution ids whose interrupter and watchdog run
         self.stopped = threading.Event()
         self.handlers: dict[type, Callable[[Any, Peer], Optional[m.Message]]] = {
             m.RegistrationSuccess: self.registration_success,
             m.RegistrationRejected: self.registration_rejected,
             m.RequestRegistration: self.request_registration,
+            m.HeartbeatFromResourceManager: self.heartbeat_from_resource_manager,
             m.RequestSlot: self.request_slot,
             m.SubmitTask: self.submit_task,
             m.CancelTask: self.cancel_task,
@@ -115,20 +133,41 @@ class TaskExecutor:
         if not self.registered:
             log.info("%s registered at the ResourceManager", self.task_manager_id)
         self.registered = True
+        self._last_heard_from_rm = time.monotonic()
         if not self._heartbeating:
             self._heartbeating = True
             # the heartbeat carries the task metrics, so it goes at least as often as they are due
             interval_ms = min(msg.heartbeat_interval_ms, self.conf["metrics.fetcher.update-interval"])
             self.endpoint.call_every(interval_ms / 1000, self._heartbeat)
+            self.endpoint.call_every(min(1.0, self.heartbeat_timeout_s / 4), self._check_job_manager)
 
     def registration_rejected(self, msg: m.RegistrationRejected, peer: Peer) -> None:
         log.error("registration rejected: %s", msg.reason)
 
     def request_registration(self, msg: m.RequestRegistration, peer: Peer) -> None:
         if self.registered:
-            log.warning("the ResourceManager does not know us (any more): registering again")
+            # it declared us lost, so its JobMasters count our tasks as gone: they must not go on
+            log.warning("the ResourceManager does not know us (any more): cancelling every task, "
+                        "registering again")
+            self._job_manager_lost()
         self.registered = False
         self._register()
+
+    def heartbeat_from_resource_manager(self, msg: m.HeartbeatFromResourceManager, peer: Peer) -> None:
+        self._last_heard_from_rm = time.monotonic()
+
+    def _check_job_manager(self) -> None:
+        silent = time.monotonic() - self._last_heard_from_rm
+        if self.registered and silent > self.heartbeat_timeout_s:
+            log.warning("JobManager lost: no heartbeat answer for %.0f ms (heartbeat.timeout %.0f ms); "
+                        "cancelling %d task(s), freeing every slot, registering again",
+                        silent * 1000, self.heartbeat_timeout_s * 1000, len(self.tasks))
+            self._job_manager_lost()
+            self.registered = False
+            self._register()
+
+    def _job_manager_lost(self) -> None:
+        self._run(self.slot_table.job_manager_lost())
 
     def _heartbeat(self) -> None:
         if self.registered:
@@ -149,7 +188,9 @@ class TaskExecutor:
                 self.tasks[i.execution_id] = task
                 task.start()
             elif isinstance(i, CancelTaskThread):
-                self.tasks[i.execution_id].cancel()
+                self._cancel(self.tasks[i.execution_id])
+            elif isinstance(i, ForgetTask):
+                self.tasks.pop(i.execution_id, None)
             elif isinstance(i, ReportTaskState):
                 reporting = self.tasks.get(i.execution_id)
                 metrics = reporting.metrics_snapshot() if reporting is not None else {}
@@ -160,6 +201,50 @@ class TaskExecutor:
                     self.tasks.pop(i.execution_id, None)
             elif isinstance(i, ReleaseJobNetwork):
                 self.network.release_job(i.job_id)
+
+    # ------------------------------------------------------------------ cancellation
+    def _cancel(self, task: Task) -> None:
+        """Flink's TaskCanceler, TaskInterrupter and TaskCancelerWatchDog, on the loop's timers."""
+        task.cancel()
+        if task.execution_id in self._cancelling:
+            return
+        self._cancelling.add(task.execution_id)
+        task.interrupt()
+        self.endpoint.call_later(self.cancellation_interval_s, self._interrupt_again, task)
+        if self.cancellation_timeout_s > 0:
+            self.endpoint.call_later(self.cancellation_timeout_s, self._cancellation_timed_out, task)
+
+    def _interrupt_again(self, task: Task) -> None:
+        if not task.is_alive():
+            self._cancelling.discard(task.execution_id)
+            return
+        if task.interrupt():
+            log.info("task %s still running after cancel: interrupt raised in its user function "
+                     "(not seen while it is blocked in C code or a sleep)", task.name)
+        self.endpoint.call_later(self.cancellation_interval_s, self._interrupt_again, task)
+
+    def _cancellation_timed_out(self, task: Task) -> None:
+        if task.is_alive():
+            self.fatal_error(f"task {task.name} ({task.execution_id}) did not stop within "
+                             f"{self.cancellation_timeout_s * 1000:.0f} ms of its cancel (task.cancellation.timeout)")
+
+    def fatal_error(self, reason: str) -> None:
+        """Flink's onFatalError: this process cannot go on. A thread cannot be killed, so the
+        process replaces itself: disconnect (the JobMaster fails our tasks at once), then
+        re-execute the same command line with a fresh id, which registers all its slots anew."""
+        self.endpoint.assert_loop_thread()
+        log.critical("fatal error, restarting the TaskManager process: %s", reason)
+        self.jobmanager.disconnect_task_manager(self.task_manager_id, f"fatal error: {reason}")
+        self.registered = False
+        self.endpoint.call_later(FATAL_DISCONNECT_GRACE_S, self._reexecute)
+
+    def _reexecute(self) -> None:
+        argv = restart_command_line(sys.orig_argv, f"tm-{uuid.uuid4().hex[:12]}")
+        log.critical("re-executing as %s", argv[argv.index("--id") + 1])
+        logging.shutdown()
+        # file descriptors other than 0-2 are close-on-exec (sockets, the Spark JVM's stdin pipe,
+        # so that JVM exits too); the stuck threads end with the old program
+        os.execv(sys.executable, [sys.executable, *argv[1:]])
 
     def request_slot(self, msg: m.RequestSlot, peer: Peer) -> None:
         instructions = self.slot_table.request_slot(msg.slot_index, msg.job_id, msg.allocation_id)
@@ -220,6 +305,20 @@ class TaskExecutor:
         # Called on the task's thread: hand over to the loop thread, which owns the table and socket.
         self.endpoint.call_soon(lambda: self._run(self.slot_table.task_state_changed(task.execution_id, state,
                                                                                      error)))
+
+
+def restart_command_line(argv: list[str], new_id: str) -> list[str]:
+    """The command line the process started with, under a fresh TaskManager id: the ResourceManager
+    must not take the restarted process for the one that failed."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--id":
+            skip = True
+        elif not arg.startswith("--id="):
+            out.append(arg)
+    return [*out, "--id", new_id]
 
 
 def main(argv=None) -> None:
