@@ -1,7 +1,8 @@
 """Dispatcher: accepts jobs, starts one JobMaster each, lists and cancels them.
 
 It also routes the JobMaster's own messages (slot offers, task states) to the JobMaster of the
-job they name, and keeps finished jobs with their final status.
+job they name, and keeps ended jobs with their final status (Flink's job store): without their
+user code, at most ``jobstore.max-capacity`` of them, each for ``jobstore.expiration-time``.
 """
 from __future__ import annotations
 

@@ -17,9 +17,10 @@ from cluster.protocol import messages as m
 from cluster.protocol.endpoint import RpcError
 from kernel_runtime import StreamEnvironment
 from kernel_runtime.client import JobClient
-from tests.conftest import rest, start_cluster
+from tests.conftest import rest, start_cluster, wait_for
 
 CAPACITY = 3
+EXPIRATION_S = 20  # long enough for a test's own jobs, short enough to watch one expire
 MB = 1 << 20
 
 
@@ -27,6 +28,7 @@ MB = 1 << 20
 def own_cluster(tmp_path_factory):
     local = start_cluster(tmp_path_factory.mktemp("limits"), taskmanagers=1, slots=2, **{
         "pipeline.jobgraph.max-size": MAX_JOB_GRAPH_BYTES, "jobstore.max-capacity": CAPACITY,
+        "jobstore.expiration-time": EXPIRATION_S,
         "taskmanager.spark.startup": "lazy"})
     yield local
     local.stop()
@@ -126,3 +128,14 @@ def test_ended_jobs_keep_no_user_code_and_the_history_is_bounded(own_cluster, li
     assert status == 200 and details["state"] == "FINISHED" and details["name"] == f"40 MB closure {CAPACITY}"
     assert [v["name"] for v in details["vertices"]] and all(v["parallelism"] == 1 for v in details["vertices"])
     assert "holds a blob [map-batches]" in str(details["plan"])
+
+
+def test_an_ended_job_expires_after_jobstore_expiration_time(own_cluster, limits_client):
+    job_id, _ = run(pipeline(own_cluster.cluster_dir, 10), limits_client, "expires")
+    ended = time.monotonic()
+
+    def listed() -> bool:
+        return job_id in {j["jid"] for j in rest(own_cluster, "/jobs/overview")[1]["jobs"]}
+    assert listed()
+    wait_for(lambda: not listed(), timeout=EXPIRATION_S + 15, what="the ended job to expire")
+    assert time.monotonic() - ended >= EXPIRATION_S - 1
