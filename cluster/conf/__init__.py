@@ -82,8 +82,9 @@ def _size(minimum: int = 0, maximum: Optional[int] = None) -> Callable[[Any], in
     def parse(value: Any) -> int:
         size = parse_size_bytes(value)
         if size < minimum or (maximum is not None and size > maximum):
-            upper = f" and {format_size(maximum)} ({maximum} bytes)" if maximum is not None else ""
-            raise ValueError(f"a size between {format_size(minimum)}{upper}")
+            if maximum is None:
+                raise ValueError(f"a size of at least {format_size(minimum)}")
+            raise ValueError(f"a size between {format_size(minimum)} and {format_size(maximum)} ({maximum} bytes)")
         return size
     return parse
 
