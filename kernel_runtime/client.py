@@ -19,7 +19,7 @@ import pyarrow as pa
 import zmq
 
 from cluster.graph.execution_graph import JobState
-from cluster.graph.job_graph import JobGraph
+from cluster.graph.job_graph import MAX_SIZE_KEY, JobGraph
 from cluster.protocol import messages as m
 from cluster.protocol.codec import Codec
 from cluster.protocol.endpoint import RpcClient, bound_address, make_socket
@@ -403,6 +403,7 @@ class JobClient:
         self.cluster = cluster
         self.codec = Codec(cluster.secret)
         self.rpc = RpcClient(cluster.rpc_address, self.codec, timeout)
+        self.max_job_graph_bytes: int = cluster.configuration()[MAX_SIZE_KEY]
         self._results: Optional[ResultReceiver] = None
 
     @property
@@ -415,7 +416,9 @@ class JobClient:
     def submit(self, job_graph: JobGraph, detached: bool = False,
                result_mode: ResultMode = KEEP_ALL) -> JobHandle:
         """Submit a job. Attached, its collect sinks stream to this client, which keeps their rows
-        as ``result_mode`` says (by default every row: what a script waiting for a bounded job wants)."""
+        as ``result_mode`` says (by default every row: what a script waiting for a bounded job wants).
+        A graph over pipeline.jobgraph.max-size is refused here (JobGraphTooLarge), before anything is sent."""
+        job_graph.check_size(self.max_job_graph_bytes)
         sinks = {o.name: o.uid for v in job_graph.vertices for o in v.operators if o.kind == "collect-sink"}
         parallelism = {o.uid: v.parallelism for v in job_graph.vertices for o in v.operators}
         result_address = None

@@ -3,7 +3,8 @@
 Used by ``streamlab cluster start`` (a standing session cluster), by scripts and notebooks that
 run without a cluster (an embedded one, on free ports, stopped when they end) and by the tests.
 A cluster lives in a directory: its config.yaml, its secret (0600), jobmanager.json (the bound
-addresses, written by the JobManager), cluster.json (the pids) and log/.
+addresses, written by the JobManager), cluster.json (the pids) and log/ (each process's rolling
+``<name>.log`` and its stdout/stderr in ``<name>.out``).
 """
 from __future__ import annotations
 
@@ -53,6 +54,10 @@ class ClusterInfo:
         if not processes.alive(info.get("pid")):
             raise ClusterNotRunning(f"the JobManager of {cluster_dir} (pid {info.get('pid')}) is not running")
         return cls(cluster_dir, info["rpc"], info["rest"], info["events"], load_secret(cluster_dir / "secret"))
+
+    def configuration(self) -> Configuration:
+        """The cluster's configuration, as its JobManager read it (config.yaml of its directory)."""
+        return Configuration.from_file(self.cluster_dir / "config.yaml")
 
     @property
     def rest_token(self) -> str:
@@ -153,21 +158,28 @@ class LocalCluster:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
         env["PYTHONUNBUFFERED"] = "1"
-        log_file = os.fdopen(os.open(self._log(name), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
+        # the process logs into <name>.log itself (rolling); its stdout/stderr (a Spark JVM, a
+        # print sink, a crash before logging starts) go to <name>.out
+        out_file = os.fdopen(os.open(self._log(name, ".out"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
         try:
             # what the cluster writes (savepoints, checkpoints, state) is its user's alone
-            return subprocess.Popen([sys.executable, "-m", module, "--cluster-dir", str(self.cluster_dir), *args],
-                                    stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            return subprocess.Popen([sys.executable, "-m", module, "--cluster-dir", str(self.cluster_dir),
+                                     "--log-file", str(self._log(name)), *args],
+                                    stdout=out_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env=env, start_new_session=True, umask=0o077)
         finally:
-            log_file.close()
+            out_file.close()
 
-    def _log(self, name: str) -> Path:
-        return self.cluster_dir / "log" / f"{name}.log"
+    def _log(self, name: str, suffix: str = ".log") -> Path:
+        return self.cluster_dir / "log" / f"{name}{suffix}"
 
     def _check_alive(self, proc: subprocess.Popen, name: str) -> None:
         if proc.poll() is not None:
-            tail = "\n".join(self._log(name).read_text(errors="replace").splitlines()[-15:])
+            tails = []
+            for path in (self._log(name), self._log(name, ".out")):
+                if path.exists():
+                    tails += [f"--- {path.name}", *path.read_text(errors="replace").splitlines()[-15:]]
+            tail = "\n".join(tails)
             raise RuntimeError(f"the {name} process exited with code {proc.returncode}:\n{tail}")
 
     def _write_pids(self) -> None:

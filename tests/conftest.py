@@ -108,7 +108,8 @@ def pytest_runtest_makereport(item, call):
         for name in ("cluster", "own_cluster"):
             local = item.funcargs.get(name)
             if isinstance(local, LocalCluster):
-                for log in sorted((local.cluster_dir / "log").glob("*.log")):
+                folder = local.cluster_dir / "log"
+                for log in sorted([*folder.glob("*.log"), *folder.glob("*.out")]):
                     tail = "\n".join(log.read_text(errors="replace").splitlines()[-25:])
                     rep.sections.append((f"{log.name} (last lines)", tail))
     return rep

@@ -15,7 +15,16 @@ from typing import Any, Callable, Mapping, Optional
 
 import yaml
 
+from cluster.protocol.codec import MAX_HEADER_BYTES
+
 DEFAULTS_FILE = Path(__file__).with_name("config.yaml")
+
+# A job graph travels whole in one control message (SubmitJob), and each vertex of it again in a
+# task's deployment, whose other fields (configuration, channels, restore plan) need room too: the
+# largest graph a cluster may accept stays this far below the wire's header cap, so a graph the
+# client lets through is never refused by a codec as "header too large".
+ENVELOPE_RESERVE_BYTES = 1 << 20
+MAX_JOB_GRAPH_BYTES = MAX_HEADER_BYTES - ENVELOPE_RESERVE_BYTES
 
 
 class ConfigError(ValueError):
@@ -45,6 +54,57 @@ def _positive_duration_ms(value: Any) -> int:
     if ms <= 0:
         raise ValueError("a duration above 0")
     return ms
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
+# Flink's MemorySize units: powers of 1024 whatever the spelling ("64 mb" is 64 MiB)
+_UNIT_BYTES = {"": 1, "b": 1, "bytes": 1, "k": 1 << 10, "kb": 1 << 10, "kibibytes": 1 << 10,
+               "m": 1 << 20, "mb": 1 << 20, "mebibytes": 1 << 20, "g": 1 << 30, "gb": 1 << 30,
+               "gibibytes": 1 << 30, "t": 1 << 40, "tb": 1 << 40, "tebibytes": 1 << 40}
+
+
+def parse_size_bytes(value: Any) -> int:
+    """Flink's memory size notation ("64 mb", "512k", "1 gb") or a plain number of bytes."""
+    if isinstance(value, bool):
+        raise ValueError("a size, not a boolean")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError("a size >= 0")
+        return value
+    m = _SIZE.match(str(value))
+    if not m or m.group(2).lower() not in _UNIT_BYTES:
+        raise ValueError('a size such as "64 mb", "512 kb" or a number of bytes')
+    return int(float(m.group(1)) * _UNIT_BYTES[m.group(2).lower()])
+
+
+def format_size(size: int) -> str:
+    """A byte count as a person reads it, in Flink's binary units ("63.9 mb")."""
+    for unit, scale in (("gb", 1 << 30), ("mb", 1 << 20), ("kb", 1 << 10)):
+        if size >= scale:
+            return f"{size / scale:.1f} {unit}"
+    return f"{size} bytes"
+
+
+def _size(minimum: int = 0, maximum: Optional[int] = None) -> Callable[[Any], int]:
+    def parse(value: Any) -> int:
+        size = parse_size_bytes(value)
+        if size < minimum or (maximum is not None and size > maximum):
+            if maximum is None:
+                raise ValueError(f"a size of at least {format_size(minimum)}")
+            raise ValueError(f"a size between {format_size(minimum)} and {format_size(maximum)} ({maximum} bytes)")
+        return size
+    return parse
+
+
+def _seconds(value: Any) -> int:
+    """Flink's jobstore.expiration-time: a plain number is seconds; a duration ("1 h") also works."""
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    seconds = int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
+        else parse_duration_ms(value) // 1000
+    if seconds < 1:
+        raise ValueError("at least 1 second")
+    return seconds
 
 
 def _int(minimum: Optional[int] = None, maximum: Optional[int] = None) -> Callable[[Any], int]:
@@ -142,6 +202,19 @@ OPTIONS: dict[str, ConfigOption] = {
                      "Credits a consumer grants each input channel."),
         ConfigOption("parallelism.default", _int(1, 32768), "Parallelism of operators that set none."),
         ConfigOption("pipeline.max-parallelism", _int(1, 32768), "Number of key groups."),
+        # Flink's nearest key is pekko.framesize (the largest RPC message); ours names what it
+        # limits, because the job graph (pickled user functions) is what users make too large.
+        ConfigOption("pipeline.jobgraph.max-size", _size(1 << 10, MAX_JOB_GRAPH_BYTES),
+                     "Largest job graph (pickled user functions included) a client sends and the "
+                     "JobManager accepts; cluster-wide."),
+        ConfigOption("jobstore.max-capacity", _int(1, 2**31 - 1),
+                     "Finished jobs the JobManager keeps for REST and the CLI (oldest dropped first)."),
+        ConfigOption("jobstore.expiration-time", _seconds,
+                     "Seconds a finished job is kept for REST and the CLI."),
+        ConfigOption("log.file.max-size", _size(1 << 10),
+                     "Size at which a JobManager or TaskManager log file is rolled over."),
+        ConfigOption("log.file.max-backups", _int(1, 1000),
+                     "Rolled-over log files kept per process (<name>.log.1 ... .N)."),
         ConfigOption("heartbeat.interval", parse_duration_ms, "TaskManager heartbeat interval."),
         ConfigOption("heartbeat.timeout", parse_duration_ms, "A TaskManager silent this long is lost."),
         ConfigOption("task.cancellation.interval", _positive_duration_ms,

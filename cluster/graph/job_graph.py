@@ -11,11 +11,16 @@ from __future__ import annotations
 
 import enum
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Optional
+
+import msgpack
+
+from cluster.conf import format_size
 
 from .operator_kinds import KINDS
 
+MAX_SIZE_KEY = "pipeline.jobgraph.max-size"
 
 
 class ShipStrategy(enum.StrEnum):
@@ -31,6 +36,10 @@ SHIP_STRATEGIES = tuple(ShipStrategy)
 
 class GraphValidationError(ValueError):
     """The pipeline cannot run as written; the message names the operator and its call site."""
+
+
+class JobGraphTooLarge(GraphValidationError):
+    """The job graph is over pipeline.jobgraph.max-size; the message names its biggest operator."""
 
 
 def new_id() -> str:
@@ -161,6 +170,33 @@ class JobGraph:
                 raise GraphValidationError(f"{v.operators[0].where()}: has no input")
         self.topological_order()
         return self
+
+    # ------------------------------------------------------------------ size
+    def wire_size(self) -> int:
+        """Bytes of the graph as it travels (msgpack of ``to_dict``), user functions included."""
+        return len(msgpack.packb(self.to_dict(), use_bin_type=True))
+
+    def check_size(self, max_bytes: int) -> int:
+        """The wire size; JobGraphTooLarge naming the biggest operator if it is over ``max_bytes``."""
+        size = self.wire_size()
+        if size <= max_bytes:
+            return size
+        op_size, op = max(((len(msgpack.packb(asdict(o), use_bin_type=True)), o)
+                           for v in self.vertices for o in v.operators), key=lambda t: t[0])
+        what = "its pickled function and parameters are" if op.udf else "its parameters are"
+        raise JobGraphTooLarge(
+            f"job '{self.name}' is too large to submit: its job graph is {format_size(size)} ({size} bytes), over "
+            f"{MAX_SIZE_KEY} = {format_size(max_bytes)} ({max_bytes} bytes). The biggest part is {op.where()}, "
+            f"a {op.kind}: {what} {format_size(op_size)}. Keep large data out of functions' closures (read it "
+            f"from a source or a file inside the function), or raise {MAX_SIZE_KEY} in the cluster's "
+            "config.yaml")
+
+    def drop_user_code(self) -> None:
+        """Forget the pickled functions and parameters of every operator, keeping names, kinds,
+        call sites and the shape: what an ended job's views need. Done in place, because the
+        vertices are shared with the execution graph's executions and the scheduler."""
+        for v in self.vertices:
+            v.operators[:] = [replace(o, udf=None, params={}) for o in v.operators]
 
     # ------------------------------------------------------------------ wire form
     def to_dict(self) -> dict:

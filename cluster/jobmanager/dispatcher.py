@@ -1,12 +1,14 @@
 """Dispatcher: accepts jobs, starts one JobMaster each, lists and cancels them.
 
 It also routes the JobMaster's own messages (slot offers, task states) to the JobMaster of the
-job they name, and keeps finished jobs with their final status.
+job they name, and keeps ended jobs with their final status (Flink's job store): without their
+user code, at most ``jobstore.max-capacity`` of them, each for ``jobstore.expiration-time``.
 """
 from __future__ import annotations
 
 import logging
 import shutil
+from collections import OrderedDict
 from concurrent.futures import Executor
 from pathlib import Path
 from typing import Callable, Optional
@@ -14,7 +16,7 @@ from typing import Callable, Optional
 from cluster.clock import now_ms
 from cluster.checkpoint.storage import local_path, read_metadata
 from cluster.conf import ConfigError
-from cluster.graph.job_graph import GraphValidationError, JobGraph
+from cluster.graph.job_graph import MAX_SIZE_KEY, GraphValidationError, JobGraph
 from cluster.protocol import messages as m
 from cluster.protocol.endpoint import DeferredReply, Peer, RpcEndpoint, RpcError
 
@@ -33,6 +35,7 @@ def dispose_savepoint(directory: Path) -> None:
 # Keys a job may set for itself; the rest are the cluster's.
 JOB_SCOPED_PREFIXES = ("restart-strategy.", "slot.request.timeout", "execution.", "parallelism.default",
                        "pipeline.", "state.")
+CLUSTER_WIDE_KEYS = (MAX_SIZE_KEY,)  # under a job-scoped prefix, but a limit the cluster sets
 
 
 class Dispatcher:
@@ -45,6 +48,9 @@ class Dispatcher:
         self.on_shutdown = on_shutdown
         self.started_at_ms = now_ms()
         self.jobs: dict[str, JobMaster] = {}
+        # ended jobs, oldest first: Flink's job store, bounded by jobstore.max-capacity and
+        # jobstore.expiration-time (running jobs are never dropped)
+        self.archived: OrderedDict[str, None] = OrderedDict()
         self.job_added_listeners: list[Callable[[JobMaster], None]] = []  # e.g. the event publisher
         resource_manager.task_manager_lost_listeners.append(self._task_manager_lost)
         resource_manager.task_metrics_listeners.append(self._task_metrics)
@@ -67,11 +73,12 @@ class Dispatcher:
     def submit_job(self, msg: m.SubmitJob, peer: Peer) -> DeferredReply:
         try:
             graph = JobGraph.from_dict(msg.job_graph)
+            graph.check_size(self.conf[MAX_SIZE_KEY])  # for clients that do not check it themselves
         except GraphValidationError as exc:
             raise RpcError(f"job rejected: {exc}") from None
         if graph.job_id in self.jobs:
             raise RpcError(f"job rejected: a job with id {graph.job_id} exists already")
-        bad = [k for k in graph.config if not k.startswith(JOB_SCOPED_PREFIXES)]
+        bad = [k for k in graph.config if not k.startswith(JOB_SCOPED_PREFIXES) or k in CLUSTER_WIDE_KEYS]
         if bad:
             raise RpcError(f"job rejected: configuration key {bad[0]!r} is cluster-wide and cannot be set per job")
         try:
@@ -97,7 +104,8 @@ class Dispatcher:
         if graph.job_id in self.jobs:  # submitted twice while its savepoint was read
             reply.fail(f"job rejected: a job with id {graph.job_id} exists already")
             return
-        master = JobMaster(graph, conf, self.endpoint, self.rm, result_address, self.storage_executor)
+        master = JobMaster(graph, conf, self.endpoint, self.rm, result_address, self.storage_executor,
+                           on_terminated=self._job_terminated)
         try:
             master.start(savepoint)  # refuses an unusable savepoint before the job is registered
         except RpcError as exc:
@@ -148,6 +156,22 @@ class Dispatcher:
         self.rm.shutdown_task_managers()
         self.endpoint.call_later(0.3, self.on_shutdown)
         return m.Acknowledge()
+
+    def _job_terminated(self, master: JobMaster) -> None:
+        """An ended job keeps what REST and the CLI show of it (names, states, times, failure,
+        checkpoint history), not its pickled functions; the oldest ended jobs beyond
+        jobstore.max-capacity go, and each goes after jobstore.expiration-time."""
+        master.job_graph.drop_user_code()
+        self.archived[master.job_id] = None
+        while len(self.archived) > self.conf["jobstore.max-capacity"]:
+            self._forget(next(iter(self.archived)))
+        self.endpoint.call_later(self.conf["jobstore.expiration-time"], self._forget, master.job_id)
+
+    def _forget(self, job_id: str) -> None:
+        if job_id in self.archived:  # not dropped already for the capacity
+            del self.archived[job_id]
+            self.jobs.pop(job_id, None)
+            log.info("job %s removed from the job store", job_id)
 
     # ------------------------------------------------------------------ routing
     def job(self, job_id: str) -> JobMaster:

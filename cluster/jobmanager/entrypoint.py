@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from cluster.conf import Configuration
+from cluster.process_logging import configure_process_logging
 from cluster.protocol.auth import load_secret, rest_token
 from cluster.protocol import messages as m
 from cluster.protocol.codec import Codec
@@ -88,9 +89,10 @@ class JobManager:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m cluster.jobmanager")
     parser.add_argument("--cluster-dir", required=True, type=Path)
+    parser.add_argument("--log-file", type=Path, help="rolling log file (default: stderr)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     conf = Configuration.from_file(args.cluster_dir / "config.yaml")
+    configure_process_logging(args.log_file, conf)
     jm = JobManager(conf, load_secret(args.cluster_dir / "secret"), args.cluster_dir.resolve())
     jm.start()
     info = {"rpc": jm.rpc_address, "events": jm.events.address, "rest": jm.rest_address, "pid": os.getpid()}

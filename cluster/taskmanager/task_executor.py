@@ -33,6 +33,7 @@ import psutil
 
 from cluster.checkpoint.barriers import Barrier
 from cluster.conf import Configuration, TaskConfig
+from cluster.process_logging import configure_process_logging
 from cluster.graph.deployment import TaskDeploymentDescriptor
 from cluster.graph.execution_graph import ExecutionState
 from cluster.protocol import messages as m
@@ -326,9 +327,10 @@ def main(argv=None) -> None:
     parser.add_argument("--cluster-dir", required=True, type=Path)
     parser.add_argument("--jobmanager", help="JobManager address (default: from the cluster dir)")
     parser.add_argument("--id", help="TaskManager id (default: a random one)")
+    parser.add_argument("--log-file", type=Path, help="rolling log file (default: stderr)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     conf = Configuration.from_file(args.cluster_dir / "config.yaml")
+    configure_process_logging(args.log_file, conf)
     address = args.jobmanager or json.loads((args.cluster_dir / "jobmanager.json").read_text())["rpc"]
     tm = TaskExecutor(conf, load_secret(args.cluster_dir / "secret"), address, args.id)
     tm.start()
