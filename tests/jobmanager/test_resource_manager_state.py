@@ -2,7 +2,7 @@
 hand), slot grants and what a lost TaskManager takes with it."""
 from __future__ import annotations
 
-from cluster.jobmanager.resource_manager import (AcceptRegistration, AskToRegister, DeclareLost, ForwardMetrics,
+from cluster.jobmanager.resource_manager import (AcceptRegistration, AnswerHeartbeat, AskToRegister, DeclareLost, ForwardMetrics,
                                                  FreeSlotAt, GrantSlots, RejectRegistration, RequestSlotAt,
                                                  ResourceManagerState)
 from cluster.jobmanager.slot_manager import TaskManagerRegistration
@@ -31,7 +31,7 @@ def test_a_silent_taskmanager_is_lost_after_the_timeout_and_a_heartbeat_keeps_it
     register(rm, "tm-a", now=0.0)
     register(rm, "tm-b", now=0.0)
     assert rm.heartbeat_from_task_manager("tm-a", [{"execution_id": "e"}], now=1.5) == [
-        ForwardMetrics(({"execution_id": "e"},))]
+        AnswerHeartbeat("tm-a"), ForwardMetrics(({"execution_id": "e"},))]  # answered: the TM knows we live
     assert rm.check_heartbeats(now=2.0) == []
     out = rm.check_heartbeats(now=2.1)
     assert [i.task_manager_id for i in of(out, DeclareLost)] == ["tm-b"]
