@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Optional, Protocol
 
 from cluster.protocol import messages as m
 from cluster.protocol.endpoint import Peer, RpcEndpoint
@@ -159,7 +159,7 @@ class ResourceManager:
             DeclareLost: self._declared_lost,
             ForwardMetrics: lambda i: [listener(list(i.tasks)) for listener in self.task_metrics_listeners],
         }
-        self._pending_peers: dict[str, Peer] = {}  # who sent a registration, until it is answered
+        self._pending_peers: dict[str, Peer] = {}  # the sender of the message being handled
         check_every = min(1.0, self.state.heartbeat_timeout_s / 4)
         endpoint.call_every(check_every, lambda: self._run(self.state.check_heartbeats(self.clock())))
 
@@ -167,10 +167,18 @@ class ResourceManager:
     def slot_manager(self) -> SlotManager:
         return self.state.slot_manager
 
-    def _run(self, instructions: list) -> None:
+    def _run(self, instructions: list, sender: Optional[tuple[str, Peer]] = None) -> None:
+        """Carry the instructions out; ``sender`` (TaskManager id, its connection) is where an
+        answer to a TaskManager we do not know yet (or no longer) goes."""
         self.endpoint.assert_loop_thread()
-        for instruction in instructions:
-            self._execute[type(instruction)](instruction)
+        if sender is not None:
+            self._pending_peers[sender[0]] = sender[1]
+        try:
+            for instruction in instructions:
+                self._execute[type(instruction)](instruction)
+        finally:
+            if sender is not None:
+                self._pending_peers.pop(sender[0], None)
 
     def _send(self, tm_id: str, msg: m.Message) -> None:
         peer = self._peers.get(tm_id) or self._pending_peers.get(tm_id)
@@ -182,11 +190,7 @@ class ResourceManager:
         now = self.clock()
         reg = TaskManagerRegistration(msg.task_manager_id, msg.data_address, msg.number_of_slots, msg.pid, now,
                                       now, dict(msg.hardware))
-        self._pending_peers[msg.task_manager_id] = peer
-        try:
-            self._run(self.state.register_task_manager(reg, peer.identity or b""))
-        finally:
-            self._pending_peers.pop(msg.task_manager_id, None)
+        self._run(self.state.register_task_manager(reg, peer.identity or b""), (msg.task_manager_id, peer))
 
     def sent_by(self, tm_id: str, peer: Peer, msg: m.Message) -> bool:
         """Whether ``peer`` is the connection of TaskManager ``tm_id``: the identity it registered
@@ -200,11 +204,8 @@ class ResourceManager:
     def heartbeat_from_task_manager(self, msg: m.HeartbeatFromTaskManager, peer: Peer) -> None:
         if not self.sent_by(msg.task_manager_id, peer, msg):
             return
-        self._pending_peers[msg.task_manager_id] = peer
-        try:
-            self._run(self.state.heartbeat_from_task_manager(msg.task_manager_id, msg.tasks, self.clock()))
-        finally:
-            self._pending_peers.pop(msg.task_manager_id, None)
+        self._run(self.state.heartbeat_from_task_manager(msg.task_manager_id, msg.tasks, self.clock()),
+                  (msg.task_manager_id, peer))
 
     def disconnect_task_manager(self, msg: m.DisconnectTaskManager, peer: Peer) -> None:
         if not self.sent_by(msg.task_manager_id, peer, msg):

@@ -131,10 +131,6 @@ class RpcEndpoint:
         self.drops = DropLog(log, name)
         self.call_every(self.drops.interval, self.drops.flush)
 
-    @property
-    def dropped_messages(self) -> int:
-        return self.drops.dropped
-
     # ------------------------------------------------------------------ sockets
     def bind_router(self, address: str) -> str:
         sock = make_socket(self.ctx, zmq.ROUTER)

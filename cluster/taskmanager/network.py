@@ -236,10 +236,6 @@ class NetworkEnvironment:
         finally:
             self._socket.close(0)
 
-    @property
-    def dropped_messages(self) -> int:
-        return self.drops.dropped
-
     def _handle(self, peer: bytes, frames) -> None:
         try:
             msg, _, payload = self.codec.decode(frames)

@@ -151,8 +151,8 @@ class TaskExecutor:
             log.warning("the ResourceManager does not know us (any more): cancelling every task, "
                         "registering again")
             self._job_manager_lost()
-        self.registered = False
-        self._register()
+        else:
+            self._register()
 
     def heartbeat_from_resource_manager(self, msg: m.HeartbeatFromResourceManager, peer: Peer) -> None:
         self._last_heard_from_rm = time.monotonic()
@@ -164,11 +164,12 @@ class TaskExecutor:
                         "cancelling %d task(s), freeing every slot, registering again",
                         silent * 1000, self.heartbeat_timeout_s * 1000, len(self.tasks))
             self._job_manager_lost()
-            self.registered = False
-            self._register()
 
     def _job_manager_lost(self) -> None:
+        """Cancel every task, free every slot, and register again."""
         self._run(self.slot_table.job_manager_lost())
+        self.registered = False
+        self._register()
 
     def _heartbeat(self) -> None:
         if self.registered:
