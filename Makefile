@@ -45,8 +45,9 @@ system-deps:
 quickstart: setup
 	$(PY) examples/keyed_count.py
 
+# Jupyter refuses to run as root unless told to (a container's usual user): tell it only then
 lab: setup
-	$(VENV)/bin/jupyter lab notebooks/01-quickstart.ipynb
+	$(VENV)/bin/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root) notebooks/01-quickstart.ipynb
 
 # mypy first: a type error fails the run before the long suite starts
 test: setup system-deps typecheck

@@ -23,5 +23,6 @@ env = StreamEnvironment.get_execution_environment(parallelism=2)
     .collect(name="counts")
 )
 result = env.execute("keyed count")
-final = result.to_pandas().groupby("user", as_index=False)["count"].max()
-print(final.sort_values("user").to_string(index=False))
+# the count is an upsert stream: its result is the table, each user's final count
+# (.changelog().collect(...) would keep every update instead)
+print(result.to_pandas().sort_values("user").to_string(index=False))

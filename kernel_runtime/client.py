@@ -416,7 +416,8 @@ class JobClient:
     def submit(self, job_graph: JobGraph, detached: bool = False,
                result_mode: ResultMode = KEEP_ALL) -> JobHandle:
         """Submit a job. Attached, its collect sinks stream to this client, which keeps their rows
-        as ``result_mode`` says (by default every row: what a script waiting for a bounded job wants).
+        as ``result_mode`` says (by default all of them, as the stream is: every row of an append
+        stream, the table per key of an upsert stream, what a script waiting for a bounded job wants).
         A graph over pipeline.jobgraph.max-size is refused here (JobGraphTooLarge), before anything is sent."""
         job_graph.check_size(self.max_job_graph_bytes)
         sinks = {o.name: o.uid for v in job_graph.vertices for o in v.operators if o.kind == "collect-sink"}

@@ -77,7 +77,8 @@ class ClusterAddress:
 @argument("-o", "--output", metavar="VAR", help="Also bind the job handle to this variable.")
 @argument("-m", "--mode", choices=MODES, metavar="MODE",
           help="How rows are kept: append (last --max-rows), update (one row per key), single "
-               "(the newest row). Default: update after a keyed aggregation, else append.")
+               "(the newest row). Default: update after a keyed aggregation, else append "
+               "(also after .changelog()).")
 @argument("--max-rows", type=int, default=DEFAULT_MAX_ROWS, metavar="N",
           help=f"Rows (or keys, in update mode) the kernel keeps (default {DEFAULT_MAX_ROWS:,}).")
 def stream(line, cell=None):

@@ -8,8 +8,10 @@ As Zeppelin's Flink interpreter offers them:
   not every update. Keys appear in the order they were first seen.
 * ``single``: one row, replaced by each new one (a running total).
 
-Without an explicit mode the pipeline decides: a keyed aggregation feeding the collect sink gives
-``update`` (keyed by the aggregation's key), anything else ``append``. The buffers are plain
+Without an explicit mode the pipeline decides, in scripts and notebooks alike: a keyed aggregation
+feeding the collect sink gives ``update`` (keyed by the aggregation's key: the table per key, as
+Flink's Table API shows an upsert stream), anything else ``append``, and so does a sink after
+``DataStream.changelog()`` (every update row, as Flink's toChangelogStream). The buffers are plain
 classes (no sockets, no threads); the ResultReceiver calls them under its lock.
 """
 from __future__ import annotations
@@ -225,13 +227,15 @@ class SingleRowBuffer(ResultBuffer):
 
 # --------------------------------------------------------------------------- choosing a mode
 def upsert_key(graph: JobGraph, sink_uid: str) -> Optional[list[str]]:
-    """The key of the running keyed aggregation feeding this collect sink directly, if one does;
-    whatever else feeds the sink is an append stream."""
+    """The key of the running keyed aggregation feeding this collect sink directly, if one does
+    and the sink does not collect its changelog; whatever else feeds the sink is an append stream."""
     for vertex in graph.vertices:
         uids = [o.uid for o in vertex.operators]
         if sink_uid not in uids:
             continue
         index = uids.index(sink_uid)
+        if vertex.operators[index].params.get("changelog"):
+            return None
         if index > 0:
             upstream = vertex.operators[index - 1]
         else:
@@ -266,11 +270,14 @@ class ResultMode:
             if not key:
                 raise ValueError(
                     f"collect sink {sink_name or sink_uid!r}: update mode needs a keyed aggregation right "
-                    "before the sink (e.g. .key_by('user').count().collect()); use append or single")
+                    "before the sink (e.g. .key_by('user').count().collect()), not its .changelog(); "
+                    "use append or single")
             return UpsertBuffer(key, self.max_rows)
         if mode == SINGLE:
             return SingleRowBuffer()
         return AppendBuffer(self.max_rows)
 
 
-KEEP_ALL = ResultMode(APPEND, None)
+# what a script waiting for a bounded job wants: the stream's own mode and no limit, so every row
+# of an append stream and the final row of every key of an upsert stream
+KEEP_ALL = ResultMode(None, None)

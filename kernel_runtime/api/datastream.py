@@ -162,13 +162,25 @@ class DataStream:
         self.node.parallelism = require_parallelism(parallelism, self.node.spec.where())
         return self
 
+    _changelog = False  # set on the view changelog() returns
+
+    def changelog(self) -> "DataStream":
+        """This stream as its changelog, as Flink's toChangelogStream: a collect sink after it keeps
+        every row, each update of a key included, where over an upsert stream (count, aggregate,
+        reduce) it keeps by default the table: the latest row per key. Those operators only insert
+        and update keys (no retractions, no deletes), so the changelog is their rows as emitted."""
+        view = DataStream(self.env, self.node, self._upstreams, self._partitioning)
+        view._changelog = True
+        return view
+
     # ------------------------------------------------------------------ sinks
     def collect(self, name: str = "collect") -> "DataStream":
-        """Stream this stream's batches back to the client; the job's result under ``name``."""
+        """Stream this stream's batches back to the client; the job's result under ``name``: the
+        table per key of an upsert stream, every row of any other or of a ``changelog()``."""
         if any(n.spec.kind == "collect-sink" and n.spec.name == name for n in self.env._nodes):
             raise GraphValidationError(f"collect ({call_site()}): a collect sink named {name!r} exists; "
                                        "give each a different name")
-        return self._then("collect-sink", name)
+        return self._then("collect-sink", name, params={"changelog": True} if self._changelog else None)
 
     def print(self, name: str = "print") -> "DataStream":
         """Print rows on the TaskManagers' standard output (their log files)."""

@@ -108,8 +108,15 @@ class StreamEnvironment:
             for edge in node.inputs:
                 if edge.ship_strategy == "DEFAULT":  # Flink's rule: forward if it can, else rebalance
                     upstream = next(n for n in self._nodes if n.uid == edge.source)
-                    edge.ship_strategy = (ShipStrategy.FORWARD if upstream.parallelism == node.parallelism
-                                          else ShipStrategy.REBALANCE)
+                    upsert_key = upstream.spec.params.get("key") if KINDS[upstream.spec.kind].upsert else None
+                    if upstream.parallelism == node.parallelism:
+                        edge.ship_strategy = ShipStrategy.FORWARD
+                    elif upsert_key and KINDS[node.spec.kind].is_sink and edge.side_output is None:
+                        # a sink gets each key's updates in order (Flink's table.exec.sink.keyed-shuffle):
+                        # rebalanced, an older update of a key could overtake a newer one
+                        edge.ship_strategy, edge.key = ShipStrategy.HASH, list(upsert_key)
+                    else:
+                        edge.ship_strategy = ShipStrategy.REBALANCE
                 if node.parallelism > self.max_parallelism:
                     raise GraphValidationError(
                         f"{node.spec.where()}: parallelism {node.parallelism} exceeds pipeline.max-parallelism "

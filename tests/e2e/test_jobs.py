@@ -24,28 +24,34 @@ def expected_counts() -> pd.DataFrame:
 
 
 def keyed_count_pipeline(env: StreamEnvironment) -> None:
-    (env.from_generator(events, count=N, batch_size=2_000)
-        .map_batches(lambda df: df.assign(amount=df.amount * 3), name="triple")
-        .filter(lambda df: df.amount % 2 == 0, name="even")
-        .key_by("user")
-        .count(parallelism=3)
-        .collect())
+    counts = (env.from_generator(events, count=N, batch_size=2_000)
+              .map_batches(lambda df: df.assign(amount=df.amount * 3), name="triple")
+              .filter(lambda df: df.amount % 2 == 0, name="even")
+              .key_by("user")
+              .count(parallelism=3))
+    counts.collect("counts")
+    counts.changelog().collect("changelog")
 
 
-def test_keyed_pipeline_equals_pandas(cluster, client):
+def test_keyed_pipeline_equals_pandas_as_a_table_and_as_a_changelog(cluster, client):
     env = StreamEnvironment(parallelism=2, cluster=cluster.cluster_dir)
     keyed_count_pipeline(env)
     handle = env.execute_async("keyed count", client=client)
     result = handle.wait(60)
     assert result.state == JobState.FINISHED
-    updates = result.to_pandas()
-    # an upsert stream: per key, counts only grow, and the last one is the total
+    # an upsert stream's result is its table, as a script gets it by default: a row per key
+    table = result.to_pandas("counts")
+    assert not table["user"].duplicated().any()
+    pd.testing.assert_frame_equal(table.sort_values("user").reset_index(drop=True), expected_counts(),
+                                  check_dtype=False)
+    # its changelog: every update of every key, in order per key although the 3 count subtasks
+    # feed 2 sink subtasks (the sinks are keyed by the count's key), the last being the table's
+    updates = result.to_pandas("changelog")
+    assert updates.groupby("user").size().min() > 1
     for _, group in updates.groupby("user"):
-        assert group["count"].is_monotonic_increasing or sorted(group["count"]) == list(group["count"].sort_values())
-    final = updates.groupby("user", as_index=False)["count"].max().sort_values("user").reset_index(drop=True)
+        assert group["count"].diff().dropna().gt(0).all(), list(group["count"])
+    final = updates.groupby("user", as_index=False)["count"].last().sort_values("user").reset_index(drop=True)
     pd.testing.assert_frame_equal(final, expected_counts(), check_dtype=False)
-    # each key lives on exactly one count subtask, so its updates never repeat a value
-    assert not updates.duplicated(["user", "count"]).any()
 
 
 def test_stateless_pipeline_returns_every_row_exactly_once(cluster, client):

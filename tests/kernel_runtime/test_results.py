@@ -5,7 +5,7 @@ import pytest
 from cluster.protocol import messages as m
 from kernel_runtime import StreamEnvironment
 from kernel_runtime.client import _SinkResults
-from kernel_runtime.results import (AppendBuffer, ResultMode, SingleRowBuffer, UpsertBuffer,
+from kernel_runtime.results import (KEEP_ALL, AppendBuffer, ResultMode, SingleRowBuffer, UpsertBuffer,
                                     upsert_key)
 
 
@@ -128,6 +128,46 @@ def test_a_keyed_count_chained_with_its_sink_is_found_too():
     (vertex,) = [v for v in graph.vertices if len(v.operators) == 2]
     assert [o.kind for o in vertex.operators] == ["keyed-count", "collect-sink"]
     assert upsert_key(graph, sinks["c"]) == ["seq"]
+
+
+def test_a_changelog_sink_keeps_every_update_row_chained_or_not():
+    def build(env):
+        counts = env.from_generator(count=10).key_by("seq").count()
+        counts.collect("table")
+        counts.changelog().collect("log")  # two consumers: the count chains with neither sink
+        env.from_generator(count=10).key_by("seq").count().changelog().collect("chained log")
+    graph, sinks = _graph(build)
+    chained = {o.name: len(v.operators) > 1 for v in graph.vertices for o in v.operators}
+    assert not chained["log"] and chained["chained log"]
+    assert upsert_key(graph, sinks["table"]) == ["seq"]
+    assert upsert_key(graph, sinks["log"]) is upsert_key(graph, sinks["chained log"]) is None
+    assert isinstance(KEEP_ALL.buffer_for(graph, sinks["log"]), AppendBuffer)
+    with pytest.raises(ValueError, match="collect sink 'log': update mode needs a keyed aggregation .* "
+                                         r"not its \.changelog\(\)"):
+        ResultMode("update").buffer_for(graph, sinks["log"], "log")
+
+
+def test_scripts_keep_the_table_per_key_of_an_upsert_stream_and_every_row_of_others():
+    graph, sinks = _graph(lambda env: (
+        env.from_generator(count=10).key_by("seq").count().collect("counts"),
+        env.from_generator(count=10).collect("rows")))
+    table, rows = KEEP_ALL.buffer_for(graph, sinks["counts"]), KEEP_ALL.buffer_for(graph, sinks["rows"])
+    assert isinstance(table, UpsertBuffer) and table.key == ["seq"] and table.max_rows is None
+    assert isinstance(rows, AppendBuffer) and rows.max_rows is None
+
+
+def test_an_upsert_stream_reaches_a_sink_of_another_parallelism_keyed_by_its_key():
+    # rebalanced, an older update of a key could overtake a newer one on its way to the client
+    def build(env):
+        counts = env.from_generator(count=10).key_by("seq").count(parallelism=3)
+        counts.collect("table")
+        counts.changelog().collect("log")
+        counts.map_batches(lambda d: d, name="after").print()
+    graph, _ = _graph(build)
+    first = {v.id: v.operators[0].name for v in graph.vertices}
+    into = {first[e.target]: (e.ship_strategy, e.key) for e in graph.edges}
+    assert into["table"] == into["log"] == ("HASH", ["seq"])
+    assert into["after"] == ("REBALANCE", [])  # only sinks: an operator's output keeps Flink's default
 
 
 def test_update_mode_needs_a_keyed_aggregation():
