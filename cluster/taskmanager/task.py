@@ -37,6 +37,7 @@ from cluster.operators import OPERATORS
 from cluster.operators.base import Operator, OperatorContext, SourceOperator, TaskCancelled, UserFunctionError
 from cluster.operators.spark import SparkChain
 from cluster.protocol.messages import AddCredit, BufferResponse, EndOfPartition, Message
+from cluster.protocol.metrics import CHECKPOINTED_COUNTERS, restored_counters
 from cluster.protocol.serde import ipc_to_table, table_to_ipc
 from cluster.state.key_groups import key_groups_of, operator_index_for_key_group
 
@@ -127,6 +128,17 @@ class TaskMetrics:
         if waiting is not None:
             self._add(waiting[0], now - waiting[1])
         self.publish(now)
+
+    def counters(self) -> dict[str, int]:
+        """The counters now, as a checkpoint keeps them (cluster.protocol.metrics.COUNTERS)."""
+        return {"records-in": self.records_in, "records-out": self.records_out,
+                "bytes-in": self.bytes_in, "bytes-out": self.bytes_out}
+
+    def restore_counters(self, counters: dict[str, int]) -> None:
+        """Count on from a restored checkpoint's figures (before the task runs)."""
+        self.records_in, self.records_out = counters["records-in"], counters["records-out"]
+        self.bytes_in, self.bytes_out = counters["bytes-in"], counters["bytes-out"]
+        self.publish()
 
     def add_idle(self, seconds: float) -> None:
         """Time found to have been idle after the fact (a source's poll that had nothing)."""
@@ -561,6 +573,8 @@ class Task:
         cid = barrier.checkpoint_id
         for writer in self._all_writers():
             writer.flush_all()
+        # every row before the barrier is counted now, none after it: the counters of this cut
+        counters = self.metrics.counters()
         try:
             snapshots = {}
             for op in self._chain:
@@ -575,13 +589,13 @@ class Task:
             self._ending_after = cid
         for writer in self._all_writers():
             writer.emit_barrier(barrier)
-        self.snapshot_executor.submit(self._write_snapshots, barrier, snapshots)
+        self.snapshot_executor.submit(self._write_snapshots, barrier, snapshots, counters)
 
-    def _write_snapshots(self, barrier: Barrier, snapshots: dict) -> None:
+    def _write_snapshots(self, barrier: Barrier, snapshots: dict, counters: dict[str, int]) -> None:
         try:
             directory = Path(barrier.directory)
             directory.mkdir(parents=True, exist_ok=True)
-            state = {}
+            state: dict = {CHECKPOINTED_COUNTERS: counters}
             for uid, snapshot in snapshots.items():
                 handle = dict(snapshot.handle)
                 if snapshot.keyed is not None:
@@ -597,6 +611,9 @@ class Task:
         restore = self.tdd.restore
         if not restore:
             return
+        counted = restore.get("counters", {}).get(self.tdd.vertex["id"])
+        if counted:
+            self.metrics.restore_counters(restored_counters(counted, self.tdd.subtask, self.tdd.vertex["parallelism"]))
         for op in chain:
             handles = restore["operators"].get(op.spec.uid)
             if handles is not None:
