@@ -503,6 +503,7 @@ class Task:
                 self.metrics.add_idle(time.monotonic() - started)
             else:
                 self.metrics.records_in += table.num_rows
+                self.metrics.publish()  # rows taken in show at once, not after a long first (Spark) batch
                 self._push(chain, 1, [table])
             self._flush_due()
             self.metrics.publish()
@@ -537,6 +538,7 @@ class Task:
                 got = gate.poll(0, aligner.blocked) if rows < self.config.batch_size else None
             if tables:
                 self.metrics.records_in += rows
+                self.metrics.publish()
                 try:
                     batches = [concat(tables)]
                 except pa.ArrowInvalid:  # inputs of a union with schemas that do not merge

@@ -109,3 +109,28 @@ def test_figures_after_a_taskmanager_loss_are_the_jobs_whole_and_add_up(own_clus
     finally:
         board.close()
         client.close()
+
+
+def test_rows_taken_in_show_while_their_first_batch_is_still_processed(cluster):
+    """A slow first batch (as Spark's first plan on a cold session) must not hide the rows the
+    source already read: the dashboard said "0 rows so far" while 1,000 rows had arrived."""
+    release = cluster.cluster_dir / "release-first-batch"
+
+    def slow_first(df):
+        while not release.exists():
+            time.sleep(0.05)
+        return df
+
+    env = StreamEnvironment(parallelism=1, cluster=cluster.cluster_dir)
+    env.from_generator(count=1_000, batch_size=1_000, name="events").map_batches(slow_first).collect()
+    client = JobClient(cluster.info)
+    handle = client.submit(env.get_job_graph("slow first batch"))
+    try:
+        def source_rows() -> int:
+            return sum(s["metrics"].get("records-in", 0) for s in client.job_details(handle.job_id)["subtasks"])
+        wait_for(lambda: source_rows() == 1_000, 15, "the source's rows counted during the batch")
+        assert handle.row_count() == 0  # the batch is still being processed
+    finally:
+        release.touch()
+    handle.wait(30)
+    client.close()
