@@ -150,6 +150,7 @@ def source_progress(job_graph, stats: list[VertexStats]) -> Optional[SourceProgr
     sources = {v.id: v.operators[0] for v in job_graph.vertices if v.is_source}
     done = sum(s.records_in for s in stats if s.vertex_id in sources)
     bounded = all(is_bounded_source(op.kind, op.params) for op in sources.values())
-    counts = [op.params.get("count") if op.kind == "generator-source" else None for op in sources.values()]
-    total = None if any(c is None for c in counts) else sum(counts)
+    counts: list[Optional[int]] = [op.params.get("count") if op.kind == "generator-source" else None
+                                   for op in sources.values()]
+    total = None if any(c is None for c in counts) else sum(c for c in counts if c is not None)
     return SourceProgress(done, total, bounded)
