@@ -20,7 +20,7 @@ from cluster.checkpoint.coordinator import (CheckpointCoordinator, CheckpointKin
 from cluster.checkpoint.storage import CheckpointStorage
 from cluster.graph.execution_graph import Execution, ExecutionGraph, ExecutionState, JobState
 from cluster.graph.job_graph import JobGraph
-from cluster.protocol.metrics import CHECKPOINTED_COUNTERS
+from cluster.protocol.metrics import CHECKPOINTED_COUNTERS, restored_counters
 
 from .restart_strategy import RestartStrategy
 from .slot_manager import SlotAllocation
@@ -628,6 +628,12 @@ class DefaultScheduler:
             self.checkpointing.restored(event.body, str(event.directory), is_savepoint=False)
         # else: no checkpoint yet, start again from where the job first started
         self.graph.reset_executions()
+        counters = self.checkpointing.restore["counters"] if self.checkpointing.restore else {}
+        for execution in self.graph.executions.values():
+            # what the restored checkpoint covered, shown until the new attempt reports
+            entries = counters.get(execution.vertex.id)
+            if entries:
+                execution.metrics = restored_counters(entries, execution.subtask, execution.vertex.parallelism)
         self.graph.transition(JobState.CREATED, self.now())
         self._request_slots()
 

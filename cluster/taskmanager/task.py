@@ -378,6 +378,7 @@ class Task:
         sender = ChannelSender(self.network.ctx, self.network.codec, self.cancelled)
         opened = []
         try:
+            self._restore_counters()  # before the first report: a restored attempt never reads less
             self._set_state(ExecutionState.INITIALIZING)
             self.config = TaskConfig.from_dict(self.tdd.job_config, f"the configuration of job {self.tdd.job_id}")
             chain = self._chain = self._build_chain(sender)
@@ -609,13 +610,15 @@ class Task:
             log.exception("%s: writing checkpoint %d failed", self.name, barrier.checkpoint_id)
             self.responder.decline_checkpoint(self, barrier.checkpoint_id, f"{type(exc).__name__}: {exc}")
 
+    def _restore_counters(self) -> None:
+        counted = (self.tdd.restore or {}).get("counters", {}).get(self.tdd.vertex["id"])
+        if counted:
+            self.metrics.restore_counters(restored_counters(counted, self.tdd.subtask, self.tdd.vertex["parallelism"]))
+
     def _restore(self, chain: list) -> None:
         restore = self.tdd.restore
         if not restore:
             return
-        counted = restore.get("counters", {}).get(self.tdd.vertex["id"])
-        if counted:
-            self.metrics.restore_counters(restored_counters(counted, self.tdd.subtask, self.tdd.vertex["parallelism"]))
         for op in chain:
             handles = restore["operators"].get(op.spec.uid)
             if handles is not None:

@@ -305,6 +305,9 @@ def test_task_counters_at_a_checkpoint_are_kept_apart_from_state_and_restored_on
     clock.ms += 5_000
     sched.handle(s.TimerFired(s.RESTART_TIMER))
     sched.handle(s.RestorePointFound(write.body, pending.directory))
+    # until the new attempt reports, its subtasks show what the checkpoint covered
+    shown = {(e.vertex.id, e.subtask): e.metrics["records-in"] for e in sched.graph.executions.values()}
+    assert shown == {(v, c["subtask"]): c["records-in"] for v, entries in counters.items() for c in entries}
     sched.handle(s.SlotsAllocated(allocations(sched)))
     (deploy,) = of(sched.handle(s.SlotsOffered(("alloc-0", "alloc-1"))), s.DeployTasks)
     assert deploy.restore["counters"] == counters
