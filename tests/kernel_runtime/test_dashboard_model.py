@@ -6,6 +6,9 @@ from kernel_runtime.api import FileSource
 from kernel_runtime.widgets.job_graph import layout, operator_names
 from cluster.protocol.metrics import backpressure_level
 from kernel_runtime.widgets.metrics import JobMetrics, RateMeter, source_progress
+from kernel_runtime.widgets.base import Update
+from kernel_runtime.widgets.feed import Snapshot
+from kernel_runtime.widgets.progress import ProgressView
 from kernel_runtime.widgets.slots import slot_table
 
 
@@ -108,6 +111,9 @@ def test_a_file_source_is_bounded_unless_it_watches_for_new_files(tmp_path, watc
     stats = JobMetrics().observe(1.0, {"vertices": [{"id": source.id, "name": source.name, "parallelism": 1}],
                                        "subtasks": [subtask(source.id, 0, **{"records-in": 1000})]})
     assert source_progress(graph, stats) == (1000, None, bounded)
+    view = ProgressView(graph)
+    view.update(Update(Snapshot(1.0, {"state": "RUNNING"}, {}), stats, 1.0))
+    assert f"1,000 rows so far ({'bounded' if bounded else 'unbounded'} source)" in view.label.value
 
 
 def test_slot_table_shows_free_busy_and_other_jobs_slots_with_their_subtasks():
