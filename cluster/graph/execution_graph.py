@@ -122,6 +122,9 @@ class ExecutionGraph:
         self.attempt = 0
         self.timestamps: dict[str, int] = {s: 0 for s in JobState.ALL}
         self.timestamps[JobState.CREATED] = now_ms
+        # when the job started: timestamps[CREATED] moves with every restart, the job's duration
+        # (Flink's) counts from here across all its attempts
+        self.start_ms = now_ms
         self.failure: Optional[str] = None
         self.executions: dict[str, Execution] = {}
         # called after every job state change with (graph, old state, new state, now_ms), on the
@@ -137,6 +140,16 @@ class ExecutionGraph:
         self.timestamps[new_state] = now_ms
         for listener in self.listeners:
             listener(self, old, new_state, now_ms)
+
+    def failure_in(self, state: str) -> Optional[str]:
+        """The failure a job in ``state`` is in: while it fails, restarts or has failed. A job that
+        recovered and runs or finished is not failing (the cause stays in ``failure``, the
+        exception history)."""
+        return self.failure if state in (JobState.FAILING, JobState.RESTARTING, JobState.FAILED) else None
+
+    @property
+    def current_failure(self) -> Optional[str]:
+        return self.failure_in(self.state)
 
     @property
     def is_globally_terminal(self) -> bool:

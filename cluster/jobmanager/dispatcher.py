@@ -123,7 +123,7 @@ class Dispatcher:
     def list_jobs(self, msg: m.ListJobs, peer: Peer) -> m.JobList:
         return m.JobList([
             {"jid": j.job_id, "name": j.job_graph.name, "state": j.state,
-             "start-time": j.graph.timestamps["CREATED"], "reason": j.status_reason}
+             "start-time": j.graph.start_ms, "reason": j.status_reason}
             for j in self.jobs.values()])
 
     def cancel_job(self, msg: m.CancelJob, peer: Peer) -> m.Acknowledge:

@@ -46,7 +46,7 @@ CLUSTER_TOPIC = b"cluster/"
 # the metrics of a subtask a dashboard shows; the rest stay in the full job details
 SUBTASK_METRICS = ("records-in", "records-out", "bytes-in", "bytes-out", "busyTimeMsPerSecond",
                    "backPressuredTimeMsPerSecond", "idleTimeMsPerSecond")
-SUMMARY_FIELDS = ("jid", "name", "state", "start-time", "end-time", "duration", "now", "status-reason",
+SUMMARY_FIELDS = ("jid", "name", "state", "attempt", "start-time", "end-time", "duration", "now", "status-reason",
                   "failure-cause")
 VOLATILE_FIELDS = ("duration", "now")  # move with the clock: not a change worth an event
 CHECKPOINTS_SHOWN = 10  # the newest checkpoints in a summary
@@ -200,9 +200,10 @@ class JobEventPublisher:
     def _publish_status(self, master: "JobMaster", state: str, attempt: int, reason: Optional[str],
                         timestamp: int) -> None:
         job_id = master.job_id
-        self._last_status[job_id] = (state, attempt, reason, master.graph.failure)
+        failure = master.graph.failure_in(state)
+        self._last_status[job_id] = (state, attempt, reason, failure)
         self.send(job_topic(job_id), m.JobStatusChanged(
-            job_id, self._next(job_id), master.job_graph.name, state, attempt, reason, master.graph.failure, timestamp))
+            job_id, self._next(job_id), master.job_graph.name, state, attempt, reason, failure, timestamp))
 
     def _next(self, job_id: str) -> int:
         self.sequences[job_id] = self.sequences.get(job_id, 0) + 1
@@ -216,7 +217,7 @@ class JobEventPublisher:
         for job_id, master in list(self.dispatcher.jobs.items()):
             if job_id in self._settled:
                 continue
-            status = (master.state, master.graph.attempt, master.status_reason, master.graph.failure)
+            status = (master.state, master.graph.attempt, master.status_reason, master.graph.current_failure)
             if status != self._last_status.get(job_id):
                 self._publish_status(master, master.state, master.graph.attempt, master.status_reason,
                                      master.graph.timestamps[master.state])

@@ -118,7 +118,7 @@ class JobMaster:
 
     def status(self) -> m.JobStatus:
         return m.JobStatus(self.job_id, self.job_graph.name, self.state, self.graph.attempt,
-                           self.status_reason, self.graph.failure)
+                           self.status_reason, self.graph.current_failure)
 
     # ------------------------------------------------------------------ events in
     def _feed(self, event: s.Event) -> None:

@@ -20,6 +20,7 @@ from cluster.checkpoint.coordinator import (CheckpointCoordinator, CheckpointKin
 from cluster.checkpoint.storage import CheckpointStorage
 from cluster.graph.execution_graph import Execution, ExecutionGraph, ExecutionState, JobState
 from cluster.graph.job_graph import JobGraph
+from cluster.protocol.metrics import CHECKPOINTED_COUNTERS, restored_counters
 
 from .restart_strategy import RestartStrategy
 from .slot_manager import SlotAllocation
@@ -232,10 +233,13 @@ class JobTerminated(Instruction):
     state: str
 
 
-def restore_plan(body: dict, directory: str) -> dict:
-    """What the tasks need from a checkpoint's metadata: every subtask's handles per operator."""
+def restore_plan(body: dict, directory: str, is_savepoint: bool = False) -> dict:
+    """What the tasks need from a checkpoint's metadata: every subtask's handles per operator,
+    and on recovery the counters each vertex had (a job started from a savepoint is a new job:
+    its counters start at zero, as Flink's do)."""
     return {"checkpoint_id": body["checkpoint_id"], "directory": str(directory),
-            "operators": {uid: op["subtasks"] for uid, op in body["operators"].items()}}
+            "operators": {uid: op["subtasks"] for uid, op in body["operators"].items()},
+            "counters": {} if is_savepoint else body.get("counters", {})}
 
 
 # --------------------------------------------------------------------------- checkpoints
@@ -345,6 +349,7 @@ class JobCheckpointing:
 
     def _write_metadata(self, pending: PendingCheckpoint) -> None:
         operators: dict[str, dict] = {}
+        counters: dict[str, list[dict]] = {}  # vertex id -> each subtask's counters at the barrier
         tasks: dict[str, dict] = {}
         for participant, state in pending.acks.items():
             execution = self.s.graph.executions.get(participant)
@@ -356,6 +361,11 @@ class JobCheckpointing:
             stats["num_acknowledged_subtasks"] += 1
             stats["size"] += sum(int(h.get("bytes", 0)) for h in state.values())
             stats["latest_ack"] = max(stats["latest_ack"], pending.ack_times[participant])
+            state = dict(state)
+            task_counters = state.pop(CHECKPOINTED_COUNTERS, None)
+            if task_counters is not None:
+                counters.setdefault(execution.vertex.id, []).append(
+                    dict(task_counters, subtask=execution.subtask, parallelism=execution.vertex.parallelism))
             for uid, handle in state.items():
                 entry = operators.setdefault(uid, {"vertex": execution.vertex.name,
                                                    "max_parallelism": execution.vertex.max_parallelism,
@@ -364,7 +374,7 @@ class JobCheckpointing:
                                               parallelism=execution.vertex.parallelism))
         self.coordinator.records[pending.checkpoint_id].tasks = tasks
         body = {"job_id": self.s.job_id, "job_name": self.s.job_graph.name, "checkpoint_id": pending.checkpoint_id,
-                "kind": pending.kind, "timestamp": pending.trigger_ms, "operators": operators}
+                "kind": pending.kind, "timestamp": pending.trigger_ms, "operators": operators, "counters": counters}
         self._writing.add(pending.checkpoint_id)
         self.emit(WriteMetadata(pending.checkpoint_id, pending.directory, body))
 
@@ -405,7 +415,7 @@ class JobCheckpointing:
     def restored(self, body: dict, directory: str, is_savepoint: bool) -> dict:
         self.coordinator.start_ids_after(body["checkpoint_id"])
         self.coordinator.restored = (body["checkpoint_id"], self.s.now(), str(directory), is_savepoint)
-        self.restore = restore_plan(body, directory)
+        self.restore = restore_plan(body, directory, is_savepoint)
         return self.restore
 
 
@@ -618,6 +628,12 @@ class DefaultScheduler:
             self.checkpointing.restored(event.body, str(event.directory), is_savepoint=False)
         # else: no checkpoint yet, start again from where the job first started
         self.graph.reset_executions()
+        counters = self.checkpointing.restore["counters"] if self.checkpointing.restore else {}
+        for execution in self.graph.executions.values():
+            # what the restored checkpoint covered, shown until the new attempt reports
+            entries = counters.get(execution.vertex.id)
+            if entries:
+                execution.metrics = restored_counters(entries, execution.subtask, execution.vertex.parallelism)
         self.graph.transition(JobState.CREATED, self.now())
         self._request_slots()
 

@@ -82,7 +82,8 @@ def taskmanagers_json(d: "Dispatcher") -> dict:
 
 
 def _job_times(job) -> tuple[int, int, int]:
-    start = job.graph.timestamps[JobState.CREATED]
+    """(start, end or -1, duration) of the job as a whole: from its first attempt on."""
+    start = job.graph.start_ms
     end = max((job.graph.timestamps[s] for s in JobState.GLOBALLY_TERMINAL), default=0) \
         if job.graph.is_globally_terminal else -1
     duration = (end if end > 0 else now_ms()) - start
@@ -155,8 +156,9 @@ def job_json(d: "Dispatcher", job_id: str) -> dict:
         "timestamps": dict(job.graph.timestamps) | {"INITIALIZING": start, "SUSPENDED": 0, "RECONCILING": 0},
         "vertices": vertices, "status-counts": job.graph.status_counts() | {"RECONCILING": 0},
         "plan": plan_json(job), "pending-operators": 0,
-        # streamlab's own: why a job waits, and the failure cause with the user's traceback
-        "status-reason": job.status_reason, "failure-cause": job.graph.failure,
+        # streamlab's own: the attempt running now (1 for the first, as JobStatus counts), why a
+        # job waits, and the failure cause with the user's traceback
+        "attempt": job.graph.attempt, "status-reason": job.status_reason, "failure-cause": job.graph.current_failure,
         # the dashboard's checkpoint view
         "checkpoints": checkpoints_json(d, job_id),
     }

@@ -6,3 +6,24 @@ def backpressure_level(ratio: float) -> str:
     """Flink's grading of the share of time a subtask was back-pressured, with the names of its
     REST API: "ok" up to 10 %, "low" up to 50 %, "high" above."""
     return "ok" if ratio <= 0.10 else "low" if ratio <= 0.5 else "high"
+
+
+# A task's counters, as its metrics name them. They are part of its checkpoint (acknowledged
+# under CHECKPOINTED_COUNTERS beside the operators' state handles, kept in ``_metadata`` apart
+# from them) so that a restored attempt counts on from what the checkpoint covered: the job's
+# figures are then those of one run without failures, exactly once, as its output is.
+COUNTERS = ("records-in", "records-out", "bytes-in", "bytes-out")
+CHECKPOINTED_COUNTERS = "@task-counters"  # never an operator uid (those are hex digests)
+
+
+def restored_counters(entries: list[dict], subtask: int, parallelism: int) -> dict[str, int]:
+    """A subtask's counters from its vertex's ``entries`` at a checkpoint (each with the
+    ``subtask`` and ``parallelism`` that took it): its own at the same parallelism; after a
+    rescale, the sum of those of old subtask i with i % parallelism == subtask, so that the
+    vertex's totals stay what they were."""
+    restored = dict.fromkeys(COUNTERS, 0)
+    for entry in entries:
+        if entry["subtask"] % parallelism == subtask:
+            for name in COUNTERS:
+                restored[name] += int(entry.get(name, 0))
+    return restored

@@ -37,6 +37,7 @@ from cluster.operators import OPERATORS
 from cluster.operators.base import Operator, OperatorContext, SourceOperator, TaskCancelled, UserFunctionError
 from cluster.operators.spark import SparkChain
 from cluster.protocol.messages import AddCredit, BufferResponse, EndOfPartition, Message
+from cluster.protocol.metrics import CHECKPOINTED_COUNTERS, restored_counters
 from cluster.protocol.serde import ipc_to_table, table_to_ipc
 from cluster.state.key_groups import key_groups_of, operator_index_for_key_group
 
@@ -127,6 +128,17 @@ class TaskMetrics:
         if waiting is not None:
             self._add(waiting[0], now - waiting[1])
         self.publish(now)
+
+    def counters(self) -> dict[str, int]:
+        """The counters now, as a checkpoint keeps them (cluster.protocol.metrics.COUNTERS)."""
+        return {"records-in": self.records_in, "records-out": self.records_out,
+                "bytes-in": self.bytes_in, "bytes-out": self.bytes_out}
+
+    def restore_counters(self, counters: dict[str, int]) -> None:
+        """Count on from a restored checkpoint's figures (before the task runs)."""
+        self.records_in, self.records_out = counters["records-in"], counters["records-out"]
+        self.bytes_in, self.bytes_out = counters["bytes-in"], counters["bytes-out"]
+        self.publish()
 
     def add_idle(self, seconds: float) -> None:
         """Time found to have been idle after the fact (a source's poll that had nothing)."""
@@ -366,6 +378,7 @@ class Task:
         sender = ChannelSender(self.network.ctx, self.network.codec, self.cancelled)
         opened = []
         try:
+            self._restore_counters()  # before the first report: a restored attempt never reads less
             self._set_state(ExecutionState.INITIALIZING)
             self.config = TaskConfig.from_dict(self.tdd.job_config, f"the configuration of job {self.tdd.job_id}")
             chain = self._chain = self._build_chain(sender)
@@ -491,6 +504,7 @@ class Task:
                 self.metrics.add_idle(time.monotonic() - started)
             else:
                 self.metrics.records_in += table.num_rows
+                self.metrics.publish()  # rows taken in show at once, not after a long first (Spark) batch
                 self._push(chain, 1, [table])
             self._flush_due()
             self.metrics.publish()
@@ -525,6 +539,7 @@ class Task:
                 got = gate.poll(0, aligner.blocked) if rows < self.config.batch_size else None
             if tables:
                 self.metrics.records_in += rows
+                self.metrics.publish()
                 try:
                     batches = [concat(tables)]
                 except pa.ArrowInvalid:  # inputs of a union with schemas that do not merge
@@ -561,6 +576,8 @@ class Task:
         cid = barrier.checkpoint_id
         for writer in self._all_writers():
             writer.flush_all()
+        # every row before the barrier is counted now, none after it: the counters of this cut
+        counters = self.metrics.counters()
         try:
             snapshots = {}
             for op in self._chain:
@@ -575,13 +592,13 @@ class Task:
             self._ending_after = cid
         for writer in self._all_writers():
             writer.emit_barrier(barrier)
-        self.snapshot_executor.submit(self._write_snapshots, barrier, snapshots)
+        self.snapshot_executor.submit(self._write_snapshots, barrier, snapshots, counters)
 
-    def _write_snapshots(self, barrier: Barrier, snapshots: dict) -> None:
+    def _write_snapshots(self, barrier: Barrier, snapshots: dict, counters: dict[str, int]) -> None:
         try:
             directory = Path(barrier.directory)
             directory.mkdir(parents=True, exist_ok=True)
-            state = {}
+            state: dict = {CHECKPOINTED_COUNTERS: counters}
             for uid, snapshot in snapshots.items():
                 handle = dict(snapshot.handle)
                 if snapshot.keyed is not None:
@@ -592,6 +609,11 @@ class Task:
         except Exception as exc:
             log.exception("%s: writing checkpoint %d failed", self.name, barrier.checkpoint_id)
             self.responder.decline_checkpoint(self, barrier.checkpoint_id, f"{type(exc).__name__}: {exc}")
+
+    def _restore_counters(self) -> None:
+        counted = (self.tdd.restore or {}).get("counters", {}).get(self.tdd.vertex["id"])
+        if counted:
+            self.metrics.restore_counters(restored_counters(counted, self.tdd.subtask, self.tdd.vertex["parallelism"]))
 
     def _restore(self, chain: list) -> None:
         restore = self.tdd.restore

@@ -3,13 +3,14 @@
 Plain classes without widgets or sockets: fed ``job_details()`` dicts with a timestamp, they
 answer per vertex. Time shares are Flink's ``busyTimeMsPerSecond``,
 ``backPressuredTimeMsPerSecond`` and ``idleTimeMsPerSecond`` when the TaskManagers report them,
-else derived from the cumulative ``busy-ms``, ``backpressured-ms`` and ``idle-ms``.
+else derived from the cumulative ``busy-ms``, ``backpressured-ms`` and ``idle-ms``. A vertex
+shows the three shares of one of its subtasks, so they add up as each subtask's do.
 """
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from cluster.protocol.metrics import backpressure_level as rest_backpressure_level
 
@@ -51,7 +52,10 @@ class VertexStats:
     records_out: int
     in_rate: float  # records per second
     out_rate: float
-    busy: float  # shares of time, 0..1: the busiest and most back-pressured subtask, mean idle
+    # shares of time, 0..1, adding up to 1: those of the vertex's most back-pressured subtask (the
+    # one Flink grades the vertex by), the busiest if none is; of its running subtasks, or once
+    # none runs, the last figures its subtasks reported
+    busy: float
     backpressured: float
     idle: float
 
@@ -74,13 +78,16 @@ class JobMetrics:
             meter = self._meters[key] = RateMeter(self.window_s)
         return meter.add(t, value)
 
-    def _shares(self, t: float, subtask: dict) -> dict[str, float]:
+    def _shares(self, t: float, subtask: dict) -> Optional[dict[str, float]]:
+        """The subtask's busy, back-pressured and idle shares (adding up to 1); None before it
+        reported any."""
         metrics = subtask.get("metrics") or {}
         if all(k in metrics for k in PER_SECOND.values()):
-            return {name: min(1.0, max(0.0, metrics[k] / 1000)) for name, k in PER_SECOND.items()}
+            return shares({name: metrics[k] for name, k in PER_SECOND.items()})
+        if not any(k in metrics for k in CUMULATIVE.values()):
+            return None
         key = (subtask["vertex_id"], subtask["subtask"], subtask.get("attempt", 0))
-        return {name: min(1.0, max(0.0, self._rate(key + (k,), t, metrics.get(k, 0)) / 1000))
-                for name, k in CUMULATIVE.items()}
+        return shares({name: self._rate(key + (k,), t, metrics.get(k, 0)) for name, k in CUMULATIVE.items()})
 
     def observe(self, t: float, details: dict) -> list[VertexStats]:
         by_vertex: dict[str, list[dict]] = {}
@@ -91,27 +98,59 @@ class JobMetrics:
             subtasks = by_vertex.get(vertex["id"], [])
             records_in = sum((s.get("metrics") or {}).get("records-in", 0) for s in subtasks)
             records_out = sum((s.get("metrics") or {}).get("records-out", 0) for s in subtasks)
-            running = [self._shares(t, s) for s in subtasks if s.get("status") == "RUNNING"]
+            running = [s for s in subtasks if s.get("status") == "RUNNING"]
+            # an ended job keeps the figures its subtasks last reported, not zeros
+            measured = [sh for s in running or subtasks if (sh := self._shares(t, s)) is not None]
+            shown = max(measured, key=lambda sh: (sh["backpressured"], sh["busy"]), default=NO_SHARES)
             stats.append(VertexStats(
                 vertex_id=vertex["id"], name=vertex["name"], parallelism=vertex["parallelism"],
                 status=vertex.get("status", ""), records_in=records_in, records_out=records_out,
                 in_rate=self._rate((vertex["id"], "in"), t, records_in),
-                out_rate=self._rate((vertex["id"], "out"), t, records_out),
-                busy=max((s["busy"] for s in running), default=0.0),
-                backpressured=max((s["backpressured"] for s in running), default=0.0),
-                idle=sum(s["idle"] for s in running) / len(running) if running else 0.0))
+                out_rate=self._rate((vertex["id"], "out"), t, records_out), **shown))
         return stats
 
 
-def source_progress(job_graph, stats: list[VertexStats]) -> Optional[tuple[int, Optional[int]]]:
-    """(rows the sources emitted, rows they will emit in all, or None if any is unbounded).
+NO_SHARES = {"busy": 0.0, "backpressured": 0.0, "idle": 0.0}
+
+
+def shares(amounts: dict[str, float]) -> dict[str, float]:
+    """Busy, back-pressured and idle amounts of time (any unit, e.g. ms per second) as shares
+    that add up to 1: a TaskManager's per-second figures add up to 1000 but for rounding, rates
+    of the cumulative counters only about so."""
+    amounts = {name: max(0.0, float(amounts.get(name, 0.0))) for name in NO_SHARES}
+    total = sum(amounts.values())
+    return {name: value / total for name, value in amounts.items()} if total > 0 else dict(NO_SHARES)
+
+
+class SourceProgress(NamedTuple):
+    rows: int  # the rows the sources took in, for the job as a whole
+    total: Optional[int]  # the rows they will take in all, if known
+    bounded: bool  # every source ends (a count, files without watching, a bounded stream)
+
+
+def is_bounded_source(kind: str, params: dict) -> bool:
+    """Whether a source of this kind with these parameters ends (as its operator's is_bounded)."""
+    if kind == "generator-source":
+        return params.get("count") is not None
+    if kind == "file-source":
+        return not params.get("watch")
+    if kind == "redis-stream-source":
+        return bool(params.get("bounded")) or params.get("count") is not None
+    return False
+
+
+def source_progress(job_graph, stats: list[VertexStats]) -> Optional[SourceProgress]:
+    """The rows the sources took in, and how many they will take in all when that is known
+    (generators with a count); None without a job graph.
 
     A source task counts the rows it takes from its source as records in, whatever the chain
-    after it does with them."""
+    after it does with them; a restored attempt counts on from its checkpoint's figures."""
     if job_graph is None:
         return None
     sources = {v.id: v.operators[0] for v in job_graph.vertices if v.is_source}
     done = sum(s.records_in for s in stats if s.vertex_id in sources)
-    counts = [op.params.get("count") for op in sources.values()]
-    total = None if any(c is None for c in counts) else sum(counts)
-    return done, total
+    bounded = all(is_bounded_source(op.kind, op.params) for op in sources.values())
+    counts: list[Optional[int]] = [op.params.get("count") if op.kind == "generator-source" else None
+                                   for op in sources.values()]
+    total = None if any(c is None for c in counts) else sum(c for c in counts if c is not None)
+    return SourceProgress(done, total, bounded)

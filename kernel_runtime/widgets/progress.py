@@ -1,4 +1,4 @@
-"""Progress of bounded sources: rows emitted against the rows they will emit in all."""
+"""Progress of the sources: rows taken in, against the rows they will take in all when known."""
 from __future__ import annotations
 
 import ipywidgets as widgets
@@ -22,10 +22,10 @@ class ProgressView(Component):
         progress = source_progress(self.job_graph, update.stats)
         if progress is None:
             return
-        done, total = progress
+        done, total, bounded = progress
         if total is None:
             self.bar.layout.display = "none"
-            text = f"unbounded source: {done:,} rows so far"
+            text = f"{done:,} rows so far ({'bounded' if bounded else 'unbounded'} source)"
         else:
             self.bar.value = min(1.0, done / total) if total else 1.0
             if update.snapshot.state == "FINISHED":

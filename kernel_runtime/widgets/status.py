@@ -18,8 +18,11 @@ class StatusView(HTMLComponent):
         parts = [f"<b>Job {esc(repr(self.name))}</b>", f"<code>{esc(self.job_id)}</code>",
                  f'<span class="streamlab-state" data-state="{esc(state)}" style="background:{state_color(state)};'
                  f'padding:0 6px;border-radius:3px">{esc(state)}</span>']
-        if details.get("duration", -1) >= 0:
+        if details.get("duration", -1) >= 0:  # since the job's start, over all its attempts
             parts.append(f"{details['duration'] / 1000:.1f} s")
+        if details.get("attempt"):
+            parts.append(f'<span class="streamlab-attempt" data-attempt="{int(details["attempt"])}">'
+                         f'attempt {int(details["attempt"])}</span>')
         note = snapshot.error or details.get("status-reason") or ""
         failure = details.get("failure-cause")
         if failure:

@@ -281,3 +281,41 @@ def test_a_savepoint_for_another_job_is_refused():
     body = {"checkpoint_id": 3, "operators": {"someone-elses-operator": {"subtasks": []}}}
     with pytest.raises(s.SchedulerError, match="1 operator"):
         sched.restore_from_savepoint(body, "/sp/x")
+
+
+def test_task_counters_at_a_checkpoint_are_kept_apart_from_state_and_restored_on_recovery():
+    from cluster.protocol.metrics import CHECKPOINTED_COUNTERS
+    sched, clock, _ = running({"restart-strategy.type": "fixed-delay", "restart-strategy.fixed-delay.delay": "1 ms"})
+    pending = sched.checkpointing.trigger("checkpoint")
+    out = []
+    for n, eid in enumerate(sched.graph.executions):
+        counters = {"records-in": 10 * n, "records-out": 10 * n, "bytes-in": n, "bytes-out": n}
+        out += sched.handle(s.CheckpointAcknowledged(pending.checkpoint_id, eid,
+                                                     {"op": {"bytes": 10}, CHECKPOINTED_COUNTERS: counters}))
+    (write,) = of(out, s.WriteMetadata)
+    assert set(write.body["operators"]) == {"op"}  # a savepoint of it names only operators
+    counters = write.body["counters"]
+    assert set(counters) == {v.id for v in sched.job_graph.vertices}
+    assert sorted(e["subtask"] for e in counters[sched.job_graph.vertices[0].id]) == [0, 1]
+    sched.handle(s.MetadataWritten(pending.checkpoint_id))
+    assert sched.graph.current_failure is None
+    sched.handle(s.TaskManagerLost("tm-a", "TaskManager tm-a lost"))
+    assert "tm-a lost" in sched.graph.current_failure
+    report_all(sched, ExecutionState.CANCELED)
+    clock.ms += 5_000
+    sched.handle(s.TimerFired(s.RESTART_TIMER))
+    sched.handle(s.RestorePointFound(write.body, pending.directory))
+    # until the new attempt reports, its subtasks show what the checkpoint covered
+    shown = {(e.vertex.id, e.subtask): e.metrics["records-in"] for e in sched.graph.executions.values()}
+    assert shown == {(v, c["subtask"]): c["records-in"] for v, entries in counters.items() for c in entries}
+    sched.handle(s.SlotsAllocated(allocations(sched)))
+    (deploy,) = of(sched.handle(s.SlotsOffered(("alloc-0", "alloc-1"))), s.DeployTasks)
+    assert deploy.restore["counters"] == counters
+    report_all(sched, ExecutionState.RUNNING)
+    # the job as a whole: it started before the restart, and it is not failing any more
+    assert sched.graph.start_ms == 1_000 and sched.graph.timestamps[JobState.CREATED] == 6_000
+    assert sched.graph.current_failure is None and "tm-a lost" in sched.graph.failure
+    # a new job started from a savepoint counts from zero, as Flink's does
+    fresh, _ = make()
+    fresh.restore_from_savepoint(dict(write.body, operators={}), "/sp")
+    assert fresh.checkpointing.restore["counters"] == {}

@@ -2,9 +2,13 @@
 import pytest
 
 from kernel_runtime import StreamEnvironment
+from kernel_runtime.api import FileSource
 from kernel_runtime.widgets.job_graph import layout, operator_names
 from cluster.protocol.metrics import backpressure_level
 from kernel_runtime.widgets.metrics import JobMetrics, RateMeter, source_progress
+from kernel_runtime.widgets.base import Update
+from kernel_runtime.widgets.feed import Snapshot
+from kernel_runtime.widgets.progress import ProgressView
 from kernel_runtime.widgets.slots import slot_table
 
 
@@ -34,14 +38,29 @@ def details(*subtasks):
             "subtasks": list(subtasks)}
 
 
-def test_time_shares_per_second_when_reported():
+def test_a_vertex_shows_the_shares_of_its_most_back_pressured_subtask_which_add_up():
     metrics = JobMetrics()
     (src, cnt) = metrics.observe(1.0, details(
         subtask("src", 0, busyTimeMsPerSecond=100, backPressuredTimeMsPerSecond=850, idleTimeMsPerSecond=50),
         subtask("src", 1, busyTimeMsPerSecond=300, backPressuredTimeMsPerSecond=200, idleTimeMsPerSecond=500),
         subtask("cnt", 0, busyTimeMsPerSecond=990, backPressuredTimeMsPerSecond=0, idleTimeMsPerSecond=10)))
-    assert (src.busy, src.backpressured, src.idle) == pytest.approx((0.3, 0.85, 0.275))
+    assert (src.busy, src.backpressured, src.idle) == pytest.approx((0.1, 0.85, 0.05))
     assert src.level == "HIGH" and cnt.level == "OK" and cnt.busy == pytest.approx(0.99)
+
+
+def test_without_back_pressure_a_vertex_shows_its_busiest_subtask():
+    (src, _) = JobMetrics().observe(1.0, details(
+        subtask("src", 0, busyTimeMsPerSecond=750, backPressuredTimeMsPerSecond=0, idleTimeMsPerSecond=250),
+        subtask("src", 1, busyTimeMsPerSecond=160, backPressuredTimeMsPerSecond=0, idleTimeMsPerSecond=840)))
+    assert (src.busy, src.backpressured, src.idle) == pytest.approx((0.75, 0.0, 0.25))
+
+
+@pytest.mark.parametrize("figures", [(750, 0, 420), (0, 0, 0), (333.3, 333.3, 333.3), (1000.4, 0, 0)])
+def test_shares_always_add_up_to_one(figures):
+    busy, bp, idle = figures
+    (src, _) = JobMetrics().observe(1.0, details(subtask(
+        "src", 0, busyTimeMsPerSecond=busy, backPressuredTimeMsPerSecond=bp, idleTimeMsPerSecond=idle)))
+    assert src.busy + src.backpressured + src.idle == pytest.approx(1.0 if sum(figures) else 0.0)
 
 
 def test_time_shares_and_rates_derived_from_cumulative_counters():
@@ -55,11 +74,17 @@ def test_time_shares_and_rates_derived_from_cumulative_counters():
     assert src.level == "HIGH" and (cnt.records_in, cnt.busy) == (0, 0.0)
 
 
-def test_finished_subtasks_count_records_but_no_load():
+def test_running_subtasks_show_the_load_and_ended_ones_keep_their_last_figures():
+    ended = {"records-in": 5, "backPressuredTimeMsPerSecond": 900, "busyTimeMsPerSecond": 100,
+             "idleTimeMsPerSecond": 0}
     (src, _) = JobMetrics().observe(1.0, details(
-        subtask("src", 0, status="FINISHED", **{"records-in": 5, "backPressuredTimeMsPerSecond": 900,
-                                                "busyTimeMsPerSecond": 100, "idleTimeMsPerSecond": 0})))
-    assert src.records_in == 5 and src.backpressured == 0.0
+        subtask("src", 0, status="FINISHED", **ended),
+        subtask("src", 1, **{"records-in": 7, "backPressuredTimeMsPerSecond": 0, "busyTimeMsPerSecond": 400,
+                             "idleTimeMsPerSecond": 600})))
+    assert src.records_in == 12 and (src.busy, src.backpressured, src.idle) == pytest.approx((0.4, 0.0, 0.6))
+    (src, _) = JobMetrics().observe(2.0, details(subtask("src", 0, status="FINISHED", **ended),
+                                                 subtask("src", 1, status="CANCELED", **ended)))
+    assert src.records_in == 10 and (src.busy, src.backpressured, src.idle) == pytest.approx((0.1, 0.9, 0.0))
 
 
 def test_source_progress_counts_bounded_generators():
@@ -70,10 +95,25 @@ def test_source_progress_counts_bounded_generators():
     stats = JobMetrics().observe(1.0, {"vertices": [{"id": source.id, "name": source.name, "parallelism": 2}],
                                        "subtasks": [subtask(source.id, 0, **{"records-in": 300}),
                                                     subtask(source.id, 1, **{"records-in": 200})]})
-    assert source_progress(graph, stats) == (500, 1000)
+    assert source_progress(graph, stats) == (500, 1000, True)
     unbounded = StreamEnvironment()
     unbounded.from_generator(rate=10).collect()
-    assert source_progress(unbounded.get_job_graph("u"), []) == (0, None)
+    assert source_progress(unbounded.get_job_graph("u"), []) == (0, None, False)
+
+
+@pytest.mark.parametrize("watch, bounded", [(False, True), (True, False)])
+def test_a_file_source_is_bounded_unless_it_watches_for_new_files(tmp_path, watch, bounded):
+    (tmp_path / "a.csv").write_text("x\n1\n")
+    env = StreamEnvironment()
+    env.from_source(FileSource.csv(str(tmp_path), schema={"x": "int64"}, watch=watch)).collect()
+    graph = env.get_job_graph("files")
+    source = next(v for v in graph.vertices if v.is_source)
+    stats = JobMetrics().observe(1.0, {"vertices": [{"id": source.id, "name": source.name, "parallelism": 1}],
+                                       "subtasks": [subtask(source.id, 0, **{"records-in": 1000})]})
+    assert source_progress(graph, stats) == (1000, None, bounded)
+    view = ProgressView(graph)
+    view.update(Update(Snapshot(1.0, {"state": "RUNNING"}, {}), stats, 1.0))
+    assert f"1,000 rows so far ({'bounded' if bounded else 'unbounded'} source)" in view.label.value
 
 
 def test_slot_table_shows_free_busy_and_other_jobs_slots_with_their_subtasks():

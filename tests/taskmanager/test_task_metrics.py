@@ -131,3 +131,15 @@ def test_a_reader_on_another_thread_sees_consistent_growing_figures():
         stop.set()
         writer.join()
     assert last["records-in"] > 0 and last["idle-ms"] > 0 and last["backpressured-ms"] > 0
+
+
+def test_a_restored_task_counts_on_from_its_checkpoints_counters():
+    clock = Clock()
+    m = TaskMetrics(clock)
+    m.restore_counters({"records-in": 5_000, "records-out": 4_000, "bytes-in": 10, "bytes-out": 8})
+    assert m.snapshot()["records-in"] == 5_000  # published at once, before the task runs
+    m.records_in += 100
+    m.records_out += 100
+    m.publish()
+    assert m.counters() == {"records-in": 5_100, "records-out": 4_100, "bytes-in": 10, "bytes-out": 8}
+    assert {k: m.snapshot()[k] for k in ("records-in", "records-out")} == {"records-in": 5_100, "records-out": 4_100}
