@@ -237,6 +237,7 @@ def check_columns(nodes: list[StreamNode]) -> None:
     if not any(needs.values()) and not any(KINDS[n.spec.kind].spark for n in nodes):
         return  # nothing to check: do not call the user's functions for nothing
     by_uid = {n.uid: n for n in nodes}
+    consumer_columns: dict[str, list] = {}
     samples: dict[str, Optional[pa.Table]] = {}
     for node in nodes:  # creation order is a topological order
         table = _merged([samples.get(e.source) if e.side_output is None else None for e in node.inputs])
@@ -249,9 +250,11 @@ def check_columns(nodes: list[StreamNode]) -> None:
         for edge in node.inputs:
             upstream = by_uid[edge.source]
             if edge.ship_strategy == ShipStrategy.HASH and KINDS[upstream.spec.kind].spark:
-                consumers = upstream.spec.params.setdefault("consumer_columns", [])
-                consumers += [[column, "key_by column {}", node.spec.where()] for column in edge.key]
+                consumer_columns.setdefault(upstream.uid, []).extend(
+                    [column, "key_by column {}", node.spec.where()] for column in edge.key)
         try:
             samples[node.uid] = _sample_of(node, table)
         except Exception:
             samples[node.uid] = None  # the job itself will report this step's error properly
+    for uid, columns in consumer_columns.items():  # assigned, not added to: a graph may be built twice
+        by_uid[uid].spec.params["consumer_columns"] = columns

@@ -90,6 +90,7 @@ def test_spark_steps_get_the_declared_schema_and_the_key_columns_their_consumers
         .sql("SELECT city AS town, amount FROM input", name="rename")
         .key_by("city").count(name="per city")
         .collect())
+    env.get_job_graph()  # built twice (a script may), annotated once
     (spark,) = [o for v in env.get_job_graph().vertices for o in v.operators if KINDS[o.kind].spark]
     assert pa.ipc.read_schema(pa.py_buffer(spark.params["input_schema"])).names == ["city", "amount"]
     # the client cannot know a Spark step's output: the TaskManager checks it after analysing it
