@@ -9,6 +9,7 @@ everything it is given, because the JobManager must not trust a submitted graph'
 """
 from __future__ import annotations
 
+import difflib
 import enum
 import uuid
 from dataclasses import asdict, dataclass, field, replace
@@ -36,6 +37,16 @@ SHIP_STRATEGIES = tuple(ShipStrategy)
 
 class GraphValidationError(ValueError):
     """The pipeline cannot run as written; the message names the operator and its call site."""
+
+
+def missing_column(where: str, column: str, what: str, columns: list[str], of: str = "") -> str:
+    """The one message for an operator naming a column its input lacks, wherever it is found
+    (the client at submission, a TaskManager when the task opens). ``what`` says where the column
+    was named, with {} for it ("key_by column {}"); ``of`` whose output the input is."""
+    named = what.replace("{}", f"`{column}`")
+    text = f"{where}: {named} does not exist; the input{of} has {', '.join(columns) or 'no columns'}"
+    near = difflib.get_close_matches(column, columns, n=1)
+    return f"{text}. Did you mean `{near[0]}`?" if near else text
 
 
 class JobGraphTooLarge(GraphValidationError):

@@ -23,6 +23,7 @@ class Output(Enum):
     """What a client can know of an operator's output schema from a few sample rows."""
 
     SEQUENCE = "sequence"    # the generator: its function of the sequence numbers, or the numbers ("seq")
+    DECLARED = "declared"    # a connector's params["schema"] when given (no rows), else unknown
     FUNCTION = "function"    # whatever the user's function returns for the input sample
     INPUT = "input"          # the input's columns (rows dropped, none changed)
     KEY_COUNT = "key-count"  # the key columns and "count"
@@ -62,8 +63,8 @@ def declare(kinds: list[OperatorKind]) -> dict[str, OperatorKind]:
 
 KINDS: dict[str, OperatorKind] = declare([
     OperatorKind("generator-source", _SOURCE, Output.SEQUENCE, stateful=True),
-    OperatorKind("file-source", _SOURCE, stateful=True),
-    OperatorKind("redis-stream-source", _SOURCE, stateful=True),
+    OperatorKind("file-source", _SOURCE, Output.DECLARED, stateful=True),
+    OperatorKind("redis-stream-source", _SOURCE, Output.DECLARED, stateful=True),
     OperatorKind("map-batches", _TRANSFORM, Output.FUNCTION),
     OperatorKind("filter", _TRANSFORM, Output.INPUT),
     OperatorKind("spark", _TRANSFORM, spark=True),

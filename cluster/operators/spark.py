@@ -23,7 +23,7 @@ import cloudpickle
 import pyarrow as pa
 
 from cluster.conf import TaskConfig
-from cluster.graph.job_graph import OperatorSpec
+from cluster.graph.job_graph import OperatorSpec, missing_column
 
 from .base import Operator, OperatorContext, TaskCancelled, UserFunctionError
 
@@ -130,6 +130,7 @@ class SparkChain(Operator, kind="spark"):
         self.steps = [(spec, cloudpickle.loads(spec.udf) if spec.udf is not None else None) for spec in specs]
         self.batches = 0
         self.spark_jobs = 0
+        self._outputs_checked = False  # the columns consumers key by, checked once per attempt
 
     def open(self) -> None:
         runner = SparkRunner.get(self.ctx.config)
@@ -137,10 +138,12 @@ class SparkChain(Operator, kind="spark"):
         self.group = f"streamlab-{self.ctx.execution_id}"
         # job groups are per thread (PySpark pins a JVM thread to each Python thread)
         self.session.sparkContext.setJobGroup(self.group, f"streamlab task {self.ctx.task_name}")
+        # The input schema the client knew (a source's declared schema, a generator's sample).
+        # Analysis only (no Spark job, no row read): a wrong column
+        # fails the task here, naming the step, and the job's sources have not read yet (a task
+        # opens its inputs only once its consumers have opened).
         schema = self.params.get("input_schema")
         if schema is not None:
-            # Analysis only (no Spark job): schema errors surface at deployment, naming the
-            # operator, before any batch runs.
             empty = pa.ipc.read_schema(pa.py_buffer(schema)).empty_table()
             self._plan(self.session.createDataFrame(empty))
 
@@ -160,13 +163,25 @@ class SparkChain(Operator, kind="spark"):
                     df = fn(df)
                     if not isinstance(df, DataFrame):
                         raise TypeError(f"the function must return a Spark DataFrame, got {type(df).__name__}")
-                df.schema  # forces analysis here, so an error names this step
+                columns = df.columns  # forces analysis here, so an error names this step
             except TaskCancelled:
                 raise
             except Exception as exc:
                 raise UserFunctionError(f"{spec.where()} failed in Spark: {type(exc).__name__}: "
                                         f"{_first_line(exc)}") from exc
+            if not self._outputs_checked:
+                self._check_consumers(spec, columns)
+        self._outputs_checked = True
         return df
+
+    @staticmethod
+    def _check_consumers(spec: OperatorSpec, columns: list[str]) -> None:
+        """The key columns the step's consumers need (given by the client, which could not know a
+        Spark step's output) against the step's analysed output."""
+        for column, what, consumer in spec.params.get("consumer_columns") or ():
+            if column not in columns:
+                raise UserFunctionError(missing_column(consumer, column, what, columns,
+                                                       of=f" (the output of {spec.where()})"))
 
     def process(self, table: pa.Table) -> list[pa.Table]:
         if table.num_rows == 0:

@@ -386,6 +386,7 @@ class Task:
                 op.open()
                 opened.append(op)
             self._restore(chain)
+            self._open_inputs(sender)
             self._set_state(ExecutionState.RUNNING)
             if isinstance(chain[0], SourceOperator):
                 self._run_source(chain)
@@ -459,9 +460,21 @@ class Task:
         if self._producer_address:
             self._gate = InputGate(list(self._producer_address))
             self.network.register_gate(self._gate)
-            for channel, address in self._producer_address.items():
-                self._grant(sender, channel, address, self.network.buffers_per_channel)
         return chain
+
+    def _open_inputs(self, sender: ChannelSender) -> None:
+        """Grant the first credits once every consumer of this task has opened (announced its
+        channels): no producer sends, and so no source reads, before the whole job downstream of it
+        has opened its operators, whose opening checks what it can (a Spark chain analyses its
+        plan against its input schema). A failure there fails the job with no row read."""
+        accounts = [a for w in self._all_writers() for a in w.accounts]
+        if not all(a.announced for a in accounts):
+            self._set_detail("waiting for the downstream tasks to open")
+            for account in accounts:
+                account.wait_announced(self.cancelled)
+            self._set_detail("")
+        for channel, address in self._producer_address.items():
+            self._grant(sender, channel, address, self.network.buffers_per_channel)
 
     def _grant(self, sender: ChannelSender, channel: str, address: str, n: int) -> None:
         if self.network.is_local(address):

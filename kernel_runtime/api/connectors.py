@@ -7,6 +7,7 @@ The factories below check their arguments where they are called, so a wrong argu
 at the user's line, and keep only plain data in ``params`` (it travels as msgpack):
 
     env.from_source(FileSource.csv("data/", schema={"user": "string", "amount": "int64"}))
+    env.from_source(FileSource.csv("data/", schema="user string, amount bigint"))  # Spark's DDL
     stream.sink_to(FileSink.parquet("out/", rows_per_file=100_000))
     env.from_source(RedisStreamSource("redis://127.0.0.1:6379", ["events"], bounded=True))
     stream.sink_to(RedisStreamSink("redis://127.0.0.1:6379", "results", maxlen=10_000))
@@ -17,11 +18,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable, Literal, NoReturn, Optional, Sequence, overload
 
-import pyarrow as pa
-
 from cluster.graph.job_graph import GraphValidationError
 
 from .datastream import call_site
+from .schema import SchemaLike, schema_type_names
 
 __all__ = ["Connector", "FileSource", "FileSink", "RedisStreamSource", "RedisStreamSink"]
 
@@ -84,20 +84,7 @@ class _Check:
         return os.path.abspath(os.path.expanduser(str(value)))
 
     def schema(self, value) -> Optional[dict]:
-        if value is None:
-            return None
-        if not isinstance(value, dict) or not value:
-            self.fail("schema", 'a dict of column name -> type name, e.g. {"user": "string", "n": "int64"}', value)
-        for column, type_name in value.items():
-            if not isinstance(column, str) or not column:
-                self.fail("schema", "keyed by column names (non-empty strings)", column)
-            try:
-                pa.type_for_alias(type_name)
-            except (ValueError, TypeError, KeyError):
-                raise GraphValidationError(
-                    f"{self.where}: schema column {column!r} has unknown type {type_name!r} (use Arrow type "
-                    "names: int64, int32, double, float, string, bool, date32, timestamp[ms], ...)") from None
-        return dict(value)
+        return schema_type_names(value, self.where)
 
     def redis_url(self, value) -> str:
         if not isinstance(value, str) or not value.startswith(("redis://", "rediss://", "unix://")):
@@ -112,14 +99,15 @@ class FileSource(Connector):
     are skipped. ``watch=True`` keeps looking for new files every ``monitor_interval`` seconds
     (Flink's monitorContinuously) and makes the source unbounded: move finished files into the
     directory (write them under a hidden name, then rename), a file is read once. ``schema``
-    (column -> Arrow type name) types the columns; a CSV or JSON record that does not fit it is
-    malformed: the job fails naming file and line, unless it reads
+    types the columns: a dict of column -> Spark or Arrow type name ("bigint", "int64"), a Spark
+    DDL string ("user string, amount bigint"), a pyspark StructType or a pyarrow Schema. A CSV or
+    JSON record that does not fit it is malformed: the job fails naming file and line, unless it reads
     ``stream.get_side_output("malformed")`` (columns source, position, raw, reason). Without a
     schema CSV columns are strings (as Spark reads CSV) and JSON types come from the first records.
     """
 
     @classmethod
-    def csv(cls, path, schema: Optional[dict] = None, *, watch: bool = False, monitor_interval: float = 1.0,
+    def csv(cls, path, schema: SchemaLike = None, *, watch: bool = False, monitor_interval: float = 1.0,
             batch_size: int = 1000, delimiter: str = ",", header: bool = True,
             name: str = "csv source") -> "FileSource":
         check = _Check("FileSource.csv")
@@ -131,14 +119,14 @@ class FileSource(Connector):
                           delimiter=delimiter, header=header)
 
     @classmethod
-    def json_lines(cls, path, schema: Optional[dict] = None, *, watch: bool = False, monitor_interval: float = 1.0,
+    def json_lines(cls, path, schema: SchemaLike = None, *, watch: bool = False, monitor_interval: float = 1.0,
                    batch_size: int = 1000, name: str = "json source") -> "FileSource":
         """One JSON object per line (JSON Lines, as Spark's spark.read.json reads)."""
         return cls._files(_Check("FileSource.json_lines"), "json", path, schema, watch, monitor_interval,
                           batch_size, name)
 
     @classmethod
-    def parquet(cls, path, schema: Optional[dict] = None, *, watch: bool = False, monitor_interval: float = 1.0,
+    def parquet(cls, path, schema: SchemaLike = None, *, watch: bool = False, monitor_interval: float = 1.0,
                 batch_size: int = 1000, name: str = "parquet source") -> "FileSource":
         """Parquet files; with ``schema``, only those columns, cast to those types (a file that
         cannot be cast fails the job)."""
@@ -180,11 +168,11 @@ class RedisStreamSource(Connector):
     ``streams`` are spread over the source's subtasks. Reading starts after ``start_id`` ("0": from
     the first entry, "$": only entries added from now on). ``bounded=True`` stops at each stream's
     last entry at the start, ``count`` after that many entries of each stream; otherwise the source
-    is unbounded. ``batch_size`` entries are read per stream at a time. ``schema`` (field -> Arrow
-    type name) parses the values; an entry that does not fit it is malformed (see FileSource).
+    is unbounded. ``batch_size`` entries are read per stream at a time. ``schema`` (as FileSource's)
+    parses the values; an entry that does not fit it is malformed (see FileSource).
     Without a schema: the fields of the first entry, as text."""
 
-    def __init__(self, url: str, streams: str | Sequence[str], *, schema: Optional[dict] = None,
+    def __init__(self, url: str, streams: str | Sequence[str], *, schema: SchemaLike = None,
                  start_id: str = "0", bounded: bool = False, count: Optional[int] = None, batch_size: int = 1000,
                  id_field: Optional[str] = None, name: str = "redis source"):
         check = _Check("RedisStreamSource")

@@ -21,7 +21,7 @@ from ..client import JobClient, JobExecutionResult, JobHandle
 from ..local_cluster import ClusterInfo, LocalCluster
 from .connectors import Connector
 from .datastream import DataStream, call_site, check_parallelism, pickle_udf, plays, require_parallelism
-from .schema import annotate_spark_input_schemas
+from .schema import check_columns
 
 # Set by `streamlab run`: the cluster to submit to and how.
 CONTEXT_CLUSTER_DIR = "STREAMLAB_CONTEXT_CLUSTER_DIR"
@@ -121,7 +121,7 @@ class StreamEnvironment:
                     raise GraphValidationError(
                         f"{node.spec.where()}: parallelism {node.parallelism} exceeds pipeline.max-parallelism "
                         f"{self.max_parallelism}")
-        annotate_spark_input_schemas(self._nodes)
+        check_columns(self._nodes)
         config = dict(self.config)
         if os.environ.get(CONTEXT_SAVEPOINT):  # streamlab run -s PATH
             config.setdefault("execution.savepoint.path", os.environ[CONTEXT_SAVEPOINT])

@@ -1,16 +1,28 @@
-"""What each Spark step will receive, found before the job is submitted.
+"""Schemas known before the job runs: the type names a user may write, and the columns each
+operator will receive, checked at submission where the client can know them.
 
-Spark analyses a plan against its input schema without running it. The client has no
-SparkSession (starting one costs seconds), so it works out the input schema of each Spark step
-from a few sample rows: the generator's function on 16 sequence numbers, pandas steps applied to
-that sample. The schema travels in the step's params; the TaskManager analyses the fused Spark
-chain against it at deployment, so a wrong column fails the job before its first batch, naming
-the step. Where a sample cannot be made (an unknown source, a step that raised), the schema is
-left unknown and Spark analyses at the first batch instead: sampling never fails a submission.
+Type names: a connector's ``schema`` may be a dict of column -> type name, a Spark DDL string
+("city string, amount bigint"), a pyspark StructType or a pyarrow Schema. Spark's simple type
+names (long, bigint, int, string, boolean, date, timestamp, ...) and Arrow's aliases (int64,
+double, timestamp[ms], ...) are both accepted and normalised to Arrow alias names, which travel
+in the operator's params and the TaskManager parses with ``pa.type_for_alias``.
+
+Columns: the client has no SparkSession (starting one costs seconds and a JVM), so it works out
+what each operator receives in pure Python: a source's declared schema, a generator's function
+called on 16 sequence numbers, pandas steps applied to that sample; a step of unknown output
+(Spark, a map over a schema without rows, keyed state) ends what is known. Where the input is
+known, key_by columns and aggregation columns are checked here and a mistake raises
+GraphValidationError naming the column, the operator and its line. A Spark step gets its input
+schema in its params: the TaskManager analyses the fused Spark chain on an empty DataFrame of it
+when the task opens, before any source of the job reads (a task opens its inputs only after its
+consumers opened), and checks the key columns its consumers need against the analysed output.
+Where nothing is known (a source without a schema), nothing is checked before the first batch.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+import difflib
+import re
+from typing import Any, Callable, Optional, Union
 
 import cloudpickle
 import numpy as np
@@ -18,31 +30,141 @@ import pandas as pd
 import pyarrow as pa
 
 from cluster.graph.chaining import StreamNode
-from cluster.graph.job_graph import OperatorSpec
+from cluster.graph.job_graph import GraphValidationError, OperatorSpec, ShipStrategy, missing_column
 from cluster.graph.operator_kinds import KINDS, Output
 
 SAMPLE_ROWS = 16
 
+# dict of column -> type name, DDL string, pyarrow Schema, pyspark StructType (not imported here)
+SchemaLike = Optional[Union[dict, str, pa.Schema, Any]]
 
-def _sequence(spec: OperatorSpec, fn: Optional[Callable], table: Optional[pa.Table]) -> pa.Table:
+# Spark's simple type names (DataType.simpleString and their SQL synonyms) as Arrow alias names.
+SPARK_TYPES = {
+    "boolean": "bool", "tinyint": "int8", "byte": "int8", "smallint": "int16", "short": "int16",
+    "int": "int32", "integer": "int32", "bigint": "int64", "long": "int64", "float": "float", "real": "float",
+    "double": "double", "string": "string", "binary": "binary", "date": "date32",
+    # Spark keeps microseconds; the session time zone is UTC on the TaskManagers
+    "timestamp": "timestamp[us]", "timestamp_ntz": "timestamp[us]", "timestamp_ltz": "timestamp[us]",
+}
+_TEXT = re.compile(r"^(var)?char\(\s*\d+\s*\)$")  # Spark's varchar(n)/char(n) are strings
+ACCEPTED = ("Spark: " + ", ".join(SPARK_TYPES) + ", varchar(n); Arrow: int8..int64, uint8..uint64, float, "
+            "double, string, bool, binary, date32, timestamp[s|ms|us|ns], ...")
+
+
+def arrow_type_name(type_name) -> str:
+    """The Arrow alias name of a Spark or Arrow type name; ValueError if it is neither."""
+    if not isinstance(type_name, str):
+        raise ValueError(f"a type name must be a string, got {type_name!r}")
+    name = type_name.strip()
+    lower = name.lower()
+    if lower in SPARK_TYPES:
+        return SPARK_TYPES[lower]
+    if _TEXT.match(lower):
+        return "string"
+    try:
+        pa.type_for_alias(name)
+    except (ValueError, TypeError, KeyError):
+        raise ValueError(f"unknown type {type_name!r}") from None
+    return name
+
+
+_DDL_COLUMN = re.compile(r"^(`[^`]+`|[^\s:`]+)\s*(?::\s*|\s+)(.+)$")
+
+
+def _ddl_columns(ddl: str) -> list[tuple[str, str]]:
+    """Spark's DDL column list, "city string, amount bigint" (also "amount: bigint", `odd name`)."""
+    columns, depth, part = [], 0, ""
+    for char in ddl + ",":
+        if char == "," and depth == 0:
+            if part.strip():
+                columns.append(part.strip())
+            part = ""
+            continue
+        if char in "(<":
+            depth += 1
+        elif char in ")>":
+            depth -= 1
+        part += char
+    out = []
+    for column in columns:
+        match = _DDL_COLUMN.match(column)
+        if match is None:
+            raise ValueError(f"{column!r} is not 'name type'")
+        name, type_name = match.groups()
+        type_name = re.sub(r"\s+not\s+null$", "", type_name.strip(), flags=re.IGNORECASE)
+        out.append((name.strip("`"), type_name))
+    return out
+
+
+def schema_type_names(value, where: str) -> Optional[dict[str, str]]:
+    """A connector's ``schema`` argument as {column: Arrow alias name} (None stays None).
+
+    Takes a dict of type names, a DDL string, a pyspark StructType or a pyarrow Schema."""
+    if value is None:
+        return None
+    example = 'e.g. {"user": "string", "n": "bigint"} or "user string, n bigint"'
+    if isinstance(value, str):
+        try:
+            pairs = _ddl_columns(value)
+        except ValueError as exc:
+            raise GraphValidationError(f"{where}: schema {value!r} is not a DDL column list ({exc}), {example}") \
+                from None
+    elif isinstance(value, dict):
+        pairs = list(value.items())
+    elif isinstance(value, pa.Schema):
+        pairs = [(f.name, str(f.type)) for f in value]
+    elif hasattr(value, "fields") and all(hasattr(f, "dataType") for f in getattr(value, "fields")):
+        pairs = [(f.name, f.dataType.simpleString()) for f in value.fields]  # a pyspark StructType
+    else:
+        raise GraphValidationError(f"{where}: schema must be a dict of column -> type name, a DDL string, a "
+                                   f"pyspark StructType or a pyarrow Schema ({example}), got {value!r}")
+    if not pairs:
+        raise GraphValidationError(f"{where}: schema has no columns ({example})")
+    names: dict[str, str] = {}
+    for column, type_name in pairs:
+        if not isinstance(column, str) or not column:
+            raise GraphValidationError(f"{where}: schema must be keyed by column names (non-empty strings), "
+                                       f"got {column!r}")
+        if column in names:
+            raise GraphValidationError(f"{where}: schema names column {column!r} twice")
+        try:
+            names[column] = arrow_type_name(type_name)
+        except ValueError:
+            raise GraphValidationError(f"{where}: schema column {column!r} has unknown type {type_name!r} "
+                                       f"(accepted: {ACCEPTED})") from None
+    return names
+
+
+def declared_schema(params: dict) -> Optional[pa.Schema]:
+    """The rows a source with a declared ``schema`` emits (and its ``id_field`` first, as text)."""
+    if not params.get("schema"):
+        return None
+    schema = pa.schema([(name, pa.type_for_alias(type_name)) for name, type_name in params["schema"].items()])
+    if params.get("id_field"):
+        schema = schema.insert(0, pa.field(params["id_field"], pa.string()))
+    return schema
+
+
+# ---------------------------------------------------------------------- what each operator receives
+def _sequence(spec: OperatorSpec, fn: Optional[Callable], table: Optional[pa.Table]) -> Optional[pa.Table]:
     seq = np.arange(SAMPLE_ROWS, dtype=np.int64)
     return pa.table({"seq": seq}) if fn is None else _table(fn(seq))
 
 
-def _given(spec: OperatorSpec, value, what: str):
-    if value is None:
-        raise ValueError(f"{spec.where()}: no {what} to sample its output from")
-    return value
+def _declared(spec: OperatorSpec, fn: Optional[Callable], table: Optional[pa.Table]) -> Optional[pa.Table]:
+    schema = declared_schema(spec.params)
+    return None if schema is None else schema.empty_table()
 
 
-def _function(spec: OperatorSpec, fn: Optional[Callable], table: Optional[pa.Table]) -> pa.Table:
-    fn = _given(spec, fn, "function")
-    table = _given(spec, table, "input sample")
+def _function(spec: OperatorSpec, fn: Optional[Callable], table: Optional[pa.Table]) -> Optional[pa.Table]:
+    if fn is None or table is None or table.num_rows == 0:
+        return None  # a function's output on no rows says little of its output on rows
     return _table(fn(table.to_pandas()))
 
 
-def _key_count(spec: OperatorSpec, fn: Optional[Callable], table: Optional[pa.Table]) -> pa.Table:
-    table = _given(spec, table, "input sample")
+def _key_count(spec: OperatorSpec, fn: Optional[Callable], table: Optional[pa.Table]) -> Optional[pa.Table]:
+    if table is None:
+        return None
     return table.select(spec.params["key"]).append_column("count", pa.array([1] * table.num_rows, pa.int64()))
 
 
@@ -50,22 +172,20 @@ def _key_count(spec: OperatorSpec, fn: Optional[Callable], table: Optional[pa.Ta
 # has no input). Output.UNKNOWN has none: its sample is unknown.
 SAMPLERS: dict[Output, Callable[[OperatorSpec, Optional[Callable], Optional[pa.Table]], Optional[pa.Table]]] = {
     Output.SEQUENCE: _sequence,
+    Output.DECLARED: _declared,
     Output.FUNCTION: _function,
     Output.INPUT: lambda spec, fn, table: table,
     Output.KEY_COUNT: _key_count,
 }
 
 
-def _sample_of(node: StreamNode, inputs: list[Optional[pa.Table]]) -> Optional[pa.Table]:
+def _sample_of(node: StreamNode, table: Optional[pa.Table]) -> Optional[pa.Table]:
     spec = node.spec
     kind = KINDS[spec.kind]
     if kind.output is Output.UNKNOWN:  # before unpickling: a Spark step's function would import pyspark
         return None
-    table = None
-    if not kind.is_source:
-        if not inputs or any(t is None for t in inputs):
-            return None
-        table = inputs[0] if len(inputs) == 1 else pa.concat_tables(inputs, promote_options="default")
+    if not kind.is_source and table is None:
+        return None
     fn = cloudpickle.loads(spec.udf) if spec.udf is not None else None
     return SAMPLERS[kind.output](spec, fn, table)
 
@@ -80,17 +200,61 @@ def _table(result) -> pa.Table:
     raise TypeError(type(result).__name__)
 
 
-def annotate_spark_input_schemas(nodes: list[StreamNode]) -> None:
-    if not any(KINDS[n.spec.kind].spark for n in nodes):
-        return
+def _merged(inputs: list[Optional[pa.Table]]) -> Optional[pa.Table]:
+    """The sample of what an operator receives: known only if every input is."""
+    if not inputs or any(t is None for t in inputs):
+        return None
+    known = [t for t in inputs if t is not None]
+    if len(known) == 1:
+        return known[0]
+    try:
+        return pa.concat_tables(known, promote_options="default")
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        return None  # a union whose schemas do not merge fails at run time, saying so
+
+
+# ---------------------------------------------------------------------- the columns each operator names
+def needed_columns(node: StreamNode) -> list[tuple[str, str]]:
+    """(column, what names it) for every input column the operator reads by name."""
+    params = node.spec.params
+    needed = [(column, "key_by column {}") for edge in node.inputs if edge.ship_strategy == ShipStrategy.HASH
+              for column in edge.key]
+    needed += [(column, "key_by column {}") for column in params.get("key") or ()]
+    aggregations = params.get("partial_aggregate") or \
+        (params.get("aggregations") if not params.get("pre_aggregated") else None)
+    for out, (column, func) in (aggregations or {}).items():
+        needed.append((column, "column {} of " + f"{out}=({column!r}, {func!r})"))
+    return list(dict.fromkeys(needed))
+
+
+def check_columns(nodes: list[StreamNode]) -> None:
+    """Check the columns every operator names against what it will receive, where the client
+    knows it; give each Spark step its input schema, and each Spark step whose output is keyed
+    the key columns its consumers need, for the TaskManager to check when the task opens.
+
+    Raises GraphValidationError at the first operator that names a column its input lacks."""
+    needs = {n.uid: needed_columns(n) for n in nodes}
+    if not any(needs.values()) and not any(KINDS[n.spec.kind].spark for n in nodes):
+        return  # nothing to check: do not call the user's functions for nothing
+    by_uid = {n.uid: n for n in nodes}
+    consumer_columns: dict[str, list] = {}
     samples: dict[str, Optional[pa.Table]] = {}
     for node in nodes:  # creation order is a topological order
-        inputs = [samples.get(e.source) if e.side_output is None else None for e in node.inputs]
-        known = [t for t in inputs if t is not None]
-        if KINDS[node.spec.kind].spark and inputs and len(known) == len(inputs):
-            schema = known[0].schema if len(known) == 1 else pa.unify_schemas([t.schema for t in known])
-            node.spec.params["input_schema"] = schema.serialize().to_pybytes()
+        table = _merged([samples.get(e.source) if e.side_output is None else None for e in node.inputs])
+        if table is not None:
+            for column, what in needs[node.uid]:
+                if column not in table.column_names:
+                    raise GraphValidationError(missing_column(node.spec.where(), column, what, table.column_names))
+            if KINDS[node.spec.kind].spark:
+                node.spec.params["input_schema"] = table.schema.serialize().to_pybytes()
+        for edge in node.inputs:
+            upstream = by_uid[edge.source]
+            if edge.ship_strategy == ShipStrategy.HASH and KINDS[upstream.spec.kind].spark:
+                consumer_columns.setdefault(upstream.uid, []).extend(
+                    [column, "key_by column {}", node.spec.where()] for column in edge.key)
         try:
-            samples[node.uid] = _sample_of(node, inputs)
+            samples[node.uid] = _sample_of(node, table)
         except Exception:
             samples[node.uid] = None  # the job itself will report this step's error properly
+    for uid, columns in consumer_columns.items():  # assigned, not added to: a graph may be built twice
+        by_uid[uid].spec.params["consumer_columns"] = columns

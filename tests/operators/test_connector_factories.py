@@ -30,8 +30,9 @@ def test_factories_make_connectors_with_plain_data_params(tmp_path, monkeypatch)
 @pytest.mark.parametrize("make, message", [
     (lambda: FileSource.csv("x", batch_size=0), "FileSource.csv (test_connector_factories.py:{line}): batch_size "
                                                 "must be an integer >= 1, got 0"),
-    (lambda: FileSource.csv("x", schema={"a": "integer"}), "schema column 'a' has unknown type 'integer'"),
-    (lambda: FileSource.csv("x", schema=["a"]), "schema must be a dict of column name -> type name"),
+    (lambda: FileSource.csv("x", schema={"a": "integr"}), "schema column 'a' has unknown type 'integr' (accepted: "
+                                                          "Spark: boolean, tinyint"),
+    (lambda: FileSource.csv("x", schema=["a"]), "schema must be a dict of column -> type name, a DDL string"),
     (lambda: FileSource.csv("x", header=False), "schema must be given when header=False"),
     (lambda: FileSource.csv("x", delimiter=";;"), "delimiter must be one character, got ';;'"),
     (lambda: FileSource.json_lines(None), "FileSource.json_lines (test_connector_factories.py:{line}): "

@@ -70,3 +70,32 @@ def test_the_task_reads_checkpointing_from_the_job_configuration(network):
     # with checkpoints a bounded source waits for a final checkpoint instead of finishing
     state, _, seen = run_task(network, {"execution.checkpointing.interval": "1 s"})
     assert state == ExecutionState.CANCELED and "end-of-input" in seen
+
+
+def test_a_source_reads_only_once_its_consumers_have_opened(network):
+    """Their opening checks what it can (a Spark chain's plan): a failure there must find no row read."""
+    from cluster.graph.deployment import OutputDescriptor
+    from cluster.taskmanager.network import InputGate
+    channel = "job/0/e1->e2"
+    tdd = TaskDeploymentDescriptor(
+        job_id="job", job_name="test", attempt=0, execution_id="e1", allocation_id="a1",
+        vertex={"id": "v", "name": "v", "parallelism": 1, "max_parallelism": 128, "operators": [
+            {"uid": "src", "kind": "generator-source", "name": "gen", "call_site": "t.py:1",
+             "params": {"count": 10, "batch_size": 5}, "udf": None}]},
+        subtask=0, inputs=[], outputs=[OutputDescriptor(0, "FORWARD", [], 128, [(channel, network.data_address)])],
+        job_config={})
+    states: queue.Queue = queue.Queue()
+    with ThreadPoolExecutor(1) as executor:
+        task = Task(tdd, network, lambda t, state, error: states.put(state), Responder(queue.Queue()), executor)
+        task.start()
+        assert states.get(timeout=30) == ExecutionState.INITIALIZING
+        with pytest.raises(queue.Empty):
+            states.get(timeout=0.5)
+        assert task.detail == "waiting for the downstream tasks to open"
+        assert task.metrics_snapshot()["records-in"] == 0
+        gate = InputGate([channel])  # the consumer opens: it registers the channel and grants credit
+        network.register_gate(gate)
+        network.credit_account(channel).add(4)
+        assert states.get(timeout=30) == ExecutionState.RUNNING
+        assert states.get(timeout=30) == ExecutionState.FINISHED
+        assert task.metrics_snapshot()["records-in"] == 10
