@@ -18,7 +18,6 @@ import queue
 import sys
 import threading
 import time
-import traceback
 from concurrent.futures import Executor
 from pathlib import Path
 from typing import Callable, NamedTuple, Optional, Protocol
@@ -26,6 +25,7 @@ from typing import Callable, NamedTuple, Optional, Protocol
 import numpy as np
 import pyarrow as pa
 
+from cluster import failures
 from cluster.checkpoint.barriers import Barrier, BarrierAligner
 from cluster.checkpoint.coordinator import CheckpointKind
 from cluster.conf import TaskConfig
@@ -402,10 +402,9 @@ class Task:
             sender.close()
 
     def _describe_failure(self, exc: Exception) -> str:
-        text = "".join(traceback.format_exception(exc))
-        if isinstance(exc, UserFunctionError):
-            return f"{exc}\n{text}"
-        return text
+        # the TaskManager's log keeps every frame; the job's failure shows the user's only
+        log.info("%s failed", self.name, exc_info=exc)
+        return failures.describe(exc, self.tdd.cells)
 
     def _set_detail(self, detail: str) -> None:
         self.detail = detail
