@@ -11,6 +11,7 @@ import linecache
 import os
 import sys
 from dataclasses import replace
+from types import FrameType
 from typing import Any, Optional
 
 import msgpack
@@ -25,6 +26,20 @@ def running_shell() -> Optional[Any]:
         return None
     from IPython import get_ipython
     return get_ipython()
+
+
+def running_cell(shell) -> int:
+    """The execution count of the cell running now, as its prompt shows it. IPython 9 counts the
+    next cell in ``shell.execution_count`` while one runs (earlier versions the running one), so
+    the count is the one the running cell's code was compiled under, found up the stack."""
+    counts = getattr(shell.compile, "_filename_map", {})
+    frame: Optional[FrameType] = sys._getframe(1)
+    while frame is not None:
+        count = counts.get(frame.f_code.co_filename)
+        if count is not None:
+            return count
+        frame = frame.f_back
+    return shell.execution_count  # not called from a cell's code
 
 
 class CellSites:

@@ -30,7 +30,7 @@ from cluster.protocol.endpoint import RpcError
 
 from . import processes
 from .api import StreamEnvironment
-from .cells import CellSites
+from .cells import CellSites, running_cell
 from .client import JobClient, JobHandle
 from .local_cluster import ClusterInfo, ClusterNotRunning, LocalCluster, default_cluster_dir
 from .magic_args import ClusterAddress, parse_cluster_args, parse_stream_args, stream, stream_cluster
@@ -194,7 +194,7 @@ class StreamMagics(Magics):
             raise _expected(exc, sites) from None
         self._run_body(line, cell, env)
         sites = CellSites(self.ipython)
-        name = args.name or f"cell {self.ipython.execution_count}"
+        name = args.name or f"cell {running_cell(self.ipython)}"
         try:
             graph = env.get_job_graph(name)
             result_mode = ResultMode(args.mode, args.max_rows)
@@ -216,7 +216,7 @@ class StreamMagics(Magics):
         shell = self.ipython
         # a blank first line stands for the %%stream line, so line numbers are the cell's own
         source = "\n" + shell.transform_cell(cell)
-        filename = shell.compile.cache(source, shell.execution_count, raw_code=f"%%stream {line}\n{cell}")
+        filename = shell.compile.cache(source, running_cell(shell), raw_code=f"%%stream {line}\n{cell}")
         sites = CellSites(shell)
         try:
             code = compile(source, filename, "exec", dont_inherit=True)

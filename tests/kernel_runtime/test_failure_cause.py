@@ -35,8 +35,10 @@ def test_wait_raises_the_root_cause_in_one_line_naming_the_cell_line(kernel):
     kernel.client.wait_for_ready(timeout=60)
     kernel.execute("%load_ext kernel_runtime")
     helper = kernel.execute(HELPER)["content"]["execution_count"]
-    kernel.execute(STREAM)
+    stream = kernel.execute(STREAM)["content"]["execution_count"]
     kernel.cluster_dir = kernel.evaluate("str(job.client.cluster.cluster_dir)")
+    # the cell as its prompt numbers it (IPython 9 already counts the next cell while one runs)
+    assert kernel.evaluate("job.name") == f"cell {stream}"
     reply = kernel.client.execute_interactive("job.wait(120)", timeout=150, output_hook=lambda msg: None)
     content = reply["content"]
     assert (content["status"], content["ename"]) == ("error", "JobExecutionError"), content
