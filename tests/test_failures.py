@@ -142,9 +142,9 @@ def test_the_job_failure_text_reads_back_as_headline_notes_and_traceback():
                              "The job was not restarted: restart-strategy.type is none.")
     assert failure.traceback == failures.user_traceback(exc, CELLS).strip("\n")
     # a reason without traceback (a lost TaskManager) reads the same way
-    lost = failures.task_failed("TaskManager tm-2 lost: no heartbeat for 2000 ms (heartbeat.timeout)", "src (1/1)", "tm-2")
-    assert Failure.parse(lost) == Failure("TaskManager tm-2 lost: no heartbeat for 2000 ms (heartbeat.timeout)",
-                                          ("Task 'src (1/1)' failed on TaskManager tm-2.",))
+    reason = "TaskManager tm-2 lost: no heartbeat for 2000 ms (heartbeat.timeout)"
+    lost = failures.task_failed(reason, "src (1/1)", "tm-2")
+    assert Failure.parse(lost) == Failure(reason, ("Task 'src (1/1)' failed on TaskManager tm-2.",))
 
 
 def test_call_sites_in_cells_are_rewritten_and_others_kept():
