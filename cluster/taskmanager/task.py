@@ -18,6 +18,7 @@ import queue
 import sys
 import threading
 import time
+import traceback
 from concurrent.futures import Executor
 from pathlib import Path
 from typing import Callable, NamedTuple, Optional, Protocol
@@ -404,7 +405,11 @@ class Task:
     def _describe_failure(self, exc: Exception) -> str:
         # the TaskManager's log keeps every frame; the job's failure shows the user's only
         log.info("%s failed", self.name, exc_info=exc)
-        return failures.describe(exc, self.tdd.cells)
+        try:
+            return failures.describe(exc, self.tdd.cells)
+        except Exception:  # a failure must be reported even if describing it fails
+            log.exception("%s: describing its failure failed", self.name)
+            return "".join(traceback.format_exception(exc))
 
     def _set_detail(self, detail: str) -> None:
         self.detail = detail
