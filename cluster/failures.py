@@ -118,7 +118,7 @@ def first_line(exc: BaseException) -> str:
                 if line.strip() and not line.startswith((" ", "\t"))]
         if tail:
             text = tail[-1]
-    line = text.splitlines()[0].strip() if text else ""
+    line = text.splitlines()[0].strip().rstrip(";") if text else ""  # Spark ends its first line with ";"
     return line if len(line) <= HEADLINE_MAX else line[:HEADLINE_MAX - 1] + "…"
 
 

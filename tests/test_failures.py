@@ -119,7 +119,7 @@ def test_without_user_code_in_it_a_failure_keeps_every_frame_to_be_reported():
      "resolved. Did you mean one of the following? [`city`, `amount`]. SQLSTATE: 42703;\n'Project ['cty]\n"
      "+- LogicalRDD [city#0, amount#1L], false\n",
      "[UNRESOLVED_COLUMN.WITH_SUGGESTION] A column, variable, or function parameter with name `cty` cannot be "
-     "resolved. Did you mean one of the following? [`city`, `amount`]. SQLSTATE: 42703;"),
+     "resolved. Did you mean one of the following? [`city`, `amount`]. SQLSTATE: 42703"),
     ("\n  An exception was thrown from the Python worker. Please see the stack trace below.\n"
      "Traceback (most recent call last):\n  File \"<stdin>\", line 1, in f\n    return x['q']\n"
      "KeyError: 'q'\n", "KeyError: 'q'"),
