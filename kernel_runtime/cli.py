@@ -138,7 +138,8 @@ def run(detached, savepoint, cluster_dir, script, args) -> None:
     try:
         runpy.run_path(str(script), run_name="__main__")
     except (JobExecutionError, JobCancelledError, RpcError) as exc:
-        raise click.ClickException(str(exc)) from None
+        # a failed job: its cause, then the user's traceback (no client frames)
+        raise click.ClickException(exc.failure if isinstance(exc, JobExecutionError) else str(exc)) from None
 
 
 @main.command("list")

@@ -18,6 +18,7 @@ import pandas as pd
 import pyarrow as pa
 import zmq
 
+from cluster.failures import Failure
 from cluster.graph.execution_graph import JobState
 from cluster.graph.job_graph import MAX_SIZE_KEY, JobGraph
 from cluster.protocol import messages as m
@@ -25,6 +26,7 @@ from cluster.protocol.codec import Codec
 from cluster.protocol.endpoint import RpcClient, bound_address, make_socket
 from cluster.protocol.serde import ipc_to_table
 
+from .cells import with_notebook_cells
 from .events import ClusterEvents, JobView, JobWatch
 from .local_cluster import ClusterInfo
 from .results import KEEP_ALL, ResultBuffer, ResultMode
@@ -35,11 +37,22 @@ HOOKS_EVERY_S = 1.0  # a wait without news still runs its hooks this often
 
 
 class JobExecutionError(RuntimeError):
-    """The job failed; the message carries the cause with the user's traceback."""
+    """The job failed. The message is the root cause in one line (cluster.failures): the user's
+    exception, the operator and the place; ``failure`` is the whole account, ``traceback`` the
+    user's traceback. Python prints them below the message (a note); a notebook shows them
+    without the client's own frames (``_render_traceback_``)."""
 
     def __init__(self, job_id: str, name: str, failure: str):
-        super().__init__(f"Job '{name}' ({job_id}) failed.\n{failure}")
-        self.job_id, self.failure = job_id, failure
+        cause = Failure.parse(failure)
+        super().__init__(cause.headline)
+        self.job_id, self.name, self.failure, self.traceback = job_id, name, failure, cause.traceback
+        self.add_note("\n".join((f"Job '{name}' ({job_id}) failed.", *cause.notes)))
+        if cause.traceback:
+            self.add_note(f"\nThe user code's traceback, on the TaskManager:\n{cause.traceback}")
+
+    def _render_traceback_(self) -> list[str]:
+        red, reset = "\x1b[0;31m", "\x1b[0m"
+        return [f"{red}{type(self).__name__}{reset}: {self}", *getattr(self, "__notes__", [])]
 
 
 class JobCancelledError(RuntimeError):
@@ -419,6 +432,7 @@ class JobClient:
         as ``result_mode`` says (by default all of them, as the stream is: every row of an append
         stream, the table per key of an upsert stream, what a script waiting for a bounded job wants).
         A graph over pipeline.jobgraph.max-size is refused here (JobGraphTooLarge), before anything is sent."""
+        job_graph = with_notebook_cells(job_graph)
         job_graph.check_size(self.max_job_graph_bytes)
         sinks = {o.name: o.uid for v in job_graph.vertices for o in v.operators if o.kind == "collect-sink"}
         parallelism = {o.uid: v.parallelism for v in job_graph.vertices for o in v.operators}

@@ -6,13 +6,13 @@ through the JobClient, return the JobHandle (whose display is the live dashboard
 of 127.0.0.1 and stopped when the kernel exits.
 
 Errors are reported where the user made them: a cell body's traceback starts at the cell, and
-the API's "file:line" call sites read "cell line N" (line 1 is the ``%%stream`` line).
+the API's "file:line" call sites read "In [5], line 3" (line 1 is the ``%%stream`` line), as
+do the places of a job's failures (kernel_runtime.cells).
 """
 from __future__ import annotations
 
 import atexit
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -30,6 +30,7 @@ from cluster.protocol.endpoint import RpcError
 
 from . import processes
 from .api import StreamEnvironment
+from .cells import CellSites, running_cell
 from .client import JobClient, JobHandle
 from .local_cluster import ClusterInfo, ClusterNotRunning, LocalCluster, default_cluster_dir
 from .magic_args import ClusterAddress, parse_cluster_args, parse_stream_args, stream, stream_cluster
@@ -51,28 +52,8 @@ class StreamCellError(Exception):
         return self.traceback_lines or [str(self)]
 
 
-def _expected(exc: BaseException, cell_sites: "CellSites") -> StreamCellError:
+def _expected(exc: BaseException, cell_sites: CellSites) -> StreamCellError:
     return StreamCellError(f"{type(exc).__name__}: {cell_sites.rewrite(str(exc))}")
-
-
-class CellSites:
-    """Turns the call sites the API records ("3141592653.py:4") into cell positions."""
-
-    def __init__(self, shell, current: Optional[str] = None):
-        self.current = current
-        names = getattr(shell.compile, "_filename_map", {})  # IPython's cell file -> execution count
-        self.cells = {os.path.basename(f): n for f, n in names.items()}
-
-    def rewrite(self, text: str) -> str:
-        def replace(match: re.Match) -> str:
-            name, line = match.group(1), match.group(2)
-            if self.current is not None and name == os.path.basename(self.current):
-                return f"cell line {line}"
-            return f"cell In[{self.cells[name]}] line {line}"
-        if not self.cells:
-            return text
-        names = "|".join(re.escape(n) for n in sorted(self.cells, key=len, reverse=True))
-        return re.sub(rf"({names}):(\d+)", replace, text)
 
 
 class StreamSession:
@@ -211,9 +192,9 @@ class StreamMagics(Magics):
             env = StreamEnvironment(parallelism=args.parallelism, config=args.job_config())
         except GraphValidationError as exc:
             raise _expected(exc, sites) from None
-        filename = self._run_body(line, cell, env)
-        sites = CellSites(self.ipython, filename)
-        name = args.name or f"cell {self.ipython.execution_count}"
+        self._run_body(line, cell, env)
+        sites = CellSites(self.ipython)
+        name = args.name or f"cell {running_cell(self.ipython)}"
         try:
             graph = env.get_job_graph(name)
             result_mode = ResultMode(args.mode, args.max_rows)
@@ -235,12 +216,12 @@ class StreamMagics(Magics):
         shell = self.ipython
         # a blank first line stands for the %%stream line, so line numbers are the cell's own
         source = "\n" + shell.transform_cell(cell)
-        filename = shell.compile.cache(source, shell.execution_count, raw_code=f"%%stream {line}\n{cell}")
-        sites = CellSites(shell, filename)
+        filename = shell.compile.cache(source, running_cell(shell), raw_code=f"%%stream {line}\n{cell}")
+        sites = CellSites(shell)
         try:
             code = compile(source, filename, "exec", dont_inherit=True)
         except SyntaxError as exc:
-            raise StreamCellError(f"SyntaxError: {exc.msg} (cell line {exc.lineno})") from None
+            raise StreamCellError(f"SyntaxError: {exc.msg} ({sites.name(filename)}, line {exc.lineno})") from None
         shell.user_ns["env"] = env
         try:
             exec(code, shell.user_ns)

@@ -47,6 +47,7 @@ class TaskDeploymentDescriptor:
     result_address: Optional[str] = None
     # the checkpoint to start from: {"checkpoint_id", "directory", "operators": {uid: [handles]}}
     restore: Optional[dict] = None
+    cells: dict = field(default_factory=dict)  # the job graph's notebook cells (cluster.failures)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -63,5 +64,5 @@ class TaskDeploymentDescriptor:
                                       [tuple(c) for c in o["channels"]], o.get("side_output"))
                      for o in d["outputs"]],
             job_config=d.get("job_config", {}), result_address=d.get("result_address"),
-            restore=d.get("restore"),
+            restore=d.get("restore"), cells=d.get("cells", {}),
         )

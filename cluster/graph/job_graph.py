@@ -100,6 +100,9 @@ class JobGraph:
     vertices: list[JobVertex]
     edges: list[JobEdge]
     config: dict = field(default_factory=dict)
+    # notebook cells the job's code comes from, by the base name IPython compiled them to:
+    # {"name": "In [5]", "source": ...}, so failures name "In [5], line 3" (cluster.failures)
+    cells: dict[str, dict[str, str]] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ lookups
     def vertex(self, vertex_id: str) -> JobVertex:
@@ -203,11 +206,13 @@ class JobGraph:
             "config.yaml")
 
     def drop_user_code(self) -> None:
-        """Forget the pickled functions and parameters of every operator, keeping names, kinds,
-        call sites and the shape: what an ended job's views need. Done in place, because the
-        vertices are shared with the execution graph's executions and the scheduler."""
+        """Forget the pickled functions and parameters of every operator and the code of the
+        notebook cells, keeping names, kinds, call sites and the shape: what an ended job's views
+        need. Done in place, because the vertices are shared with the execution graph's
+        executions and the scheduler."""
         for v in self.vertices:
             v.operators[:] = [replace(o, udf=None, params={}) for o in v.operators]
+        self.cells.clear()
 
     # ------------------------------------------------------------------ wire form
     def to_dict(self) -> dict:
@@ -240,6 +245,8 @@ class JobGraph:
                     for e in data["edges"]
                 ],
                 config=_dict(data.get("config", {})),
+                cells={_str(name): {"name": _str(cell["name"]), "source": _str(cell["source"])}
+                       for name, cell in _dict(data.get("cells", {})).items()},
             )
         except (KeyError, TypeError, AttributeError) as exc:
             raise GraphValidationError(f"malformed job graph: {type(exc).__name__}: {exc}") from None

@@ -214,7 +214,7 @@ class JobMaster:
         return TaskDeploymentDescriptor(
             job_id=self.job_id, job_name=g.name, attempt=attempt, execution_id=execution.execution_id,
             allocation_id=alloc.allocation_id, vertex=vertex, subtask=sub, inputs=inputs, outputs=outputs,
-            job_config=job_config, result_address=self.result_address, restore=i.restore)
+            job_config=job_config, result_address=self.result_address, restore=i.restore, cells=g.cells)
 
     def _cancel_task(self, i: s.CancelTask) -> None:
         gateway = self.rm.task_executor_gateway(i.task_manager_id)

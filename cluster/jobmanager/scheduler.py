@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from cluster import failures
 from cluster.checkpoint.coordinator import (CheckpointCoordinator, CheckpointKind, CompletedCheckpoint,
                                             PendingCheckpoint)
 from cluster.checkpoint.storage import CheckpointStorage
@@ -578,8 +579,7 @@ class DefaultScheduler:
         if execution.state != ExecutionState.FAILED:
             self.graph.update_execution(execution.execution_id, ExecutionState.FAILED, error)
         if self.state in (JobState.RUNNING, JobState.CREATED):
-            self.graph.failure = (f"Task '{execution.name}' failed on TaskManager "
-                                  f"{execution.task_manager_id}:\n{error}")
+            self.graph.failure = failures.task_failed(error, execution.name, execution.task_manager_id)
             self.graph.transition(JobState.FAILING, self.now())
             self.emit(CancelTimer(SLOT_REQUEST_TIMER))
             self.checkpointing.on_stopped("the job is failing")
@@ -608,8 +608,8 @@ class DefaultScheduler:
             self.emit(ReleaseSlots())
             delay = self.restart_strategy.next_delay_ms()
             if delay is None:
-                self.graph.failure = f"{self.graph.failure}\n\nThe job was not restarted: " \
-                                     f"{self.restart_strategy.describe()}."
+                self.graph.failure = failures.add_note(
+                    self.graph.failure or "", f"The job was not restarted: {self.restart_strategy.describe()}.")
                 self._terminate(JobState.FAILED)
                 return
             self.graph.transition(JobState.RESTARTING, self.now())

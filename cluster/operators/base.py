@@ -14,6 +14,7 @@ import cloudpickle
 import pyarrow as pa
 
 from cluster.conf import TaskConfig
+from cluster.failures import UserFunctionError as UserFunctionError  # where operators have always found it
 from cluster.graph.job_graph import OperatorSpec
 from cluster.graph.operator_kinds import operator_kind
 
@@ -31,10 +32,6 @@ class OperatorSnapshot:
 
 class TaskCancelled(Exception):
     """Raised inside a task thread when its task was cancelled; not a failure."""
-
-
-class UserFunctionError(Exception):
-    """A user's function raised or returned the wrong thing; the message names the operator."""
 
 
 @dataclass
@@ -126,8 +123,8 @@ class Operator:
         except TaskCancelled:
             raise
         except Exception as exc:
-            raise UserFunctionError(
-                f"{self.spec.where()} raised {type(exc).__name__}: {exc}") from exc
+            raise UserFunctionError(f"{self.spec.where()} raised {type(exc).__name__}: {exc}",
+                                    self.spec.name, self.spec.call_site) from exc
 
 
 class SourceOperator(Operator):

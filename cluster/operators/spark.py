@@ -168,7 +168,7 @@ class SparkChain(Operator, kind="spark"):
                 raise
             except Exception as exc:
                 raise UserFunctionError(f"{spec.where()} failed in Spark: {type(exc).__name__}: "
-                                        f"{_first_line(exc)}") from exc
+                                        f"{_first_line(exc)}", spec.name, spec.call_site) from exc
             if not self._outputs_checked:
                 self._check_consumers(spec, columns)
         self._outputs_checked = True
@@ -192,7 +192,7 @@ class SparkChain(Operator, kind="spark"):
         except Exception as exc:
             names = ", ".join(s.name for s, _ in self.steps)
             raise UserFunctionError(f"operator chain [{names}] ({self.spec.call_site}) failed in Spark: "
-                                    f"{type(exc).__name__}: {_first_line(exc)}") from exc
+                                    f"{type(exc).__name__}: {_first_line(exc)}", names, self.spec.call_site) from exc
         self.batches += 1
         self.spark_jobs = len(self.session.sparkContext.statusTracker().getJobIdsForGroup(self.group))
         return [out]

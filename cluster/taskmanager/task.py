@@ -26,6 +26,7 @@ from typing import Callable, NamedTuple, Optional, Protocol
 import numpy as np
 import pyarrow as pa
 
+from cluster import failures
 from cluster.checkpoint.barriers import Barrier, BarrierAligner
 from cluster.checkpoint.coordinator import CheckpointKind
 from cluster.conf import TaskConfig
@@ -416,10 +417,13 @@ class Task:
             sender.close()
 
     def _describe_failure(self, exc: Exception) -> str:
-        text = "".join(traceback.format_exception(exc))
-        if isinstance(exc, UserFunctionError):
-            return f"{exc}\n{text}"
-        return text
+        # the TaskManager's log keeps every frame; the job's failure shows the user's only
+        log.info("%s failed", self.name, exc_info=exc)
+        try:
+            return failures.describe(exc, self.tdd.cells)
+        except Exception:  # a failure must be reported even if describing it fails
+            log.exception("%s: describing its failure failed", self.name)
+            return "".join(traceback.format_exception(exc))
 
     def _set_detail(self, detail: str) -> None:
         self.detail = detail

@@ -1,17 +1,45 @@
-"""The dashboard's header: the job, its state, how long it runs, why it waits or how it failed."""
+"""The dashboard's header: the job, its state, how long it runs, why it waits or how it failed.
+
+A failing, failed or restarting job's header names the root cause in one line (cluster.failures:
+the user's exception, the operator, the cell line); below it, smaller, which task failed and
+whether the job restarts, and the user's traceback one click away (a <details>). The cause has a
+widget of its own, written only when the cause changes, so an opened traceback stays open while
+the header's clock goes on.
+"""
 from __future__ import annotations
 
-from .base import FONT, HTMLComponent, Update, esc, state_color
+import ipywidgets as widgets
+
+from cluster.failures import Failure
+
+from .base import FONT, Component, Update, esc, state_color
+
+# the states whose header shows the job's failure: afterwards (a restarted job RUNNING again)
+# it is history, not the job's state
+FAILURE_STATES = ("FAILING", "FAILED", "RESTARTING")
+CAUSE_COLOR = "#a50f15"
 
 
-class StatusView(HTMLComponent):
-    css_class = "streamlab-status"
-
+class StatusView(Component):
     def __init__(self, name: str, job_id: str):
-        super().__init__()
         self.name, self.job_id = name, job_id
+        self.header = widgets.HTML()
+        self.header.add_class("streamlab-status")
+        self.cause = widgets.HTML()
+        self.cause.add_class("streamlab-failure")
+        self.root = widgets.VBox([self.header, self.cause])
 
-    def render(self, update: Update) -> str:
+    def synced(self) -> list[widgets.Widget]:
+        return [self.header, self.cause]
+
+    def update(self, update: Update) -> None:
+        header, cause = self.render(update)
+        for widget, text in ((self.header, header), (self.cause, cause)):
+            if text != widget.value:
+                widget.value = text
+
+    def render(self, update: Update) -> tuple[str, str]:
+        """(the header's HTML, the failure's notes and traceback as HTML, "" when none)."""
         snapshot = update.snapshot
         details = snapshot.details
         state = snapshot.state or "UNKNOWN"
@@ -23,10 +51,21 @@ class StatusView(HTMLComponent):
         if details.get("attempt"):
             parts.append(f'<span class="streamlab-attempt" data-attempt="{int(details["attempt"])}">'
                          f'attempt {int(details["attempt"])}</span>')
-        note = snapshot.error or details.get("status-reason") or ""
-        failure = details.get("failure-cause")
-        if failure:
-            note = failure.strip().splitlines()[-1]
+        failure = Failure.parse(details["failure-cause"]) \
+            if details.get("failure-cause") and state in FAILURE_STATES else None
+        note = failure.headline if failure else snapshot.error or details.get("status-reason") or ""
         if note:
-            parts.append(f'<span style="color:#a50f15">{esc(note)}</span>')
-        return f'<div style="{FONT}">{" &middot; ".join(parts)}</div>'
+            parts.append(f'<span class="streamlab-cause" style="color:{CAUSE_COLOR}">{esc(note)}</span>')
+        header = f'<div style="{FONT}">{" &middot; ".join(parts)}</div>'
+        return header, self._cause(failure) if failure else ""
+
+    @staticmethod
+    def _cause(failure: Failure) -> str:
+        small = f"{FONT};font-size:11px;color:#555"
+        notes = "".join(f"<div>{esc(n)}</div>" for n in failure.notes)
+        trace = ""
+        if failure.traceback:
+            trace = (f'<details class="streamlab-traceback"><summary style="cursor:pointer">Traceback of the '
+                     f'user code</summary><pre style="font-size:11px;white-space:pre-wrap;margin:2px 0 0 12px">'
+                     f'{esc(failure.traceback)}</pre></details>')
+        return f'<div style="{small}">{notes}{trace}</div>'

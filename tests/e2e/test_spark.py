@@ -1,6 +1,7 @@
 """Spark operators on a real 2-TaskManager cluster, compared with the same query as a Spark batch job."""
 from __future__ import annotations
 
+import re
 import time
 
 import pandas as pd
@@ -108,8 +109,10 @@ def test_schema_error_fails_before_the_first_batch_naming_the_operator(cluster, 
     handle = env.execute_async("schema error", client=client)
     with pytest.raises(JobExecutionError) as info:
         handle.wait(120)
-    text = str(info.value)
-    assert "operator 'typo' (test_spark.py:" in text and "UNRESOLVED_COLUMN" in text and "`amout`" in text
+    text = str(info.value)  # one line: Spark's first, the operator and its line
+    assert text.startswith("AnalysisException: [UNRESOLVED_COLUMN.WITH_SUGGESTION]") and "`amout`" in text
+    assert re.search(r"Did you mean .*`amount`.*, in operator 'typo' \(test_spark.py:\d+\)$", text), text
+    assert "File " not in info.value.traceback  # no frame of PySpark, Py4J or streamlab: only Spark's message
     # the plan was analysed at deployment: no batch was read
     assert all(s["metrics"].get("records-in", 0) == 0 for s in client.job_details(handle.job_id)["subtasks"])
 
@@ -117,7 +120,8 @@ def test_schema_error_fails_before_the_first_batch_naming_the_operator(cluster, 
 def test_a_spark_function_that_returns_something_else_is_named(cluster, client):
     env = StreamEnvironment(parallelism=1, cluster=cluster.cluster_dir)
     env.from_generator(count=10).spark(lambda df: df.toPandas(), name="to pandas").collect()
-    with pytest.raises(JobExecutionError, match=r"operator 'to pandas' .*must return a Spark DataFrame"):
+    with pytest.raises(JobExecutionError, match=r"^TypeError: the function must return a Spark DataFrame, got "
+                                                r"DataFrame, in operator 'to pandas' \(test_spark.py:\d+\)$"):
         env.execute_async("bad spark fn", client=client).wait(120)
 
 

@@ -57,7 +57,7 @@ def test_the_views_follow_the_job(dashboard):
     busy = int(re.findall(r">(\d+)%<", step)[0])
     assert busy >= 50, step  # the slow step is busy, its source waits for credit
 
-    assert 'data-state="RUNNING"' in board.status.root.value
+    assert 'data-state="RUNNING"' in board.status.header.value
     assert re.search(r"Slots: 1 of 4 held by this job", board.slots.root.value)
     assert board.slots.root.value.count('data-state="busy"') == 1  # slot sharing: one slot holds all three
     graph = board.graph.root.value

@@ -79,7 +79,9 @@ def test_a_pipeline_mistake_points_at_the_cell_line_without_a_traceback(shell):
                              "events = env.from_generator(count=10)\n"
                              "\n"
                              "events.map_batches(lambda df: df, parallelism=0).collect()\n")
-    assert "GraphValidationError: operator 'map_batches' (cell line 4): parallelism must be a positive integer" in out
+    cell = shell.execution_count  # run() does not count the cell in the history
+    assert f"GraphValidationError: operator 'map_batches' (In [{cell}], line 4): parallelism must be a positive " \
+           "integer" in out
     assert "Traceback" not in out and "magic.py" not in out
     assert type(result.error_in_exec).__name__ == "StreamCellError"
 
@@ -89,7 +91,7 @@ def test_a_mistake_in_a_function_of_an_earlier_cell_names_that_cell(shell):
                    "    return stream.map_batches(print, parallelism=-1)\n", store_history=True)
     earlier = shell.execution_count - 1
     _, out = run(shell, "%%stream\nadd_slow_step(env.from_generator(count=10)).collect()\n")
-    assert f"operator 'map_batches' (cell In[{earlier}] line 2): parallelism must be a positive integer" in out
+    assert f"operator 'map_batches' (In [{earlier}], line 2): parallelism must be a positive integer" in out
 
 
 def test_a_pipeline_without_sink_is_reported(shell):
@@ -109,7 +111,7 @@ def test_an_exception_in_the_body_shows_the_traceback_from_the_cell_on(shell):
 
 def test_a_syntax_error_names_the_cell_line(shell):
     _, out = run(shell, "%%stream\nx = 1\nenv.from_generator(count=10).collect(\n")
-    assert "SyntaxError: '(' was never closed (cell line 3)" in out
+    assert f"SyntaxError: '(' was never closed (In [{shell.execution_count}], line 3)" in out
 
 
 def test_the_body_runs_in_the_user_namespace_with_a_fresh_env(shell):

@@ -1,0 +1,40 @@
+"""The dashboard header of a failing, restarting and failed job: the root cause in one line, the
+rest (notes, the user's traceback behind a <details>) in a widget that changes only with it."""
+from cluster import failures
+from kernel_runtime.widgets.base import Update
+from kernel_runtime.widgets.feed import Snapshot
+from kernel_runtime.widgets.status import StatusView
+
+CAUSE = failures.task_failed("KeyError: 'nope', in operator 'enrich' (In [5], line 4)\n\nTraceback (most recent call "
+                             "last):\n  In [5], line 4, in enrich\n    return df['nope']\nKeyError: 'nope'",
+                             "enrich (1/1)", "tm-1")
+
+
+def shown(view: StatusView, state: str, duration: int, failure=CAUSE, reason=None) -> tuple[str, str]:
+    details = {"state": state, "duration": duration, "failure-cause": failure, "status-reason": reason}
+    view.update(Update(Snapshot(0.0, details, {}), [], 0.0))
+    return view.header.value, view.cause.value
+
+
+def test_a_restarting_job_shows_the_cause_of_the_restart_and_keeps_its_traceback_widget():
+    view = StatusView("job", "j1")
+    header, cause = shown(view, "RESTARTING", 1200, reason="restarting in 1000 ms (restart 1)")
+    assert "KeyError: &#x27;nope&#x27;, in operator &#x27;enrich&#x27; (In [5], line 4)" in header
+    assert "Task &#x27;enrich (1/1)&#x27; failed on TaskManager tm-1." in cause
+    assert '<details class="streamlab-traceback">' in cause and "open" not in cause
+    # the clock goes on: the header changes, the cause (maybe opened by the user) is not rewritten
+    shown(view, "RESTARTING", 1700)
+    assert view.header.value != header and view.cause.value is cause
+
+
+def test_after_the_restart_the_cause_is_history_and_a_failed_job_shows_the_last_one():
+    view = StatusView("job", "j1")
+    header, cause = shown(view, "RUNNING", 3000, reason=None)
+    assert "KeyError" not in header and cause == ""
+    failed = failures.add_note(CAUSE, "The job was not restarted: restart-strategy.type is none.")
+    header, cause = shown(view, "FAILED", 3100, failure=failed)
+    assert "(In [5], line 4)" in header and "not restarted" not in header
+    assert "The job was not restarted: restart-strategy.type is none." in cause
+    # a failure without a traceback (a lost TaskManager) has no <details>
+    _, cause = shown(view, "FAILED", 3100, failure="TaskManager tm-1 lost: no heartbeat for 2000 ms")
+    assert "<details" not in cause
