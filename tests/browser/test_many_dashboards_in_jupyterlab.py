@@ -33,8 +33,19 @@ CELLS = [
     "    display(board)",
     "import time\ntime.sleep(3)",
     "%stream_cluster status",
+    "job.cancel()",
 ]
-BOARDS_CELL, SLEEP_CELL, STATUS_CELL = 2, 3, 4
+BOARDS_CELL, SLEEP_CELL, STATUS_CELL, CANCEL_CELL = 2, 3, 4, 5
+
+# After the cancel: the first dashboard's state, and its slots and job graph views (side by side
+# when there is room) each a column of its own, their headings apart.
+HEADINGS = """(index) => {
+  const board = document.querySelectorAll('.jp-Notebook .jp-CodeCell')[index].querySelector('.streamlab-dashboard');
+  const box = (selector) => { const r = board.querySelector(selector).getBoundingClientRect();
+                              return {left: r.left, right: r.right, top: r.top, bottom: r.bottom}; };
+  return {state: board.querySelector('.streamlab-state').dataset.state,
+          slots: box('.streamlab-slots'), graph: box('.streamlab-graph')};
+}"""
 
 # The dashboards of the cell that shows them: each one's row count (from its result table) and
 # its header (the job's duration moves with every update).
@@ -120,6 +131,14 @@ def test_ten_live_dashboards_in_jupyterlab_leave_a_three_second_cell_under_four_
             page.evaluate("(index) => document.querySelectorAll('.jp-Notebook .jp-CodeCell')[index]"
                           ".scrollIntoView({block: 'start'})", BOARDS_CELL)
             page.screenshot(path=str(ARTIFACTS / "many-dashboards-in-jupyterlab.png"))
+            run_cell(page, CANCEL_CELL, 60)
+            deadline = time.monotonic() + 30
+            while (headings := page.evaluate(HEADINGS, BOARDS_CELL))["state"] != "CANCELED":
+                assert time.monotonic() < deadline, f"the dashboard did not show the cancel: {headings}"
+                time.sleep(0.5)
+            page.evaluate("(index) => document.querySelectorAll('.jp-Notebook .jp-CodeCell')[index]"
+                          ".scrollIntoView({block: 'start'})", BOARDS_CELL)
+            page.screenshot(path=str(ARTIFACTS / "many-dashboards-after-cancel.png"))
             cells = page.evaluate(CELLS_DONE)
         finally:
             browser.close()
@@ -132,4 +151,7 @@ def test_ten_live_dashboards_in_jupyterlab_leave_a_three_second_cell_under_four_
     assert "RUNNING" in status["text"], status["text"][:300]
     assert all(b["rows"] > a["rows"] for a, b in zip(boards, after)), "the dashboards stopped moving"
     assert cells["running"] == 0, cells
+    slots, graph = headings["slots"], headings["graph"]
+    assert graph["left"] >= slots["right"] or graph["top"] >= slots["bottom"], \
+        f"after the cancel the slots and the job graph overlap: {headings}"
     assert (ARTIFACTS / "many-dashboards-in-jupyterlab.png").exists()
