@@ -7,7 +7,8 @@ from typing import Optional
 
 import ipywidgets as widgets
 from bokeh.models import ColumnDataSource, Range1d
-from bokeh.models.annotations import BoxAnnotation  # bokeh.models' type stub does not list it
+# bokeh.models' type stub does not list these
+from bokeh.models.annotations import BoxAnnotation, Legend, LegendItem
 from bokeh.palettes import Category10_10
 from bokeh.plotting import figure
 from jupyter_bokeh import BokehModel
@@ -16,6 +17,7 @@ from .base import Component, Update, badge, esc, percent, table
 from .metrics import VertexStats
 
 ROLLOVER = 600  # points kept per chart: a few minutes at a few updates a second
+LEGEND_ROW_PX = 16  # the figure grows by a row of legend per two series
 
 
 class TimeSeries:
@@ -25,17 +27,19 @@ class TimeSeries:
         """series: (column, legend label, color index, dash)."""
         self.columns = [column for column, _, _, _ in series]
         self.source = ColumnDataSource({"t": [], **{c: [] for c in self.columns}})
-        fig = figure(title=title, width=400, height=200, tools="", toolbar_location=None,
-                     x_axis_label="seconds", y_axis_label=y_label, **figure_args)
+        # the legend goes below the plot area, never over the lines: two columns of labels
+        legend_rows = (len(series) + 1) // 2
+        fig = figure(title=title, width=400, height=200 + LEGEND_ROW_PX * legend_rows, tools="",
+                     toolbar_location=None, x_axis_label="seconds", y_axis_label=y_label, **figure_args)
+        items = []
         for column, label, color, dash in series:
-            fig.line("t", column, source=self.source, legend_label=label[:30], line_width=2,
-                     line_dash=dash, color=Category10_10[color % 10])
-        fig.legend.location = "top_left"
-        fig.legend.label_text_font_size = "9px"
-        fig.legend.background_fill_alpha = 0.6
-        fig.legend.spacing = 0
-        # bokeh's stub types padding by its descriptor (Property[...]); at runtime it takes the int
-        fig.legend.padding = 2  # type: ignore[assignment]
+            line = fig.line("t", column, source=self.source, line_width=2, line_dash=dash,
+                            color=Category10_10[color % 10])
+            # bokeh's stubs type a GlyphRenderer invariant in its glyph and padding by its descriptor
+            items.append(LegendItem(label=label[:30], renderers=[line]))  # type: ignore[list-item]
+        legend = Legend(items=items, ncols=2, label_text_font_size="9px", spacing=8, padding=2,  # type: ignore[arg-type]
+                        margin=0, border_line_alpha=0, label_height=12, glyph_height=12)
+        fig.add_layout(legend, "below")
         self.figure = fig
         self.widget = BokehModel(fig)
         self._last_t: Optional[float] = None

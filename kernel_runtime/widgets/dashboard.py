@@ -38,6 +38,10 @@ class Dashboard:
         self.components: list[Component] = [c for c in (
             self.status, self.progress, self.slots, self.graph, self.backpressure, self.throughput,
             self.checkpoints, self.results) if c is not None]
+        # each view of a row is a column of its own, however little it shows (after a cancel the
+        # slots and the graph are small): their headings never run together on one line
+        for view in (self.slots, self.graph):
+            view.root.layout = widgets.Layout(flex="1 1 420px", min_width="420px", margin="0 16px 0 0")
         row = lambda *children: widgets.HBox(list(children), layout=widgets.Layout(flex_flow="row wrap"))
         self.root = widgets.VBox([
             self.status.root, self.progress.root, row(self.slots.root, self.graph.root),

@@ -44,6 +44,6 @@ def test_ten_live_dashboards_leave_a_three_second_cell_at_three_seconds(kernel):
     elapsed = time.monotonic() - started
     assert elapsed < 4.0, f"a 3-second cell took {elapsed:.1f} s with ten dashboards open"
 
-    time.sleep(1.5)  # and they go on updating once the cell is done
-    after = kernel.evaluate("[b.updates for b in boards]")
-    assert all(a > b for a, b in zip(after, before)), (before, after)
+    # and they go on updating once the cell is done, each in its turn (ten share one budget)
+    wait_for(lambda: all(a > b for a, b in zip(kernel.evaluate("[b.updates for b in boards]"), before)), 15,
+             "every dashboard updated again")
