@@ -1,6 +1,8 @@
 """Spark operators on a real 2-TaskManager cluster, compared with the same query as a Spark batch job."""
 from __future__ import annotations
 
+import os
+import re
 import time
 
 import pandas as pd
@@ -143,8 +145,30 @@ def test_a_job_deployed_before_spark_is_ready_waits_and_says_so(tmp_path):
         while handle.status not in ("FINISHED", "FAILED"):
             reasons.add(handle.job_status().reason)
             time.sleep(0.05)
-        assert any(r and "waiting for the TaskManager's SparkSession to start" in r for r in reasons), reasons
+        assert any(r and re.match(r"starting Spark \(\d+ s\) \(TaskManager tm-", r) for r in reasons), reasons
         assert len(handle.wait(5).to_pandas()) == sum(1 for i in range(1_000) if i % 97 > 50)
     finally:
         client.close()
+        local.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_taskmanagers_start_spark_at_their_start_one_jvm_after_the_other(tmp_path):
+    from tests.conftest import start_cluster, wait_for
+    local = start_cluster(tmp_path / "fresh", taskmanagers=2, slots=1)  # the default: eager
+    try:
+        logs = [local.cluster_dir / "log" / f"taskmanager-{i}.log" for i in range(2)]
+        wait_for(lambda: all("SparkSession ready in" in p.read_text() for p in logs), 360,
+                 "both SparkSessions ready, no job submitted")
+
+        def at(path, message):
+            line = next(line for line in path.read_text().splitlines() if message in line)
+            return line[:23]  # the log line's timestamp, which sorts as text
+        ready = {p: at(p, "SparkSession ready in") for p in logs}
+        started = {p: at(p, "starting the SparkSession") for p in logs}
+        first, second = sorted(logs, key=ready.__getitem__)
+        if (os.cpu_count() or 1) < 4:  # one JVM start at a time per two cores
+            assert started[second] >= ready[first], f"the second JVM started before the first was ready: {started}, {ready}"
+    finally:
         local.stop()
