@@ -113,7 +113,7 @@ def run(when: str, cell: str) -> str:
                      f"(JVM starts: {', '.join(f'{s:.1f} s' for s in ready)}); ")
         started = time.monotonic()
         kernel.execute(cell)
-        reasons = []
+        reasons: list[str] = []
         while kernel.evaluate("orders.row_count()") == 0:
             reason = kernel.evaluate("orders.job_status().reason")
             if reason and (not reasons or reasons[-1] != reason):

@@ -88,7 +88,7 @@ class StreamSession:
         self.current: Optional[ClusterInfo] = None  # the cluster of the latest cell
         self._starting: Optional[threading.Thread] = None  # the start begun at %load_ext
         self._pending: Optional[LocalCluster] = None  # the cluster that thread is starting
-        self.untouched = False  # started in the background and no cell has used it yet
+        self.untouched = False  # started (or starting) in the background, and no cell has used it yet
         atexit.register(self.stop)
 
     # ------------------------------------------------------------------ the embedded cluster
@@ -98,13 +98,13 @@ class StreamSession:
         user would otherwise wait for at the first cell. ``start()`` waits for it."""
         if self.embedded is not None or self._starting is not None:
             return
+        self.untouched = True
         self._starting = threading.Thread(target=self._start_quietly, name="streamlab-cluster-start", daemon=True)
         self._starting.start()
 
     def _start_quietly(self) -> None:
         try:
             self._start(self.taskmanagers, self.slots)
-            self.untouched = True
         except BaseException:
             pass  # start() starts it again in the foreground, where its error reaches the user
 
