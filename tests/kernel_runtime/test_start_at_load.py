@@ -16,7 +16,7 @@ SESSION = "next(c for c in get_ipython().configurables if type(c).__name__ == 'S
 
 @pytest.fixture
 def kernel():
-    started = Kernel()
+    started = Kernel(spark_startup="eager")  # the default of a notebook
     yield started
     if started.manager.is_alive():
         started.shutdown()
