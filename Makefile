@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup system-deps quickstart lab test test-fast typecheck bench bench-dashboards cluster-start cluster-stop clean check-python check-java
+.PHONY: setup system-deps quickstart lab test test-fast typecheck bench bench-dashboards bench-first-spark-cell cluster-start cluster-stop clean check-python check-java
 
 setup: $(STAMP)
 
@@ -65,6 +65,9 @@ bench: setup
 
 bench-dashboards: setup
 	$(PY) bench/dashboards.py
+
+bench-first-spark-cell: setup
+	$(PY) bench/first_spark_cell.py
 
 cluster-start: setup
 	$(VENV)/bin/streamlab cluster start --taskmanagers 2 --slots 2

@@ -1,4 +1,4 @@
-"""Count events per user: a generator, a pandas transformation, a filter, key_by and a running count.
+"""Count events per user: a generator, a Spark SQL step (runs on the TaskManagers' SparkSessions), key_by and a running count.
 
     streamlab cluster start --taskmanagers 2 --slots 2
     streamlab run examples/keyed_count.py
@@ -16,8 +16,7 @@ def events(seq):
 env = StreamEnvironment.get_execution_environment(parallelism=2)
 (
     env.from_generator(events, count=100_000, batch_size=5_000, name="events")
-    .map_batches(lambda df: df.assign(amount=df.amount * 10), name="scale")
-    .filter(lambda df: df.amount > 0, name="non-zero")
+    .sql("SELECT user, amount * 10 AS amount, seq FROM input WHERE amount > 0", name="scale, non-zero")
     .key_by("user")
     .count(name="count per user")
     .collect(name="counts")

@@ -2,8 +2,9 @@
 
 Thin on purpose: parse the arguments (magic_args), run the cell body on a fresh ``env``, submit
 through the JobClient, return the JobHandle (whose display is the live dashboard). Without
-``--cluster`` a cell runs on this kernel's embedded cluster, started on first use on free ports
-of 127.0.0.1 and stopped when the kernel exits.
+``--cluster`` a cell runs on this kernel's embedded cluster, on free ports of 127.0.0.1, stopped
+when the kernel exits. It starts in the background at ``%load_ext`` (its TaskManagers start their
+SparkSessions at once), so the first cell finds it up and Spark warm or warming.
 
 Errors are reported where the user made them: a cell body's traceback starts at the cell, and
 the API's "file:line" call sites read "In [5], line 3" (line 1 is the ``%%stream`` line), as
@@ -17,12 +18,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import Optional
 
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
-from traitlets import Dict, Float, Int
+from traitlets import Bool, Dict, Float, Int
 
 from cluster.conf import OPTIONS, ConfigError
 from cluster.graph.job_graph import GraphValidationError
@@ -57,18 +59,52 @@ def _expected(exc: BaseException, cell_sites: CellSites) -> StreamCellError:
 
 
 class StreamSession:
-    """This kernel's clusters: the embedded one (started on first use, stopped at exit) and the
-    running clusters cells attached to with --cluster, each with one JobClient."""
+    """This kernel's clusters: the embedded one (started at %load_ext or on first use, stopped at
+    exit) and the running clusters cells attached to with --cluster, each with one JobClient."""
 
     def __init__(self, config: dict, taskmanagers: int, slots: int):
         self.config, self.taskmanagers, self.slots = config, taskmanagers, slots
         self.embedded: Optional[LocalCluster] = None
         self._clients: dict[str, JobClient] = {}  # cluster directory -> client
         self.current: Optional[ClusterInfo] = None  # the cluster of the latest cell
+        self._starting: Optional[threading.Thread] = None  # the start begun at %load_ext
+        self._pending: Optional[LocalCluster] = None  # the cluster that thread is starting
+        self.untouched = False  # started (or starting) in the background, and no cell has used it yet
         atexit.register(self.stop)
 
     # ------------------------------------------------------------------ the embedded cluster
+    def start_in_background(self) -> None:
+        """Start the embedded cluster without waiting (at %load_ext): a JobManager and
+        TaskManagers take seconds to start, their SparkSessions tens of seconds, all of which the
+        user would otherwise wait for at the first cell. ``start()`` waits for it."""
+        if self.embedded is not None or self._starting is not None:
+            return
+        self.untouched = True
+        self._starting = threading.Thread(target=self._start_quietly, name="streamlab-cluster-start", daemon=True)
+        self._starting.start()
+
+    def _start_quietly(self) -> None:
+        try:
+            self._start(self.taskmanagers, self.slots)
+        except BaseException:
+            pass  # start() starts it again in the foreground, where its error reaches the user
+
+    def wait_for_background_start(self, timeout: Optional[float] = None) -> None:
+        starting = self._starting
+        if starting is not None:
+            starting.join(timeout)
+            if not starting.is_alive():
+                self._starting = None
+
     def start(self, taskmanagers: Optional[int] = None, slots: Optional[int] = None) -> LocalCluster:
+        self.wait_for_background_start()
+        if self.untouched and ((taskmanagers or self.taskmanagers, slots or self.slots)
+                               != (self.taskmanagers, self.slots)):
+            self.stop()  # %stream_cluster start of another size, before any job ran on it
+        self.untouched = False
+        return self._start(taskmanagers, slots)
+
+    def _start(self, taskmanagers: Optional[int], slots: Optional[int]) -> LocalCluster:
         if self.embedded is not None:
             jobmanager = self.embedded.jobmanager
             if jobmanager is not None and jobmanager.poll() is None:
@@ -77,17 +113,27 @@ class StreamSession:
         directory = Path(tempfile.mkdtemp(prefix="streamlab-notebook-"))
         cluster = LocalCluster(directory, taskmanagers=taskmanagers or self.taskmanagers,
                                slots=slots or self.slots, config=self.config, embedded=True)
+        self._pending = cluster
         try:
             cluster.start()
         except BaseException:
             cluster.stop(timeout=4)
+            shutil.rmtree(directory, ignore_errors=True)
             raise
+        finally:
+            self._pending = None
         _start_watchdog(directory)
         self.embedded = cluster
         return cluster
 
     def stop(self) -> bool:
         """Stop the embedded cluster (quickly: a kernel restart waits for this)."""
+        if self._starting is not None:  # still starting in the background: end that start
+            pending = self._pending
+            if pending is not None:
+                pending.stop(timeout=4)  # its start() fails on this, at once
+            self.wait_for_background_start(timeout=30)
+        self.untouched = False
         cluster, self.embedded = self.embedded, None
         if cluster is None:
             return False
@@ -149,10 +195,11 @@ def _same_address(a: str, b: str) -> bool:
 
 def default_cluster_config() -> dict:
     """The embedded cluster's defaults: metrics reported more often than on a production
-    cluster, so the dashboard moves smoothly; Spark started by the first Spark task only, as
-    many notebooks never use it and each SparkSession costs a JVM and seconds of CPU."""
-    wanted = {"heartbeat.interval": "500 ms", "metrics.fetcher.update-interval": "500 ms",
-              "taskmanager.spark.startup": "lazy"}
+    cluster, so the dashboard moves smoothly. Spark starts with each TaskManager, as on any
+    cluster (taskmanager.spark.startup: eager): a notebook that runs Spark finds it warm, and
+    one that never does pays a JVM per TaskManager, started one after the other, in the background
+    (``%config StreamMagics.cluster_config = {"taskmanager.spark.startup": "lazy"}`` saves it)."""
+    wanted = {"heartbeat.interval": "500 ms", "metrics.fetcher.update-interval": "500 ms"}
     return {k: v for k, v in wanted.items() if k in OPTIONS}
 
 
@@ -165,6 +212,8 @@ class StreamMagics(Magics):
     poll_interval = Float(0.3, help="Seconds between a dashboard's last refreshes once its job ended (before, "
                                     "the job's events bring every update).").tag(config=True)
     display_rows = Int(10, help="Result rows the dashboard shows (the newest).").tag(config=True)
+    start_at_load = Bool(True, help="Start the embedded cluster in the background at %load_ext, so that the "
+                                    "first cell finds it (and Spark) up.").tag(config=True)
 
     def __init__(self, shell):
         super().__init__(shell)
@@ -178,9 +227,15 @@ class StreamMagics(Magics):
 
     @property
     def session(self) -> StreamSession:
+        config = default_cluster_config() | dict(self.cluster_config)
+        if self._session is not None and self._session.untouched and (
+                (self._session.config, self._session.taskmanagers, self._session.slots)
+                != (config, self.taskmanagers, self.slots)):
+            # %config after %load_ext, before any cell used the cluster started at load: honour it
+            self._session.stop()
+            self._session = None
         if self._session is None:
-            self._session = StreamSession(default_cluster_config() | dict(self.cluster_config),
-                                          self.taskmanagers, self.slots)
+            self._session = StreamSession(config, self.taskmanagers, self.slots)
         return self._session
 
     # ------------------------------------------------------------------ %%stream
@@ -242,8 +297,10 @@ class StreamMagics(Magics):
         session = self.session
         try:
             if args.action == "start":
+                session.wait_for_background_start()
                 cluster = session.embedded
-                if cluster is not None:
+                # one started at %load_ext is the cluster asked for (start() resizes it if need be)
+                if cluster is not None and not session.untouched:
                     print("The embedded cluster is already running (%stream_cluster stop, then start to resize it).")
                 else:
                     cluster = session.start(args.taskmanagers, args.slots)
@@ -251,10 +308,13 @@ class StreamMagics(Magics):
                 self._print_status(session.client())
             elif args.action == "stop":
                 print("Embedded cluster stopped." if session.stop() else "No embedded cluster is running.")
-            elif session.current is None:
-                print("No cluster yet: %stream_cluster start, or the first %%stream cell, starts one.")
             else:
-                self._print_status(session.client(str(session.current.cluster_dir)))
+                session.wait_for_background_start()
+                info = session.current or (session.embedded.info if session.embedded is not None else None)
+                if info is None:
+                    print("No cluster yet: %stream_cluster start, or the first %%stream cell, starts one.")
+                else:
+                    self._print_status(session.client(str(info.cluster_dir)))
         except EXPECTED_ERRORS as exc:
             raise StreamCellError(f"{type(exc).__name__}: {exc}") from None
 
@@ -281,6 +341,8 @@ def load_ipython_extension(shell) -> None:
     shell.configurables.append(magics)  # so %config StreamMagics.<option> = ... reaches it
     from .widgets import bokeh_resources
     bokeh_resources.display_loader()
+    if magics.start_at_load:
+        magics.session.start_in_background()
 
 
 def unload_ipython_extension(shell) -> None:

@@ -17,6 +17,7 @@ import os
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
 
 import cloudpickle
@@ -57,6 +58,9 @@ class SparkRunner:
 
     _instance: Optional["SparkRunner"] = None
     _lock = threading.Lock()
+    # The cluster's directory, set by the TaskManager: the TaskManagers of one machine start
+    # their JVMs a few at a time (see _start_slot). None: no coordination.
+    lock_dir: Optional[Path] = None
 
     def __init__(self, config: TaskConfig):
         self.config = config
@@ -64,6 +68,7 @@ class SparkRunner:
         self.error: Optional[str] = None
         self.session: Optional[SparkSession] = None
         self.started_at = time.monotonic()
+        self.queued = False  # waiting for another TaskManager's JVM start to end before starting its own
         self.startup_seconds: Optional[float] = None
         self._thread = threading.Thread(target=self._start, name="spark-start", daemon=True)
 
@@ -80,12 +85,20 @@ class SparkRunner:
     def running(cls) -> Optional["SparkRunner"]:
         return cls._instance
 
+    def status(self) -> str:
+        """What a task waiting for the session shows in its job's status."""
+        waited = f"starting Spark ({time.monotonic() - self.started_at:.0f} s"
+        return waited + (", after another TaskManager's)" if self.queued else ")")
+
     def _start(self) -> None:
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         # Python workers (UDFs) must run this interpreter, which has pandas and pyarrow.
         os.environ["PYSPARK_PYTHON"] = sys.executable
         os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+        slot = None
         try:
+            slot = self._start_slot()
+            log.info("starting the SparkSession")
             from pyspark.sql import SparkSession
             builder = SparkSession.builder
             for key, value in spark_conf(self.config).items():
@@ -99,12 +112,42 @@ class SparkRunner:
             self.error = f"the TaskManager's SparkSession failed to start: {type(exc).__name__}: {exc}"
             log.exception("SparkSession failed to start")
         finally:
+            if slot is not None:
+                slot.close()  # releases the lock
+            self.queued = False
             self.ready.set()
+
+    def _start_slot(self):
+        """A lock file of the cluster directory held while this JVM starts, one per two cores.
+
+        A JVM start is CPU-bound for seconds: two at once on 2 cores made both ready after
+        135 s where one alone took 50 s (a loaded machine; see bench/first_spark_cell.py), so
+        one after the other makes the first TaskManager ready soonest and the last no later.
+        The kernel drops the lock of a process that dies."""
+        if self.lock_dir is None:
+            return None
+        import fcntl
+        files = [open(self.lock_dir / f"spark-start-{i}.lock", "a")
+                 for i in range(max(1, (os.cpu_count() or 1) // 2))]
+        while True:
+            for f in files:
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue
+                for other in files:
+                    if other is not f:
+                        other.close()
+                return f
+            if not self.queued:
+                self.queued = True
+                log.info("another TaskManager's JVM is starting: this one starts after it")
+            time.sleep(0.1)
 
     def session_for_task(self, cancelled: threading.Event, waiting: Callable[[str], None]):
         if not self.ready.is_set():
-            waiting("waiting for the TaskManager's SparkSession to start")
             while not self.ready.wait(0.05):
+                waiting(self.status())  # the seconds count up in the dashboard's header
                 if cancelled.is_set():
                     raise TaskCancelled()
             waiting("")

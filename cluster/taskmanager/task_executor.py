@@ -61,8 +61,10 @@ def hardware_info() -> dict:
 
 class TaskExecutor:
     def __init__(self, conf: Configuration, secret: bytes, jobmanager_address: str,
-                 task_manager_id: Optional[str] = None):
+                 task_manager_id: Optional[str] = None, cluster_dir: Optional[Path] = None):
         self.conf = conf
+        if cluster_dir is not None:
+            SparkRunner.lock_dir = cluster_dir  # JVM starts of this machine's TaskManagers take turns
         self.task_manager_id = task_manager_id or f"tm-{uuid.uuid4().hex[:12]}"
         codec = Codec(secret)
         self.endpoint = RpcEndpoint(self.task_manager_id, codec)
@@ -333,7 +335,8 @@ def main(argv=None) -> None:
     conf = Configuration.from_file(args.cluster_dir / "config.yaml")
     configure_process_logging(args.log_file, conf)
     address = args.jobmanager or json.loads((args.cluster_dir / "jobmanager.json").read_text())["rpc"]
-    tm = TaskExecutor(conf, load_secret(args.cluster_dir / "secret"), address, args.id)
+    tm = TaskExecutor(conf, load_secret(args.cluster_dir / "secret"), address, args.id,
+                      cluster_dir=args.cluster_dir)
     tm.start()
     log.info("TaskManager %s with %d slots, data at %s", tm.task_manager_id, len(tm.slot_table),
              tm.network.data_address)

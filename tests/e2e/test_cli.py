@@ -30,6 +30,7 @@ def shell_env(tmp_path):
     sh(["cluster", "stop"], env, check=False)
 
 
+@pytest.mark.timeout(420)  # the quickstart's .sql step starts each TaskManager's SparkSession (lazy here)
 def test_cli_session(shell_env):
     # free ports, so a developer's own cluster on 6123/8081 is never disturbed
     out = sh(["cluster", "start", "--taskmanagers", "2", "--slots", "2", "-D", "jobmanager.rpc.port=0",
@@ -44,7 +45,7 @@ def test_cli_session(shell_env):
     with urllib.request.urlopen(overview, timeout=10) as resp:
         assert json.loads(resp.read())["slots-total"] == 4
 
-    run = sh(["run", "examples/keyed_count.py"], shell_env).stdout
+    run = sh(["run", "examples/keyed_count.py"], shell_env, timeout=300).stdout
     assert "Job has been submitted with JobID" in run and "keyed count: FINISHED" in run
     # the example's own table: every user's final count
     assert re.search(r"^\s*u0\s+8571$", run, re.M) and re.search(r"^\s*u9\s+8572$", run, re.M)

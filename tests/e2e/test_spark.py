@@ -1,6 +1,7 @@
 """Spark operators on a real 2-TaskManager cluster, compared with the same query as a Spark batch job."""
 from __future__ import annotations
 
+import os
 import re
 import time
 
@@ -148,8 +149,30 @@ def test_a_job_deployed_before_spark_is_ready_waits_and_says_so(tmp_path):
         while handle.status not in ("FINISHED", "FAILED"):
             reasons.add(handle.job_status().reason)
             time.sleep(0.05)
-        assert any(r and "waiting for the TaskManager's SparkSession to start" in r for r in reasons), reasons
+        assert any(r and re.match(r"starting Spark \(\d+ s\) \(TaskManager tm-", r) for r in reasons), reasons
         assert len(handle.wait(5).to_pandas()) == sum(1 for i in range(1_000) if i % 97 > 50)
     finally:
         client.close()
+        local.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_taskmanagers_start_spark_at_their_start_one_jvm_after_the_other(tmp_path):
+    from tests.conftest import start_cluster, wait_for
+    local = start_cluster(tmp_path / "fresh", taskmanagers=2, slots=1)  # the default: eager
+    try:
+        logs = [local.cluster_dir / "log" / f"taskmanager-{i}.log" for i in range(2)]
+        first = wait_for(lambda: [p for p in logs if "SparkSession ready in" in p.read_text()], 360,
+                         "a SparkSession ready, no job submitted")[0]
+        second = next(p for p in logs if p != first)
+        wait_for(lambda: "starting the SparkSession" in second.read_text(), 30, "the other TaskManager's Spark start")
+
+        def at(path, message):
+            line = next(line for line in path.read_text().splitlines() if message in line)
+            return line[:23]  # the log line's timestamp, which sorts as text
+        if (os.cpu_count() or 1) < 4:  # one JVM start at a time per two cores
+            assert "another TaskManager's JVM is starting" in second.read_text()
+            assert at(second, "starting the SparkSession") >= at(first, "SparkSession ready in")
+    finally:
         local.stop()

@@ -7,6 +7,8 @@ from IPython.utils.capture import capture_output
 @pytest.fixture(scope="session")
 def shell():
     ip = start_ipython()
+    # these tests start the embedded cluster when they mean to (test_magic checks none is started)
+    ip.config.StreamMagics.start_at_load = False
     ip.run_line_magic("load_ext", "kernel_runtime")
     yield ip
     ip.run_line_magic("stream_cluster", "stop")

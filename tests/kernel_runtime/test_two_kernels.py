@@ -27,9 +27,12 @@ job.dashboard().feed.deliver = spy
 
 
 class Kernel:
-    def __init__(self):
+    def __init__(self, spark_startup: str = "lazy"):
         self.manager = KernelManager(kernel_name="python3")
-        self.manager.start_kernel(cwd=str(PROJECT_ROOT), env=dict(os.environ))
+        # lazy: these cells need no Spark, so no JVM per TaskManager loads the machine (a notebook's
+        # embedded cluster starts Spark eagerly, at %load_ext)
+        self.manager.start_kernel(cwd=str(PROJECT_ROOT), env=dict(os.environ), extra_arguments=[
+            f"--StreamMagics.cluster_config=taskmanager.spark.startup={spark_startup}"])
         self.client = self.manager.client()
         self.client.start_channels()
         self.cluster_dir = None
