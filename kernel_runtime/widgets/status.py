@@ -18,6 +18,7 @@ from .base import FONT, Component, Update, esc, state_color
 # it is history, not the job's state
 FAILURE_STATES = ("FAILING", "FAILED", "RESTARTING")
 CAUSE_COLOR = "#a50f15"
+REASON_COLOR = "#555"
 
 
 class StatusView(Component):
@@ -53,9 +54,12 @@ class StatusView(Component):
                          f'attempt {int(details["attempt"])}</span>')
         failure = Failure.parse(details["failure-cause"]) \
             if details.get("failure-cause") and state in FAILURE_STATES else None
-        note = failure.headline if failure else snapshot.error or details.get("status-reason") or ""
-        if note:
-            parts.append(f'<span class="streamlab-cause" style="color:{CAUSE_COLOR}">{esc(note)}</span>')
+        alarm = failure.headline if failure else snapshot.error
+        if alarm:
+            parts.append(f'<span class="streamlab-cause" style="color:{CAUSE_COLOR}">{esc(alarm)}</span>')
+        elif details.get("status-reason"):  # why it waits ("starting Spark (12 s)"): news, not trouble
+            parts.append(f'<span class="streamlab-reason" style="color:{REASON_COLOR}">'
+                         f'{esc(details["status-reason"])}</span>')
         header = f'<div style="{FONT}">{" &middot; ".join(parts)}</div>'
         return header, self._cause(failure) if failure else ""
 

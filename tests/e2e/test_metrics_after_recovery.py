@@ -104,9 +104,9 @@ def test_figures_after_a_taskmanager_loss_are_the_jobs_whole_and_add_up(own_clus
         # the dashboard says the same: the job's rows, its attempt, no stale failure
         def settled():
             return "40,000 of 40,000 rows" in board.progress.label.value and \
-                'data-state="FINISHED"' in board.status.root.value
+                'data-state="FINISHED"' in board.status.header.value
         wait_for(settled, 15, "the dashboard's final picture")
-        header = board.status.root.value
+        header = board.status.header.value
         assert 'data-attempt="2"' in header and "TaskManager" not in header and "#a50f15" not in header, header
         shown = float(re.search(r"([\d.]+) s", header).group(1))
         assert shown == pytest.approx(details["duration"] / 1000, abs=0.06), (shown, details["duration"])
