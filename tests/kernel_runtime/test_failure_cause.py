@@ -2,7 +2,6 @@
 shows the user's traceback without framework frames, and the dashboard header says the cause."""
 import pytest
 
-from kernel_runtime.local_cluster import stop_cluster
 
 from .test_two_kernels import Kernel
 
@@ -25,10 +24,7 @@ FRAMEWORK = ("cluster/", "kernel_runtime/", "task.py", "client.py", "threading",
 def kernel():
     started = Kernel()
     yield started
-    if started.manager.is_alive():
-        started.shutdown()
-    if started.cluster_dir is not None:
-        stop_cluster(started.cluster_dir)
+    started.close()
 
 
 def test_wait_raises_the_root_cause_in_one_line_naming_the_cell_line(kernel):

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from kernel_runtime.local_cluster import stop_cluster
 
 from ..conftest import wait_for
 from .test_two_kernels import CELL, Kernel
@@ -23,10 +22,7 @@ for board in boards:
 def kernel():
     started = Kernel()
     yield started
-    if started.manager.is_alive():
-        started.shutdown()
-    if started.cluster_dir is not None:
-        stop_cluster(started.cluster_dir)
+    started.close()
 
 
 def test_ten_live_dashboards_leave_a_three_second_cell_at_three_seconds(kernel):

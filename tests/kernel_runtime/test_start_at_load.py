@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from kernel_runtime import JobClient
-from kernel_runtime.local_cluster import ClusterInfo, stop_cluster
+from kernel_runtime.local_cluster import ClusterInfo
 
 from ..conftest import wait_for
 from .test_two_kernels import Kernel
@@ -18,10 +18,7 @@ SESSION = "next(c for c in get_ipython().configurables if type(c).__name__ == 'S
 def kernel():
     started = Kernel(spark_startup="eager")  # the default of a notebook
     yield started
-    if started.manager.is_alive():
-        started.shutdown()
-    if started.cluster_dir is not None:
-        stop_cluster(started.cluster_dir)
+    started.close()
 
 
 def test_load_ext_starts_the_embedded_cluster_in_the_background(kernel):

@@ -54,16 +54,20 @@ class Kernel:
         self.client.stop_channels()
         self.manager.shutdown_kernel(now=False)
 
+    def close(self) -> None:
+        """After a test: shut the kernel down, and stop its cluster if the kernel died without."""
+        if self.manager.is_alive():
+            self.shutdown()
+        if self.cluster_dir is not None:
+            stop_cluster(Path(self.cluster_dir))
+
 
 @pytest.fixture
 def kernels():
     started = [Kernel(), Kernel()]
     yield started
     for kernel in started:
-        if kernel.manager.is_alive():
-            kernel.shutdown()
-        if kernel.cluster_dir is not None:  # a kernel that died without stopping its cluster
-            stop_cluster(kernel.cluster_dir)
+        kernel.close()
 
 
 def test_two_kernels_each_run_a_job_on_their_own_embedded_cluster(kernels):
