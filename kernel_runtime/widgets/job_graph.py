@@ -82,5 +82,7 @@ class JobGraphView(HTMLComponent):
                 parts.append(f'<text x="{x + 6}" y="{y + PAD + (i + 1) * LINE_H - 3}" font-size="11" '
                              f'font-weight="{weight}">{esc(text[:34])}</text>')
             parts.append("</g>")
-        svg = f'<svg width="{width}" height="{height}" style="{FONT}">{"".join(parts)}</svg>'
+        # a wide graph scales down to its column rather than be cut off at the right edge
+        svg = (f'<svg viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
+               f'style="max-width:100%;height:auto;{FONT}">{"".join(parts)}</svg>')
         return f'{title("Job graph")}{svg}'

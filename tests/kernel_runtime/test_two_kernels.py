@@ -2,7 +2,6 @@
 cluster (free ports, never 6123/8081), both getting results; each cluster stops with its kernel."""
 import json
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -92,8 +91,8 @@ def test_two_kernels_each_run_a_job_on_their_own_embedded_cluster(kernels):
     kernel = kernels[0]
     kernel.execute(SPY)
     updates = kernel.evaluate("job.dashboard().updates")
-    time.sleep(1.5)
-    assert kernel.evaluate("job.dashboard().updates") > updates + 1
+    # (a dashboard applies at most one update per feed.PACE_S second)
+    wait_for(lambda: kernel.evaluate("job.dashboard().updates") >= updates + 2, 10, "two more dashboard updates")
     assert kernel.evaluate("threads") == {"MainThread"}
 
     pids = [json.loads((Path(d) / "cluster.json").read_text()) for d in (dir_a, dir_b)]
