@@ -20,7 +20,6 @@ Where nothing is known (a source without a schema), nothing is checked before th
 """
 from __future__ import annotations
 
-import difflib
 import re
 from typing import Any, Callable, Optional, Union
 
@@ -32,6 +31,7 @@ import pyarrow as pa
 from cluster.graph.chaining import StreamNode
 from cluster.graph.job_graph import GraphValidationError, OperatorSpec, ShipStrategy, missing_column
 from cluster.graph.operator_kinds import KINDS, Output
+from cluster.operators.records import parse_schema
 
 SAMPLE_ROWS = 16
 
@@ -137,10 +137,8 @@ def schema_type_names(value, where: str) -> Optional[dict[str, str]]:
 
 def declared_schema(params: dict) -> Optional[pa.Schema]:
     """The rows a source with a declared ``schema`` emits (and its ``id_field`` first, as text)."""
-    if not params.get("schema"):
-        return None
-    schema = pa.schema([(name, pa.type_for_alias(type_name)) for name, type_name in params["schema"].items()])
-    if params.get("id_field"):
+    schema = parse_schema(params.get("schema") or None, "the declared schema")  # as the source parses it
+    if schema is not None and params.get("id_field"):
         schema = schema.insert(0, pa.field(params["id_field"], pa.string()))
     return schema
 
@@ -204,11 +202,10 @@ def _merged(inputs: list[Optional[pa.Table]]) -> Optional[pa.Table]:
     """The sample of what an operator receives: known only if every input is."""
     if not inputs or any(t is None for t in inputs):
         return None
-    known = [t for t in inputs if t is not None]
-    if len(known) == 1:
-        return known[0]
+    if len(inputs) == 1:
+        return inputs[0]
     try:
-        return pa.concat_tables(known, promote_options="default")
+        return pa.concat_tables(inputs, promote_options="default")
     except (pa.ArrowInvalid, pa.ArrowTypeError):
         return None  # a union whose schemas do not merge fails at run time, saying so
 
