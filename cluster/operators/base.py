@@ -148,6 +148,12 @@ class SourceOperator(Operator):
                              f"this source cannot be rescaled to {self.ctx.parallelism}")
         self.restore_position(next(h["position"] for h in handles if h["subtask"] == self.ctx.subtask))
 
+    @staticmethod
+    def ends(params: dict) -> bool:
+        """Whether a source with these parameters ends; asked of the class by the client's
+        views too, which have the job graph's parameters and no operator."""
+        return True
+
     @property
     def is_bounded(self) -> bool:
-        return True
+        return self.ends(self.params)

@@ -118,9 +118,9 @@ class FileSource(SourceOperator, kind="file-source"):
         self._next_scan = 0.0
         self._discover()
 
-    @property
-    def is_bounded(self) -> bool:
-        return not self.watch
+    @staticmethod
+    def ends(params: dict) -> bool:
+        return not params.get("watch")
 
     def _owns(self, index: int, path: str) -> bool:
         p = self.ctx.parallelism

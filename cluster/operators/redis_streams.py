@@ -79,9 +79,9 @@ class RedisStreamSource(SourceOperator, kind="redis-stream-source"):
         self.read = {key: 0 for key in self.streams}
         self.end = {key: self._last_entry(key) for key in self.streams} if self.bounded else {}
 
-    @property
-    def is_bounded(self) -> bool:
-        return self.bounded or self.count is not None
+    @staticmethod
+    def ends(params: dict) -> bool:
+        return bool(params.get("bounded")) or params.get("count") is not None
 
     def _last_entry(self, key: str) -> str:
         newest = self.redis.xrevrange(key, count=1)

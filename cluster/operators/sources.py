@@ -59,9 +59,9 @@ class GeneratorSource(SourceOperator, kind="generator-source"):
         self.started = time.monotonic()
         self._skip_done()
 
-    @property
-    def is_bounded(self) -> bool:
-        return self.count is not None
+    @staticmethod
+    def ends(params: dict) -> bool:
+        return params.get("count") is not None
 
     # ------------------------------------------------------------------ splits
     def _split(self) -> int:

@@ -12,6 +12,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
+from cluster.operators import OPERATORS
+from cluster.operators.base import SourceOperator
 from cluster.protocol.metrics import backpressure_level as rest_backpressure_level
 
 PER_SECOND = {"busy": "busyTimeMsPerSecond", "backpressured": "backPressuredTimeMsPerSecond",
@@ -122,21 +124,16 @@ def shares(amounts: dict[str, float]) -> dict[str, float]:
     return {name: value / total for name, value in amounts.items()} if total > 0 else dict(NO_SHARES)
 
 
+def _ends(kind: str, params: dict) -> bool:
+    """Whether a source of this kind with these parameters ends, as its operator says."""
+    operator = OPERATORS[kind]
+    return issubclass(operator, SourceOperator) and operator.ends(params)
+
+
 class SourceProgress(NamedTuple):
     rows: int  # the rows the sources took in, for the job as a whole
     total: Optional[int]  # the rows they will take in all, if known
     bounded: bool  # every source ends (a count, files without watching, a bounded stream)
-
-
-def is_bounded_source(kind: str, params: dict) -> bool:
-    """Whether a source of this kind with these parameters ends (as its operator's is_bounded)."""
-    if kind == "generator-source":
-        return params.get("count") is not None
-    if kind == "file-source":
-        return not params.get("watch")
-    if kind == "redis-stream-source":
-        return bool(params.get("bounded")) or params.get("count") is not None
-    return False
 
 
 def source_progress(job_graph, stats: list[VertexStats]) -> Optional[SourceProgress]:
@@ -149,7 +146,7 @@ def source_progress(job_graph, stats: list[VertexStats]) -> Optional[SourceProgr
         return None
     sources = {v.id: v.operators[0] for v in job_graph.vertices if v.is_source}
     done = sum(s.records_in for s in stats if s.vertex_id in sources)
-    bounded = all(is_bounded_source(op.kind, op.params) for op in sources.values())
+    bounded = all(_ends(op.kind, op.params) for op in sources.values())
     counts: list[Optional[int]] = [op.params.get("count") if op.kind == "generator-source" else None
                                    for op in sources.values()]
     total = None if any(c is None for c in counts) else sum(c for c in counts if c is not None)
