@@ -26,11 +26,14 @@ class JobState(enum.StrEnum):
     # Not members: set after the class body (an assignment inside it would make a member).
     ALL: ClassVar[tuple[JobState, ...]]
     GLOBALLY_TERMINAL: ClassVar[tuple[JobState, ...]]
+    FAILURE: ClassVar[tuple[JobState, ...]]
 
 
 # Tuples rather than sets: views list the states in this order (REST "timestamps", "status-counts").
 JobState.ALL = tuple(JobState)
 JobState.GLOBALLY_TERMINAL = (JobState.FAILED, JobState.CANCELED, JobState.FINISHED)
+# the states a job's failure is the news of; afterwards (a recovered job running) it is history
+JobState.FAILURE = (JobState.FAILING, JobState.RESTARTING, JobState.FAILED)
 
 
 # Keyed by str: states also arrive as plain strings from the wire.
@@ -145,7 +148,7 @@ class ExecutionGraph:
         """The failure a job in ``state`` is in: while it fails, restarts or has failed. A job that
         recovered and runs or finished is not failing (the cause stays in ``failure``, the
         exception history)."""
-        return self.failure if state in (JobState.FAILING, JobState.RESTARTING, JobState.FAILED) else None
+        return self.failure if state in JobState.FAILURE else None
 
     @property
     def current_failure(self) -> Optional[str]:

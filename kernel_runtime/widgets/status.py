@@ -11,12 +11,10 @@ from __future__ import annotations
 import ipywidgets as widgets
 
 from cluster.failures import Failure
+from cluster.graph.execution_graph import JobState
 
 from .base import FONT, Component, Update, esc, state_color
 
-# the states whose header shows the job's failure: afterwards (a restarted job RUNNING again)
-# it is history, not the job's state
-FAILURE_STATES = ("FAILING", "FAILED", "RESTARTING")
 CAUSE_COLOR = "#a50f15"
 REASON_COLOR = "#555"
 
@@ -53,7 +51,7 @@ class StatusView(Component):
             parts.append(f'<span class="streamlab-attempt" data-attempt="{int(details["attempt"])}">'
                          f'attempt {int(details["attempt"])}</span>')
         failure = Failure.parse(details["failure-cause"]) \
-            if details.get("failure-cause") and state in FAILURE_STATES else None
+            if details.get("failure-cause") and state in JobState.FAILURE else None
         alarm = failure.headline if failure else snapshot.error
         if alarm:
             parts.append(f'<span class="streamlab-cause" style="color:{CAUSE_COLOR}">{esc(alarm)}</span>')
