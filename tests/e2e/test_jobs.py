@@ -34,7 +34,10 @@ def keyed_count_pipeline(env: StreamEnvironment) -> None:
 
 
 def test_keyed_pipeline_equals_pandas_as_a_table_and_as_a_changelog(cluster, client):
-    env = StreamEnvironment(parallelism=2, cluster=cluster.cluster_dir)
+    # batches of at most ~500 rows into the count (the default, 10,000, lets a count subtask take
+    # most of its ~8,000 rows in one call when they queue up): each user's ~2,100 rows, a quarter of
+    # every batch of its subtask, then always come in several calls, so several updates
+    env = StreamEnvironment(parallelism=2, cluster=cluster.cluster_dir, config={"execution.batch-size": 500})
     keyed_count_pipeline(env)
     handle = env.execute_async("keyed count", client=client)
     result = handle.wait(60)
