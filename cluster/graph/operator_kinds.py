@@ -78,6 +78,7 @@ KINDS: dict[str, OperatorKind] = declare([
     OperatorKind("print-sink", _SINK),
     OperatorKind("file-sink", _SINK, stateful=True),
     OperatorKind("redis-stream-sink", _SINK),
+    OperatorKind("discarding-sink", _SINK),
 ])
 
 

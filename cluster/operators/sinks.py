@@ -1,4 +1,5 @@
-"""Sinks: collect (Arrow batches to the client) and print (the TaskManager's stdout, as Flink's)."""
+"""Sinks: collect (Arrow batches to the client), print (the TaskManager's stdout, as Flink's) and
+discard (Flink's DiscardingSink, for benchmarks and for jobs run for their side effects)."""
 from __future__ import annotations
 
 import logging
@@ -55,4 +56,9 @@ class PrintSink(Operator, kind="print-sink"):
             text = table.to_pandas().to_string(index=False, header=False)
             sys.stdout.write("".join(prefix + line + "\n" for line in text.splitlines()))
             sys.stdout.flush()
+        return []
+
+
+class DiscardingSink(Operator, kind="discarding-sink"):
+    def process(self, table: pa.Table) -> list[pa.Table]:
         return []

@@ -23,7 +23,7 @@ from cluster.graph.job_graph import GraphValidationError
 from .datastream import call_site
 from .schema import SchemaLike, schema_type_names
 
-__all__ = ["Connector", "FileSource", "FileSink", "RedisStreamSource", "RedisStreamSink"]
+__all__ = ["Connector", "FileSource", "FileSink", "DiscardingSink", "RedisStreamSource", "RedisStreamSink"]
 
 
 @dataclass(frozen=True)
@@ -160,6 +160,11 @@ class FileSink(Connector):
         params = {"path": check.path("path", path), "rows_per_file": check.integer("rows_per_file", rows_per_file),
                   "compression": compression}
         return cls(kind="file-sink", name=check.text("name", name), params=params)
+
+
+def DiscardingSink(name: str = "discard") -> Connector:
+    """Flink's DiscardingSink: every row is dropped (a job run for its figures or side effects)."""
+    return Connector(kind="discarding-sink", name=_Check("DiscardingSink").text("name", name))
 
 
 class RedisStreamSource(Connector):
