@@ -240,6 +240,12 @@ OPTIONS: dict[str, ConfigOption] = {
                      "eager: start the SparkSession when the TaskManager starts; lazy: on the first Spark task."),
         ConfigOption("taskmanager.spark.master", _str, "Spark master of each TaskManager's session."),
         ConfigOption("taskmanager.spark.driver-memory", _str, "JVM heap of each TaskManager's SparkSession."),
+        ConfigOption("execution.spark.max-batch-rows", _int(1),
+                     "Most rows one Spark job of a task takes (the input that waits while Spark is busy)."),
+        ConfigOption("execution.spark.max-batch-size", _size(1),
+                     "Most bytes one Spark job of a task takes."),
+        ConfigOption("execution.spark.max-concurrent-batches", _int(1, 8),
+                     "Spark jobs of one task in flight at once (results keep their order)."),
         ConfigOption("execution.checkpointing.interval", parse_duration_ms,
                      "Time between checkpoints (0: checkpointing off)."),
         ConfigOption("execution.checkpointing.mode", _enum_exact("EXACTLY_ONCE", "AT_LEAST_ONCE"),
@@ -369,6 +375,9 @@ class TaskConfig:
     tmp_dir: str = _key("io.tmp.dirs")
     spark_master: str = _key("taskmanager.spark.master")
     spark_driver_memory: str = _key("taskmanager.spark.driver-memory")
+    spark_max_batch_rows: int = _key("execution.spark.max-batch-rows")
+    spark_max_batch_bytes: int = _key("execution.spark.max-batch-size")
+    spark_max_concurrent_batches: int = _key("execution.spark.max-concurrent-batches")
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any], source: str = "the job configuration") -> "TaskConfig":

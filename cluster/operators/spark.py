@@ -166,21 +166,21 @@ class SparkChain(Operator, kind="spark"):
     """Consecutive Spark operators of one task, fused into one Spark plan per batch.
 
     Each step is a ``.spark(fn)`` (fn: DataFrame -> DataFrame) or a ``.sql(query)`` over the view
-    ``input``, which is the previous step's DataFrame."""
+    ``input``, which is the previous step's DataFrame. ``process`` may run on several threads at
+    once (the task's Spark stage, cluster/taskmanager/spark_stage.py): each thread has a Spark
+    session of its own (its own view ``input``) and sets the task's job group on its JVM thread."""
 
     def __init__(self, specs: list[OperatorSpec], ctx: OperatorContext):
         super().__init__(specs[0], ctx)
         self.steps = [(spec, cloudpickle.loads(spec.udf) if spec.udf is not None else None) for spec in specs]
-        self.batches = 0
-        self.spark_jobs = 0
+        self.timings = BatchTimings()
         self._outputs_checked = False  # the columns consumers key by, checked once per attempt
+        self._local = threading.local()
 
     def open(self) -> None:
         runner = SparkRunner.get(self.ctx.config)
-        self.session = runner.session_for_task(self.ctx.cancelled, self.ctx.set_detail)
+        self._task_session = runner.session_for_task(self.ctx.cancelled, self.ctx.set_detail)
         self.group = f"streamlab-{self.ctx.execution_id}"
-        # job groups are per thread (PySpark pins a JVM thread to each Python thread)
-        self.session.sparkContext.setJobGroup(self.group, f"streamlab task {self.ctx.task_name}")
         # The input schema the client knew (a source's declared schema, a generator's sample).
         # Analysis only (no Spark job, no row read): a wrong column
         # fails the task here, naming the step, and the job's sources have not read yet (a task
@@ -188,15 +188,31 @@ class SparkChain(Operator, kind="spark"):
         schema = self.params.get("input_schema")
         if schema is not None:
             empty = pa.ipc.read_schema(pa.py_buffer(schema)).empty_table()
-            self._plan(self.session.createDataFrame(empty))
+            session = self._session()
+            self._plan(session, session.createDataFrame(empty))
 
-    def _plan(self, df):
+    def _session(self):
+        """This thread's session: views are per session, job groups per (pinned JVM) thread."""
+        session = getattr(self._local, "session", None)
+        if session is None:
+            session = self._local.session = self._task_session.newSession()
+            session.sparkContext.setJobGroup(self.group, f"streamlab task {self.ctx.task_name}")
+        return session
+
+    def cancel_jobs(self) -> None:
+        """Any thread: cancel the Spark jobs this task runs (a failed or cancelled task)."""
+        try:
+            self._task_session.sparkContext.cancelJobGroup(self.group)
+        except Exception:
+            log.exception("%s: cancelling its Spark jobs failed", self.spec.where())
+
+    def _plan(self, session, df):
         from pyspark.sql import DataFrame
         for spec, fn in self.steps:
             try:
                 if "sql" in spec.params:
                     df.createOrReplaceTempView("input")
-                    df = self.session.sql(spec.params["sql"])
+                    df = session.sql(spec.params["sql"])
                 elif "partial_aggregate" in spec.params:  # a keyed aggregation's pre-aggregation
                     from .keyed import spark_partial_aggregate
                     df = spark_partial_aggregate(df, spec.params["key"], spec.params["partial_aggregate"])
@@ -229,20 +245,51 @@ class SparkChain(Operator, kind="spark"):
     def process(self, table: pa.Table) -> list[pa.Table]:
         if table.num_rows == 0:
             return []
-        df = self._plan(self.session.createDataFrame(table))
+        session = self._session()
+        started = time.perf_counter()
+        df = session.createDataFrame(table)
+        planned = time.perf_counter()
+        df = self._plan(session, df)
+        ran = time.perf_counter()
         try:
             out = df.toArrow()
         except Exception as exc:
             names = ", ".join(s.name for s, _ in self.steps)
             raise UserFunctionError(f"operator chain [{names}] ({self.spec.call_site}) failed in Spark: "
                                     f"{type(exc).__name__}: {_first_line(exc)}", names, self.spec.call_site) from exc
-        self.batches += 1
-        self.spark_jobs = len(self.session.sparkContext.statusTracker().getJobIdsForGroup(self.group))
+        self.timings.add(table.num_rows, planned - started, ran - planned, time.perf_counter() - ran)
         return [out]
 
     def metrics(self) -> dict:
         # spark-jobs is Spark's own count (its status tracker, by job group), not ours
-        return {"spark-batches": self.batches, "spark-jobs": self.spark_jobs}
+        jobs = len(self._task_session.sparkContext.statusTracker().getJobIdsForGroup(self.group)) \
+            if hasattr(self, "group") else 0
+        return self.timings.metrics() | {"spark-jobs": jobs}
+
+
+class BatchTimings:
+    """Where a Spark chain's batches spend their time, summed: Arrow in (the batch to the JVM),
+    plan (views, SQL, analysis of every step), run (optimisation, execution, Arrow out). Any
+    thread may add (several jobs run at once) and read."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.batches = self.rows = 0
+        self.arrow_in = self.plan = self.run = 0.0
+
+    def add(self, rows: int, arrow_in: float, plan: float, run: float) -> None:
+        with self._lock:
+            self.batches += 1
+            self.rows += rows
+            self.arrow_in += arrow_in
+            self.plan += plan
+            self.run += run
+
+    def metrics(self) -> dict:
+        with self._lock:
+            return {"spark-batches": self.batches, "spark-rows": self.rows,
+                    "spark-arrow-in-ms": round(self.arrow_in * 1000), "spark-plan-ms": round(self.plan * 1000),
+                    "spark-run-ms": round(self.run * 1000)}
 
 
 def _first_line(exc: Exception) -> str:

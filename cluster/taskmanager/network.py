@@ -83,6 +83,13 @@ class InputGate:
         self._open = set(channel_ids)
         self._cond = threading.Condition()
         self._next = 0
+        self._woken = False
+
+    def wake(self) -> None:
+        """Any thread: end the task thread's current ``poll`` early (its Spark stage has output)."""
+        with self._cond:
+            self._woken = True
+            self._cond.notify_all()
 
     def push(self, channel: str, item: tuple) -> None:
         with self._cond:
@@ -116,7 +123,8 @@ class InputGate:
                             self._open.discard(channel)
                         return channel, item
                 remaining = deadline - time.monotonic()
-                if remaining <= 0:
+                if remaining <= 0 or self._woken:
+                    self._woken = False
                     return None
                 self._cond.wait(remaining)
 

@@ -43,6 +43,7 @@ from cluster.protocol.serde import ipc_to_table, table_to_ipc
 from cluster.state.key_groups import key_groups_of, operator_index_for_key_group
 
 from .network import END, WAIT_SLICE, ChannelSender, InputGate, NetworkEnvironment
+from .spark_stage import SparkStage
 
 log = logging.getLogger(__name__)
 IDLE, BACKPRESSURED = "idle", "backpressured"
@@ -326,6 +327,8 @@ class Task:
         self._writers: list[RecordWriter] = []        # the chain's main output
         self._side_writers: dict[tuple[str, str], list[RecordWriter]] = {}  # (operator uid, tag)
         self._chain: list = []
+        self._stage: Optional[SparkStage] = None  # the chain's (first) Spark chain, run on threads of its own
+        self._stage_at = -1                         # its index in the chain
 
     def start(self) -> None:
         self._thread.start()
@@ -387,6 +390,7 @@ class Task:
                 op.open()
                 opened.append(op)
             self._restore(chain)
+            self._start_stage(chain)
             self._open_inputs(sender)
             self._set_state(ExecutionState.RUNNING)
             if isinstance(chain[0], SourceOperator):
@@ -406,6 +410,8 @@ class Task:
             else:
                 self._set_state(ExecutionState.FAILED, self._describe_failure(exc))
         finally:
+            if self._stage is not None:
+                self._stage.close()
             for op in opened:  # failed or cancelled: release what the operators hold (Flink's dispose)
                 try:
                     op.close()
@@ -466,6 +472,31 @@ class Task:
             self.network.register_gate(self._gate)
         return chain
 
+    def _start_stage(self, chain: list) -> None:
+        index = next((i for i, op in enumerate(chain) if isinstance(op, SparkChain)), None)
+        if index is None:
+            return
+        wake = self._gate.wake if self._gate is not None else (lambda: None)  # a source task looks often
+        self._stage_at = index
+        spark = chain[index]
+        self._stage = SparkStage(spark.process, spark.cancel_jobs, spark.spec.where(),
+                                 self.config.spark_max_batch_rows, self.config.spark_max_batch_bytes,
+                                 self.config.spark_max_concurrent_batches, self.cancelled, wake)
+
+    def _hand_on(self, results: Optional[list[pa.Table]] = None) -> None:
+        """Push what the Spark stage has finished through the rest of the chain."""
+        if self._stage is None:
+            return
+        if results is None:
+            results = self._stage.take_results()
+        if results:
+            self._push(self._chain, self._stage_at + 1, results)
+
+    def _flush_stage(self) -> None:
+        """Every row handed to Spark through it and on (before a barrier, at the end)."""
+        if self._stage is not None:
+            self._hand_on(self._stage.flush())
+
     def _open_inputs(self, sender: ChannelSender) -> None:
         """Grant the first credits once every consumer of this task has opened (announced its
         channels): no producer sends, and so no source reads, before the whole job downstream of it
@@ -501,6 +532,7 @@ class Task:
             if self.cancelled.is_set():
                 raise TaskCancelled()
             self._process_control()
+            self._hand_on()
             if self._end_confirmed:
                 return
             started = time.monotonic()
@@ -533,6 +565,7 @@ class Task:
         aligner = BarrierAligner(list(self._producer_address), self.config.exactly_once)
         while not gate.finished:
             self._process_control()
+            self._hand_on()
             deadline = self._flush_due()
             timeout = WAIT_SLICE if deadline is None else max(0.0, min(WAIT_SLICE, deadline - time.monotonic()))
             self.metrics.wait_begin(IDLE)
@@ -591,6 +624,7 @@ class Task:
         """The synchronous part, on the task thread: flush, snapshot, forward the barrier. The
         state files are written on the snapshot executor while processing goes on."""
         cid = barrier.checkpoint_id
+        self._flush_stage()
         for writer in self._all_writers():
             writer.flush_all()
         # every row before the barrier is counted now, none after it: the counters of this cut
@@ -642,7 +676,12 @@ class Task:
                 op.restore_state([dict(h, directory=restore["directory"]) for h in handles])
 
     def _push(self, chain: list, start: int, tables: list[pa.Table]) -> None:
-        for op in chain[start:]:
+        for index in range(start, len(chain)):
+            if index == self._stage_at and self._stage is not None:
+                self._stage.submit(tables)  # on to the rest of the chain once Spark is done (_hand_on)
+                self._hand_on()
+                return
+            op = chain[index]
             out = []
             for table in tables:
                 out.extend(op.process(table))
@@ -663,6 +702,8 @@ class Task:
     def _finish(self, chain: list) -> None:
         # Each operator's held-back output goes through the rest of the chain before it finishes.
         for index, op in enumerate(chain):
+            if index == self._stage_at:
+                self._flush_stage()  # what came before is in Spark: through it before the rest finish
             flushed = op.finish()
             if flushed:
                 self._push(chain, index + 1, flushed)
