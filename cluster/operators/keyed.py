@@ -49,12 +49,18 @@ def partial_aggregate_frame(frame: pd.DataFrame, key: list[str], aggregations: d
     return pd.DataFrame(out).reset_index()
 
 
-def spark_partial_aggregate(df, key: list[str], aggregations: dict):
-    """The same partials as one more step of a Spark plan."""
-    from pyspark.sql import functions as F
-    exprs = [{"s": F.sum, "c": F.count, "min": F.min, "max": F.max}[kind](column).alias(name)
-             for name, kind, column in partial_columns(aggregations)]
-    return df.groupBy(*key).agg(*exprs)
+def spark_partial_aggregate(key: list[str], aggregations: dict) -> str:
+    """The same partials as one more SQL step of a Spark plan, over the view ``input``."""
+    functions = {"s": "sum", "c": "count", "min": "min", "max": "max"}
+    keys = ", ".join(map(quoted, key))
+    partials = ", ".join(f"{functions[kind]}({quoted(column)}) AS {quoted(name)}"
+                         for name, kind, column in partial_columns(aggregations))
+    return f"SELECT {keys}, {partials} FROM input GROUP BY {keys}"
+
+
+def quoted(name: str) -> str:
+    """A column name as a Spark SQL identifier, whatever its characters."""
+    return "`" + name.replace("`", "``") + "`"
 
 
 class KeyedBatch(NamedTuple):

@@ -31,6 +31,11 @@ def to_table(result, where: str) -> pa.Table:
     raise UserFunctionError(f"{where} must return a pandas DataFrame, got {type(result).__name__}")
 
 
+SPLIT_BATCH = 1_000     # the batch that splits are made of when no batch_size is given (as before it was adaptive)
+DEFAULT_POLL_ROWS = 65_536  # the most rows one poll reads when no batch_size is given
+PACE_S = 0.005          # a rate-limited poll reads at most this often: rows due meanwhile wait for the next one
+
+
 def default_split_size(count: Optional[int], batch_size: int) -> int:
     """Whole batches (no short batch but at a split's end), 16 of them, fewer for a bounded count
     so that it still makes some 64 splits to share. Never a function of the parallelism: the
@@ -42,13 +47,20 @@ def default_split_size(count: Optional[int], batch_size: int) -> int:
 class GeneratorSource(SourceOperator, kind="generator-source"):
     """params: count (None: unbounded), rate (rows/s over all subtasks, None: as fast as possible),
     batch_size, split_size; udf: optional fn(seq: numpy int64 array) -> DataFrame (default: one
-    column 'seq')."""
+    column 'seq').
+
+    Without a batch_size a poll reads what is due: as much of its split as it may (at most
+    DEFAULT_POLL_ROWS) when there is no rate, else the rows due since the last poll, at most every
+    PACE_S. So the batch size is no performance knob: the fixed cost of a poll (the user's function,
+    pandas, Arrow) is spread over many rows when it can be, and a rate still gives rows when due."""
 
     def open(self) -> None:
         self.count: Optional[int] = self.params.get("count")
         p = self.ctx.parallelism
-        self.batch_size = int(self.params.get("batch_size") or 1000)
-        self.split_size = int(self.params.get("split_size") or default_split_size(self.count, self.batch_size))
+        given = self.params.get("batch_size")
+        self.batch_size = int(given or DEFAULT_POLL_ROWS)
+        # splits stay what they were with 1,000-row batches: positions in older savepoints stay true
+        self.split_size = int(self.params.get("split_size") or default_split_size(self.count, int(given or SPLIT_BATCH)))
         rate = self.params.get("rate")
         self.rate = None if rate is None else rate / p
         self.inherited: list[dict] = []   # facts restored from earlier runs
@@ -57,6 +69,7 @@ class GeneratorSource(SourceOperator, kind="generator-source"):
         self.offset = 0                    # rows read of the current split
         self.emitted = 0                   # rows emitted by this run (for the rate)
         self.started = time.monotonic()
+        self.last_poll = 0.0
         self._skip_done()
 
     @staticmethod
@@ -91,12 +104,17 @@ class GeneratorSource(SourceOperator, kind="generator-source"):
             return pa.table({})
         n = min(self.batch_size, remaining)
         if self.rate is not None:
-            due = int((time.monotonic() - self.started) * self.rate) - self.emitted
+            now = time.monotonic()
+            due = int((now - self.started) * self.rate) - self.emitted
+            if 0 < due < n and now - self.last_poll < PACE_S:  # a few rows: gather more (a poll has a cost)
+                time.sleep(PACE_S - (now - self.last_poll))
+                return pa.table({})
             if due <= 0:
                 # sleep until the next row is due, at most 100 ms, so cancellation stays quick
                 time.sleep(max(0.0, min(0.1, (self.emitted + 1) / self.rate - (time.monotonic() - self.started))))
                 return pa.table({})
             n = min(n, due)
+            self.last_poll = now
         start = split * self.split_size + self.offset
         seq = np.arange(start, start + n, dtype=np.int64)
         if self.udf is None:

@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional, Union
 
 import cloudpickle
 import pyarrow as pa
@@ -27,6 +27,7 @@ from cluster.conf import TaskConfig
 from cluster.graph.job_graph import OperatorSpec, missing_column
 
 from .base import Operator, OperatorContext, TaskCancelled, UserFunctionError
+from .spark_arrow import ArrowBridge
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -172,7 +173,8 @@ class SparkChain(Operator, kind="spark"):
 
     def __init__(self, specs: list[OperatorSpec], ctx: OperatorContext):
         super().__init__(specs[0], ctx)
-        self.steps = [(spec, cloudpickle.loads(spec.udf) if spec.udf is not None else None) for spec in specs]
+        # each step is SQL over the view "input" (a keyed aggregation's pre-aggregation too) or a function
+        self.steps: list[tuple[OperatorSpec, Union[str, Callable]]] = [(spec, _step(spec)) for spec in specs]
         self.timings = BatchTimings()
         self._outputs_checked = False  # the columns consumers key by, checked once per attempt
         self._local = threading.local()
@@ -181,6 +183,7 @@ class SparkChain(Operator, kind="spark"):
         runner = SparkRunner.get(self.ctx.config)
         self._task_session = runner.session_for_task(self.ctx.cancelled, self.ctx.set_detail)
         self.group = f"streamlab-{self.ctx.execution_id}"
+        self.bridge = ArrowBridge(self._task_session.sparkContext.defaultParallelism)
         # The input schema the client knew (a source's declared schema, a generator's sample).
         # Analysis only (no Spark job, no row read): a wrong column
         # fails the task here, naming the step, and the job's sources have not read yet (a task
@@ -189,7 +192,7 @@ class SparkChain(Operator, kind="spark"):
         if schema is not None:
             empty = pa.ipc.read_schema(pa.py_buffer(schema)).empty_table()
             session = self._session()
-            self._plan(session, session.createDataFrame(empty))
+            self._plan(session, session.createDataFrame(empty)._jdf)
 
     def _session(self):
         """This thread's session: views are per session, job groups per (pinned JVM) thread."""
@@ -206,32 +209,29 @@ class SparkChain(Operator, kind="spark"):
         except Exception:
             log.exception("%s: cancelling its Spark jobs failed", self.spec.where())
 
-    def _plan(self, session, df):
+    def _plan(self, session, jdf):
+        """The steps' plan over ``jdf`` (a Java DataFrame), analysed step by step so that an error
+        names its step; the columns consumers key by are checked on the first batch."""
         from pyspark.sql import DataFrame
-        for spec, fn in self.steps:
+        for spec, step in self.steps:
             try:
-                if "sql" in spec.params:
-                    df.createOrReplaceTempView("input")
-                    df = session.sql(spec.params["sql"])
-                elif "partial_aggregate" in spec.params:  # a keyed aggregation's pre-aggregation
-                    from .keyed import spark_partial_aggregate
-                    df = spark_partial_aggregate(df, spec.params["key"], spec.params["partial_aggregate"])
-                elif fn is None:
-                    raise TypeError(f"Spark step '{spec.name}' has neither SQL nor a function")
+                if isinstance(step, str):
+                    jdf.createOrReplaceTempView("input")
+                    jdf = session._jsparkSession.sql(step)  # parsed and analysed here
                 else:
-                    df = fn(df)
+                    df = step(DataFrame(jdf, session))
                     if not isinstance(df, DataFrame):
                         raise TypeError(f"the function must return a Spark DataFrame, got {type(df).__name__}")
-                columns = df.columns  # forces analysis here, so an error names this step
-            except TaskCancelled:
+                    jdf = df._jdf
+                if not self._outputs_checked:
+                    self._check_consumers(spec, list(jdf.columns()))
+            except (TaskCancelled, UserFunctionError):
                 raise
             except Exception as exc:
                 raise UserFunctionError(f"{spec.where()} failed in Spark: {type(exc).__name__}: "
                                         f"{_first_line(exc)}", spec.name, spec.call_site) from exc
-            if not self._outputs_checked:
-                self._check_consumers(spec, columns)
         self._outputs_checked = True
-        return df
+        return jdf
 
     @staticmethod
     def _check_consumers(spec: OperatorSpec, columns: list[str]) -> None:
@@ -247,18 +247,22 @@ class SparkChain(Operator, kind="spark"):
             return []
         session = self._session()
         started = time.perf_counter()
-        df = session.createDataFrame(table)
+        jdf = self.bridge.to_jvm(session, table)
         planned = time.perf_counter()
-        df = self._plan(session, df)
+        jdf = self._plan(session, jdf)
         ran = time.perf_counter()
         try:
-            out = df.toArrow()
+            out = self.bridge.from_jvm(session, jdf)
         except Exception as exc:
             names = ", ".join(s.name for s, _ in self.steps)
             raise UserFunctionError(f"operator chain [{names}] ({self.spec.call_site}) failed in Spark: "
                                     f"{type(exc).__name__}: {_first_line(exc)}", names, self.spec.call_site) from exc
         self.timings.add(table.num_rows, planned - started, ran - planned, time.perf_counter() - ran)
         return [out]
+
+    def close(self) -> None:
+        if hasattr(self, "bridge"):
+            self.bridge.close()
 
     def metrics(self) -> dict:
         # spark-jobs is Spark's own count (its status tracker, by job group), not ours
@@ -290,6 +294,17 @@ class BatchTimings:
             return {"spark-batches": self.batches, "spark-rows": self.rows,
                     "spark-arrow-in-ms": round(self.arrow_in * 1000), "spark-plan-ms": round(self.plan * 1000),
                     "spark-run-ms": round(self.run * 1000)}
+
+
+def _step(spec: OperatorSpec) -> Union[str, Callable]:
+    if "sql" in spec.params:
+        return spec.params["sql"]
+    if "partial_aggregate" in spec.params:
+        from .keyed import spark_partial_aggregate
+        return spark_partial_aggregate(spec.params["key"], spec.params["partial_aggregate"])
+    if spec.udf is None:
+        raise TypeError(f"Spark step '{spec.name}' has neither SQL nor a function")
+    return cloudpickle.loads(spec.udf)
 
 
 def _first_line(exc: Exception) -> str:

@@ -491,6 +491,10 @@ class Task:
             results = self._stage.take_results()
         if results:
             self._push(self._chain, self._stage_at + 1, results)
+            # a Spark job's output is a batch already, paid for in latency: sent now, not after
+            # waiting out the buffer timeout for rows to join it
+            for writer in self._all_writers():
+                writer.flush_all()
 
     def _flush_stage(self) -> None:
         """Every row handed to Spark through it and on (before a barrier, at the end)."""

@@ -54,14 +54,16 @@ class StreamEnvironment:
 
     # ------------------------------------------------------------------ sources
     def from_generator(self, fn: Optional[Callable] = None, *, count: Optional[int] = None,
-                       rate: Optional[float] = None, batch_size: int = 1000, name: str = "generator",
+                       rate: Optional[float] = None, batch_size: Optional[int] = None, name: str = "generator",
                        parallelism: Optional[int] = None, split_size: Optional[int] = None) -> DataStream:
         """Deterministic rows from sequence numbers 0, 1, 2, ... (``count`` of them, or unbounded).
 
         ``fn(seq)`` turns a numpy array of sequence numbers into a DataFrame with one row each;
         without it the rows have one column ``seq``. ``rate`` limits rows per second (all
-        subtasks together). The sequence is cut into splits of ``split_size`` numbers (default 16
-        batches), which the subtasks take in turn: subtask i of p reads splits i, i+p, ..."""
+        subtasks together). ``batch_size`` fixes the rows per call of ``fn``; without it each call
+        takes what is due (large batches as fast as possible, the rows due at a rate). The sequence
+        is cut into splits of ``split_size`` numbers (default 16 batches, of 1,000 rows when no
+        batch_size is given), which the subtasks take in turn: subtask i of p reads splits i, i+p, ..."""
         site = call_site()
         where = f"operator '{name}' ({site})"
         for label, value, low in (("count", count, 0), ("batch_size", batch_size, 1), ("split_size", split_size, 1)):

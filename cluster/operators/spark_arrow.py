@@ -1,0 +1,94 @@
+"""Arrow batches into and out of the TaskManager's JVM with few py4j calls.
+
+PySpark's ``createDataFrame(pyarrow.Table)`` and ``DataFrame.toArrow()`` made 68 py4j calls per
+batch of a one-step ``.sql`` chain (configuration reads, schema round trips as JSON, call-site
+bookkeeping that walks the Python stack), each a thread switch into the JVM and back under the
+GIL that the task thread needs at the same time. The batch itself goes the same way here, by the
+same JVM entry points PySpark uses (an Arrow stream file read by ``PythonSQLUtils``, and
+``collectAsArrowToPython``'s socket), with what does not change from batch to batch (the Spark
+schema of an Arrow schema) worked out once. pyspark is pinned (pyproject.toml): these are its
+internal entry points. Tables with timestamps take PySpark's own path, which localises them.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import threading
+from typing import Any
+
+import pyarrow as pa
+
+# A batch of this many rows or more is cut into one Arrow batch (one Spark partition, one task) per
+# core, so that both cores work on it; a smaller one is a single task, which schedules faster.
+SPLIT_ROWS = 50_000
+MAX_PARTITION_ROWS = 250_000  # spark.sql.execution.arrow.maxRecordsPerBatch, as PySpark cuts
+
+
+class ArrowBridge:
+    """One per Spark chain; ``to_jvm``/``from_jvm`` may run on several threads at once."""
+
+    def __init__(self, cores: int):
+        self.cores = max(1, cores)
+        self._schemas: dict[pa.Schema, str] = {}  # Arrow schema -> Spark schema as JSON
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._paths: list[str] = []  # every thread's batch file
+
+    def to_jvm(self, session, table: pa.Table) -> Any:
+        """The table as a Java DataFrame of ``session``."""
+        if any(pa.types.is_timestamp(field.type) for field in table.schema):
+            return session.createDataFrame(table)._jdf
+        schema = self._schemas.get(table.schema)
+        if schema is None:
+            from pyspark.sql.pandas.types import from_arrow_schema
+            schema = self._schemas[table.schema] = from_arrow_schema(table.schema).json()
+        rows = table.num_rows
+        chunk = rows if rows < SPLIT_ROWS else min(MAX_PARTITION_ROWS, math.ceil(rows / self.cores))
+        path = self._file(session)
+        with pa.OSFile(path, "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+            for batch in table.to_batches(max_chunksize=max(1, chunk)):
+                writer.write_batch(batch)
+        jvm = session._jvm
+        batches = jvm.PythonSQLUtils.readArrowStreamFromFile(path)  # read whole: the file is free again
+        return jvm.PythonSQLUtils.toDataFrame(batches, schema, session._jsparkSession)
+
+    def from_jvm(self, session, jdf) -> pa.Table:
+        """Run the Java DataFrame's plan and take its rows as one Arrow table."""
+        from pyspark.errors.exceptions.captured import unwrap_spark_exception
+        from pyspark.sql.pandas.serializers import ArrowCollectSerializer
+        from pyspark.util import _load_from_socket
+        port, secret, server = jdf.collectAsArrowToPython()
+        try:
+            with _load_from_socket((port, secret), ArrowCollectSerializer()) as stream:
+                batches = list(stream)
+        finally:
+            with unwrap_spark_exception():
+                server.getResult()  # raises the job's failure
+        if batches:
+            return pa.Table.from_batches(batches)
+        from pyspark.sql.pandas.types import to_arrow_schema
+        from pyspark.sql.types import StructType
+        return to_arrow_schema(StructType.fromJson(json.loads(jdf.schema().json())), timezone="UTC").empty_table()
+
+    def _file(self, session) -> str:
+        path = getattr(self._local, "path", None)
+        if path is None:
+            directory = getattr(session.sparkContext, "_temp_dir", None) or tempfile.gettempdir()
+            fd, path = tempfile.mkstemp(prefix="streamlab-batch-", suffix=".arrow", dir=directory)
+            os.close(fd)
+            self._local.path = path
+            with self._lock:
+                self._paths.append(path)
+        return path
+
+    def close(self) -> None:
+        """Remove the batch files (once no thread converts any more)."""
+        with self._lock:
+            paths, self._paths = self._paths, []
+        for path in paths:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
