@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup system-deps quickstart lab test test-fast typecheck bench bench-dashboards bench-first-spark-cell cluster-start cluster-stop clean check-python check-java
+.PHONY: setup system-deps quickstart lab test test-fast typecheck bench bench-dashboards bench-first-spark-cell bench-spark-batch cluster-start cluster-stop clean check-python check-java
 
 setup: $(STAMP)
 
@@ -68,6 +68,9 @@ bench-dashboards: setup
 
 bench-first-spark-cell: setup
 	$(PY) bench/first_spark_cell.py
+
+bench-spark-batch: setup
+	$(PY) bench/spark_batch.py
 
 cluster-start: setup
 	$(VENV)/bin/streamlab cluster start --taskmanagers 2 --slots 2

@@ -1,15 +1,16 @@
-"""Throughput and latency of a Spark streaming pipeline on a local 2 x 2 cluster.
+"""Throughput and latency of a Spark streaming pipeline on a local 2 x 2 cluster, default settings.
 
-Pipeline: generator -> .sql filter/projection -> key_by -> keyed count -> collect.
+Pipeline: generator -> .sql filter/projection -> key_by -> keyed count -> collect. No batch size
+is given anywhere: batching is the runtime's (a Spark job takes what waited while the last ran).
 
-* records/s for batch sizes 1k, 10k, 100k (generator batches and execution.batch-size), over the
-  job's RUNNING time, beside the same query (filter/projection + GROUP BY count) run as a plain
-  Spark batch job over the same rows in this process;
-* end-to-end latency percentiles at a fixed input rate: every row carries its creation time and
-  the bench's own result socket stamps its arrival. The count is replaced there by a keyed
-  pass-through (count rows do not carry the time of the rows behind them); the path is otherwise
-  the same: generator -> Spark SQL -> hash exchange -> keyed task -> collect. Baseline: one
-  batch-worth of rows through the same query as a Spark batch job (the floor of a Spark hop).
+* records/s over the job's RUNNING time, beside the same query (filter/projection + GROUP BY
+  count) run as a plain Spark batch job over the same rows in this process;
+* end-to-end latency percentiles at fixed input rates (1,000 and 100,000 rows/s, and half of the
+  latency pipeline's own maximum): every row carries its creation time and the bench's own result
+  socket stamps its arrival. The count is replaced there by a keyed pass-through (count rows do
+  not carry the time of the rows behind them); the path is otherwise the same: generator -> Spark
+  SQL -> hash exchange -> keyed task -> collect. Baseline: a batch of 10 ms worth of rows through
+  the same query as a Spark batch job in this process (the floor of a Spark hop).
 
     .venv/bin/python bench/throughput.py [--quick]
 """
@@ -22,6 +23,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import pandas as pd
@@ -71,15 +73,21 @@ def baseline_rows_per_s(spark, n: int) -> float:
     return n / best
 
 
-def streaming_rows_per_s(cluster, client, batch_size: int, n: int) -> float:
-    env = StreamEnvironment(parallelism=2, cluster=cluster.cluster_dir,
-                            config={"execution.batch-size": batch_size})
-    (env.from_generator(rows, count=n, batch_size=batch_size).sql(QUERY)
-        .key_by("k").count().collect())
-    handle = env.execute_async(f"throughput {batch_size}", client=client)
-    handle.wait(600)
-    details = client.job_details(handle.job_id)
-    ts = details["timestamps"]
+def streaming_rows_per_s(cluster, client, n: int) -> float:
+    env = StreamEnvironment(parallelism=2, cluster=cluster.cluster_dir)
+    env.from_generator(rows, count=n).sql(QUERY).key_by("k").count().collect()
+    return job_rows_per_s(client, env, f"throughput {n}", n)
+
+
+def job_rows_per_s(client, env, name: str, n: int, timeout: float = 900) -> float:
+    """Run env's bounded job of n input rows to its end: rows/s over the job's RUNNING time."""
+    handle = env.execute_async(name, client=client)
+    handle.wait(timeout)
+    return running_rows_per_s(client, handle.job_id, n)
+
+
+def running_rows_per_s(client, job_id: str, n: int) -> float:
+    ts = client.job_details(job_id)["timestamps"]
     return n / ((ts["FINISHED"] - ts["RUNNING"]) / 1000)
 
 
@@ -107,10 +115,23 @@ class ArrivalStamps:
                 self.latencies.append(arrived - ipc_to_table(payload[0].buffer)["ts"].to_numpy())
 
 
-def latency_ms(cluster, client, rate: int, seconds: float) -> np.ndarray:
+LATENCY_QUERY = "SELECT k, v, ts FROM input WHERE v % 10 < 8"
+
+
+def latency_pipeline(cluster, rate: Optional[int] = None, count: Optional[int] = None) -> StreamEnvironment:
     env = StreamEnvironment(parallelism=2, cluster=cluster.cluster_dir)
-    (env.from_generator(timed_rows, rate=rate, batch_size=rate // 10).sql("SELECT k, v, ts FROM input WHERE v % 10 < 8")
+    (env.from_generator(timed_rows, rate=rate, count=count).sql(LATENCY_QUERY)
         .key_by("k").map_batches(lambda df: df, name="keyed pass-through").collect())
+    return env
+
+
+def latency_ms(cluster, client, rate: int, seconds: float) -> np.ndarray:
+    return job_latency_ms(cluster, client, latency_pipeline(cluster, rate=rate), seconds)
+
+
+def job_latency_ms(cluster, client, env, seconds: float) -> np.ndarray:
+    """Run env's job (rows with a creation time ``ts``, ending in collect()) for ``seconds``, then
+    cancel it: each collected row's arrival minus its ts, in ms, without the first fifth (warm-up)."""
     stamps = ArrivalStamps(cluster.info.secret)
     reply = client.rpc.request(m.SubmitJob(env.get_job_graph("latency").to_dict(), stamps.address),
                                expect=m.JobSubmitted)
@@ -119,7 +140,26 @@ def latency_ms(cluster, client, rate: int, seconds: float) -> np.ndarray:
     stamps.running = False
     stamps.thread.join()
     lat = np.concatenate(stamps.latencies) * 1000
-    return lat[len(lat) // 5:]  # drop the first fifth: warm-up
+    return lat[len(lat) // 5:]
+
+
+def latency_max_rows_per_s(cluster, client, n: int) -> float:
+    """The latency pipeline as fast as it goes (its rows to this process too)."""
+    stamps = ArrivalStamps(cluster.info.secret)
+    graph = latency_pipeline(cluster, count=n).get_job_graph("latency pipeline, unlimited")
+    reply = client.rpc.request(m.SubmitJob(graph.to_dict(), stamps.address), expect=m.JobSubmitted)
+    _wait_finished(client, reply.job_id)
+    stamps.running = False
+    stamps.thread.join()
+    return running_rows_per_s(client, reply.job_id, n)
+
+
+def _wait_finished(client, job_id: str, timeout: float = 900) -> None:
+    deadline = time.monotonic() + timeout
+    while client.job_details(job_id)["state"] not in ("FINISHED", "FAILED", "CANCELED"):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"job {job_id} did not end in {timeout} s")
+        time.sleep(0.2)
 
 
 def baseline_latency_ms(spark, batch_rows: int) -> float:
@@ -128,7 +168,7 @@ def baseline_latency_ms(spark, batch_rows: int) -> float:
     for _ in range(7):
         started = time.perf_counter()
         spark.createDataFrame(table).createOrReplaceTempView("input")
-        spark.sql("SELECT k, v, ts FROM input WHERE v % 10 < 8").toArrow()
+        spark.sql(LATENCY_QUERY).toArrow()
         times.append(time.perf_counter() - started)
     return float(np.median(times) * 1000)
 
@@ -137,29 +177,33 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="fewer rows, for a smoke run")
     args = parser.parse_args()
-    batches_per_run = 20 if args.quick else 60
+    n = 500_000 if args.quick else 5_000_000
+    seconds = 10 if args.quick else 25
     directory = Path(tempfile.mkdtemp(prefix="streamlab-bench-"))
+    results = []
     with LocalCluster(directory, taskmanagers=2, slots=2, embedded=True) as cluster:
         client = JobClient(cluster.info)
-        spark = spark_session()
-        streaming_rows_per_s(cluster, client, 1_000, 20_000)  # warm: every TaskManager's Spark is up
+        streaming_rows_per_s(cluster, client, 20_000)  # warm: every TaskManager's Spark is up
         print(f"pipeline: generator -> .sql({QUERY!r}) -> key_by(k) -> count -> collect; "
-              f"2 TaskManagers x 2 slots, parallelism 2, {os.cpu_count()} cores")
-        print(f"{'batch':>8} {'rows':>10} {'streamlab rows/s':>17} {'spark batch rows/s':>19} {'ratio':>6}")
-        for batch_size in (1_000, 10_000, 100_000):
-            n = batch_size * batches_per_run
-            ours = streaming_rows_per_s(cluster, client, batch_size, n)
-            base = baseline_rows_per_s(spark, n)
-            print(f"{batch_size:>8} {n:>10} {ours:>17,.0f} {base:>19,.0f} {ours / base:>6.2f}")
-        rate = 20_000
-        lat = latency_ms(cluster, client, rate, 10 if args.quick else 25)
-        floor = baseline_latency_ms(spark, rate // 10)
-        p50, p95, p99 = np.percentile(lat, [50, 95, 99])
-        print(f"latency at {rate:,} rows/s ({len(lat):,} rows): p50 {p50:.0f} ms, p95 {p95:.0f} ms, "
-              f"p99 {p99:.0f} ms, max {lat.max():.0f} ms; Spark batch job over one {rate // 10}-row "
-              f"batch (same query, this process): {floor:.0f} ms")
-        spark.stop()
+              f"2 TaskManagers x 2 slots, parallelism 2, {os.cpu_count()} cores, default settings")
+        ours = streaming_rows_per_s(cluster, client, n)
+        most = latency_max_rows_per_s(cluster, client, n)
+        for rate in (1_000, 100_000, int(most / 2)):
+            results.append((rate, latency_ms(cluster, client, rate, seconds)))
         client.close()
+    spark = spark_session()  # after the cluster: the baselines do not share the cores with it
+    base = baseline_rows_per_s(spark, n)
+    print(f"{'rows':>10} {'streamlab rows/s':>17} {'spark batch rows/s':>19} {'ratio':>6}")
+    print(f"{n:>10} {ours:>17,.0f} {base:>19,.0f} {ours / base:>6.2f}")
+    print(f"latency pipeline (generator -> .sql({LATENCY_QUERY!r}) -> key_by -> pass-through -> collect): "
+          f"at most {most:,.0f} rows/s")
+    print(f"{'rate rows/s':>12} {'rows seen':>10} {'p50 ms':>7} {'p90 ms':>7} {'p99 ms':>7} {'max ms':>7} "
+          f"{'Spark job over 10 ms of rows':>29}")
+    for rate, lat in results:
+        p50, p90, p99 = np.percentile(lat, [50, 90, 99])
+        floor = baseline_latency_ms(spark, max(1, rate // 100))
+        print(f"{rate:>12,} {len(lat):>10,} {p50:>7.0f} {p90:>7.0f} {p99:>7.0f} {lat.max():>7.0f} {floor:>26.0f} ms")
+    spark.stop()
 
 
 if __name__ == "__main__":
