@@ -76,10 +76,14 @@ def streaming_rows_per_s(cluster, client, batch_size: int, n: int) -> float:
                             config={"execution.batch-size": batch_size})
     (env.from_generator(rows, count=n, batch_size=batch_size).sql(QUERY)
         .key_by("k").count().collect())
-    handle = env.execute_async(f"throughput {batch_size}", client=client)
-    handle.wait(600)
-    details = client.job_details(handle.job_id)
-    ts = details["timestamps"]
+    return job_rows_per_s(client, env, f"throughput {batch_size}", n)
+
+
+def job_rows_per_s(client, env, name: str, n: int, timeout: float = 600) -> float:
+    """Run env's bounded job of n input rows to its end: rows/s over the job's RUNNING time."""
+    handle = env.execute_async(name, client=client)
+    handle.wait(timeout)
+    ts = client.job_details(handle.job_id)["timestamps"]
     return n / ((ts["FINISHED"] - ts["RUNNING"]) / 1000)
 
 
@@ -111,6 +115,12 @@ def latency_ms(cluster, client, rate: int, seconds: float) -> np.ndarray:
     env = StreamEnvironment(parallelism=2, cluster=cluster.cluster_dir)
     (env.from_generator(timed_rows, rate=rate, batch_size=rate // 10).sql("SELECT k, v, ts FROM input WHERE v % 10 < 8")
         .key_by("k").map_batches(lambda df: df, name="keyed pass-through").collect())
+    return job_latency_ms(cluster, client, env, seconds)
+
+
+def job_latency_ms(cluster, client, env, seconds: float) -> np.ndarray:
+    """Run env's job (rows with a creation time ``ts``, ending in collect()) for ``seconds``, then
+    cancel it: each collected row's arrival minus its ts, in ms, without the first fifth (warm-up)."""
     stamps = ArrivalStamps(cluster.info.secret)
     reply = client.rpc.request(m.SubmitJob(env.get_job_graph("latency").to_dict(), stamps.address),
                                expect=m.JobSubmitted)
