@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -135,14 +136,25 @@ def spark_session():
     return spark
 
 
-def ss_rows_per_s(query, n: int) -> float:
+def stop_quietly(spark, query) -> None:
+    """Stop a query that is never idle (the rate sources always have rows): the micro-batch it
+    cancels logs pages of ERROR stack traces that are not errors of the bench's."""
+    spark.sparkContext.setLogLevel("OFF")
+    try:
+        query.stop()
+        time.sleep(1)  # the cancelled tasks log after stop() returns
+    finally:
+        spark.sparkContext.setLogLevel("ERROR")
+
+
+def ss_rows_per_s(spark, query, n: int) -> float:
     """Rows/s over the micro-batches that together read the first n rows: their rows over the sum
     of their trigger durations (the query's own timing of each micro-batch)."""
     while sum(p["numInputRows"] for p in query.recentProgress) < n:
         if query.exception() is not None:
             raise RuntimeError(f"Spark SS query failed: {query.exception()}")
         time.sleep(0.05)
-    query.stop()
+    stop_quietly(spark, query)
     rows = millis = 0
     for p in sorted(query.recentProgress, key=lambda p: p["batchId"]):
         if rows >= n:
@@ -168,7 +180,7 @@ def ss_throughput(spark, workload: str, n: int, rows_per_batch: int, checkpoints
                   .writeStream.outputMode("update"))
     query = (writer.format("noop").option("checkpointLocation", str(checkpoints / f"{workload}-{n}"))
              .queryName(f"peers-{workload}").start())
-    return ss_rows_per_s(query, n)
+    return ss_rows_per_s(spark, query, n)
 
 
 def ss_latency(spark, rate: int, seconds: float, checkpoints: Path) -> tuple[np.ndarray, np.ndarray, int]:
@@ -188,7 +200,9 @@ def ss_latency(spark, rate: int, seconds: float, checkpoints: Path) -> tuple[np.
     query = (rows.writeStream.foreachBatch(stamp).option("checkpointLocation", str(checkpoints / f"lat-{rate}"))
              .queryName(f"peers-latency-{rate}").start())
     time.sleep(seconds)
-    query.stop()
+    if query.exception() is not None:
+        raise RuntimeError(f"Spark SS query failed: {query.exception()}")
+    stop_quietly(spark, query)
     lat = np.concatenate(lags) * 1000 if lags else np.zeros(0)
     newest = np.array([batch.min() for batch in lags[len(lags) // 5:]]) * 1000
     return lat[len(lat) // 5:], newest, len(lat)  # drop the first fifth: warm-up, as streamlab's side does
@@ -197,7 +211,7 @@ def ss_latency(spark, rate: int, seconds: float, checkpoints: Path) -> tuple[np.
 def run_spark_ss(args) -> dict:
     spark = spark_session()
     rows_per_batch = args.ss_rows_per_batch or max(args.rows // 10, 1)
-    checkpoints = Path(tempfile.mkdtemp(prefix="streamlab-peers-ss-"))
+    checkpoints = Path(tempfile.mkdtemp(prefix="streamlab-peers-ss-"))  # the queries' checkpoints, junk after
     print(f"Spark Structured Streaming {spark.version}: local[{PARALLELISM}], spark.sql.shuffle.partitions "
           f"{PARALLELISM}, otherwise defaults; throughput: rate-micro-batch source, {rows_per_batch:,} rows "
           f"per micro-batch, {PARALLELISM} partitions, noop sink, rows/s = N / sum of the micro-batches' "
@@ -208,6 +222,7 @@ def run_spark_ss(args) -> dict:
         out["latency"] = {rate: ss_latency(spark, rate, args.latency_seconds, checkpoints) for rate in args.rates}
     finally:
         spark.stop()
+        shutil.rmtree(checkpoints, ignore_errors=True)
     return out
 
 
