@@ -6,7 +6,11 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
+<<<<<<< HEAD
 .PHONY: setup system-deps quickstart lab test test-fast typecheck bench bench-dashboards bench-first-spark-cell bench-spark-batch cluster-start cluster-stop clean check-python check-java
+=======
+.PHONY: setup system-deps quickstart lab test test-fast typecheck bench bench-peers bench-dashboards bench-first-spark-cell cluster-start cluster-stop clean check-python check-java
+>>>>>>> peers
 
 setup: $(STAMP)
 
@@ -62,6 +66,11 @@ typecheck: setup
 
 bench: setup
 	$(PY) bench/throughput.py
+
+# streamlab beside PyFlink (installed into its own venv, ~/.cache/streamlab/pyflink-venv) and
+# Spark Structured Streaming, one after the other; ARGS=--quick for a smoke run
+bench-peers: setup
+	$(PY) bench/peers.py $(ARGS)
 
 bench-dashboards: setup
 	$(PY) bench/dashboards.py
