@@ -6,11 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-<<<<<<< HEAD
-.PHONY: setup system-deps quickstart lab test test-fast typecheck bench bench-dashboards bench-first-spark-cell bench-spark-batch cluster-start cluster-stop clean check-python check-java
-=======
-.PHONY: setup system-deps quickstart lab test test-fast typecheck bench bench-peers bench-dashboards bench-first-spark-cell cluster-start cluster-stop clean check-python check-java
->>>>>>> peers
+.PHONY: setup system-deps quickstart lab test test-fast typecheck bench bench-peers bench-dashboards bench-first-spark-cell bench-spark-batch cluster-start cluster-stop clean check-python check-java
 
 setup: $(STAMP)
 
