@@ -1,7 +1,7 @@
 """Where one Spark batch's time goes: the per-batch cost of a Spark chain, phase by phase.
 
 The query of issue 14 (``SELECT id, k, v*2 AS v2 FROM input WHERE v < 500``) and a keyed
-pre-aggregation (``GROUP BY k: count, sum``), on batches of 1k to 1M rows, in one SparkSession
+aggregation's pre-aggregation (``GROUP BY k``: count, sum), on batches of 1k to 1M rows, in one SparkSession
 with the TaskManagers' settings (cluster.operators.spark.spark_conf), by the TaskManager's own
 code (SparkChain.process). Each batch is split into:
 
@@ -12,8 +12,10 @@ code (SparkChain.process). Each batch is split into:
 * arrow out: toArrow less the execution (the rows back to Python as Arrow);
 * py4j:      Python -> JVM calls per batch.
 
-The phases are timed on separate runs of the same batch (execute and arrow out each re-run the
-plan), so they add up only roughly to "SparkChain.process", which is timed on its own.
+Each on two paths in the same process: PySpark's public one (createDataFrame, a temp view,
+session.sql, toArrow: what SparkChain did before) and SparkChain's own (ArrowBridge). The phases
+are timed on separate runs of the same batch (execute and arrow out each re-run the plan), so
+they add up only roughly to "batch", the whole batch timed on its own.
 
     .venv/bin/python bench/spark_batch.py [--quick]
 """
@@ -79,24 +81,73 @@ def median_ms(fn, reps: int) -> float:
     return statistics.median(times) * 1000
 
 
-def breakdown(op: SparkChain, table: pa.Table, calls: Py4jCalls, reps: int) -> dict:
-    session = op._session()
-    jdf = op.bridge.to_jvm(session, table)  # the batch in the JVM; each phase below plans over it anew
+class PySparkPath:
+    """What SparkChain did before ArrowBridge (and any PySpark user does): createDataFrame, a temp
+    view, session.sql with its analysis checked through .columns, toArrow. The baseline."""
+
+    name = "pyspark"
+
+    def __init__(self, session, query: str):
+        self.session, self.query = session, query
+
+    def to_jvm(self, table):
+        return self.session.createDataFrame(table)
+
+    def plan(self, df):
+        df.createOrReplaceTempView("input")
+        out = self.session.sql(self.query)
+        out.columns
+        return out
+
+    @staticmethod
+    def executed(df):
+        return df._jdf.queryExecution().executedPlan()
+
+    def from_jvm(self, df):
+        return df.toArrow()
+
+
+class ChainPath:
+    """SparkChain's own path: ArrowBridge in and out, the steps' plan on the Java DataFrame."""
+
+    name = "streamlab"
+
+    def __init__(self, op: SparkChain):
+        self.op, self.session = op, op._session()
+
+    def to_jvm(self, table):
+        return self.op.bridge.to_jvm(self.session, table)
+
+    def plan(self, jdf):
+        return self.op._plan(self.session, jdf)
+
+    @staticmethod
+    def executed(jdf):
+        return jdf.queryExecution().executedPlan()
+
+    def from_jvm(self, jdf):
+        return self.op.bridge.from_jvm(self.session, jdf)
+
+
+def breakdown(path, table: pa.Table, calls: Py4jCalls, reps: int) -> dict:
+    data = path.to_jvm(table)  # the batch in the JVM; each phase below plans over it anew
     figures = {
-        "arrow in": median_ms(lambda: op.bridge.to_jvm(session, table), reps),
-        "analysis": median_ms(lambda: op._plan(session, jdf), reps),
-        "planning": median_ms(lambda: op._plan(session, jdf).queryExecution().executedPlan(), reps),
-        "execute": median_ms(lambda: op._plan(session, jdf).queryExecution().executedPlan().execute().count(),
-                             reps),
-        "toArrow": median_ms(lambda: op.bridge.from_jvm(session, op._plan(session, jdf)), reps),
+        "arrow in": median_ms(lambda: path.to_jvm(table), reps),
+        "analysis": median_ms(lambda: path.plan(data), reps),
+        "planning": median_ms(lambda: path.executed(path.plan(data)), reps),
+        "execute": median_ms(lambda: path.executed(path.plan(data)).execute().count(), reps),
+        "toArrow": median_ms(lambda: path.from_jvm(path.plan(data)), reps),
     }
     figures["planning"] -= figures["analysis"]
     figures["execute"] -= figures["analysis"] + figures["planning"]
     figures["arrow out"] = figures["toArrow"] - figures["analysis"] - figures["planning"] - figures["execute"]
+
+    def whole():
+        return path.from_jvm(path.plan(path.to_jvm(table)))
     before = calls.count
-    op.process(table)
+    whole()
     figures["py4j"] = calls.count - before
-    figures["process"] = median_ms(lambda: op.process(table), reps)
+    figures["batch"] = median_ms(whole, reps)
     return figures
 
 
@@ -106,22 +157,23 @@ def main() -> None:
     args = parser.parse_args()
     sizes = (1_000, 10_000, 100_000) if args.quick else (1_000, 10_000, 100_000, 1_000_000)
     select = chain("sql", [{"sql": QUERY}])
-    aggregate = chain("aggregate", [{"sql": "SELECT id, k, v FROM input"},
-                                    {"key": ["k"], "partial_aggregate": {"n": ["v", "count"], "s": ["v", "sum"]}}])
+    aggregate = chain("aggregate", [{"key": ["k"], "partial_aggregate": {"n": ["v", "count"], "s": ["v", "sum"]}}])
     runner = SparkRunner.running()
     assert runner is not None and runner.session is not None
     calls = Py4jCalls(runner.session)
     print(f"Spark {runner.session.version}, master {runner.session.sparkContext.master}; "
           "milliseconds per batch, medians")
-    columns = ["arrow in", "analysis", "planning", "execute", "arrow out", "process", "py4j"]
-    print(f"{'chain':<10} {'rows':>9} " + " ".join(f"{c:>9}" for c in columns) + f" {'rows/s':>11}")
+    columns = ["arrow in", "analysis", "planning", "execute", "arrow out", "batch", "py4j"]
+    print(f"{'chain':<10} {'path':<10} {'rows':>9} " + " ".join(f"{c:>9}" for c in columns) + f" {'rows/s':>11}")
+    queries = {"select": QUERY, "aggregate": aggregate.steps[-1][1]}  # the pre-aggregation's own SQL
     for name, op in (("select", select), ("aggregate", aggregate)):
         for n in sizes:
             table = batch(n)
             op.process(table)  # warm: the plan's code is generated and cached
-            figures = breakdown(op, table, calls, 3 if args.quick or n >= 1_000_000 else 7)
-            print(f"{name:<10} {n:>9,} " + " ".join(f"{figures[c]:>9.1f}" for c in columns[:-1])
-                  + f" {figures['py4j']:>9} {n / figures['process'] * 1000:>11,.0f}")
+            for path in (PySparkPath(op._session(), queries[name]), ChainPath(op)):
+                figures = breakdown(path, table, calls, 3 if args.quick or n >= 1_000_000 else 7)
+                print(f"{name:<10} {path.name:<10} {n:>9,} " + " ".join(f"{figures[c]:>9.1f}" for c in columns[:-1])
+                      + f" {figures['py4j']:>9} {n / figures['batch'] * 1000:>11,.0f}")
     runner.stop()
 
 

@@ -222,6 +222,8 @@ OPTIONS: dict[str, ConfigOption] = {
         ConfigOption("task.cancellation.timeout", parse_duration_ms,
                      "A cancelling task not stopped after this long is a fatal error of its TaskManager, "
                      "which restarts (0: never)."),
+        ConfigOption("cluster.evenly-spread-out-slots", _bool,
+                     "Spread a job's slots over all TaskManagers (false: fill one TaskManager first, as Flink)."),
         ConfigOption("slot.request.timeout", parse_duration_ms,
                      "How long a job waits for enough free slots before it fails."),
         ConfigOption("restart-strategy.type", _enum("none", "fixed-delay", "exponential-delay"),

@@ -82,9 +82,9 @@ class ForwardMetrics:
 class ResourceManagerState:
     """Registration, heartbeat expiry and slot allocation; pure, for the loop thread only."""
 
-    def __init__(self, heartbeat_timeout_s: float):
+    def __init__(self, heartbeat_timeout_s: float, spread_out: bool = False):
         self.heartbeat_timeout_s = heartbeat_timeout_s
-        self.slot_manager = SlotManager()
+        self.slot_manager = SlotManager(spread_out)
 
     def register_task_manager(self, reg: TaskManagerRegistration, connection_id: bytes) -> list:
         if connection_id != reg.task_manager_id.encode():
@@ -136,7 +136,7 @@ class ResourceManager:
         self.endpoint = endpoint
         self.clock = clock
         self.heartbeat_interval_ms = conf["heartbeat.interval"]
-        self.state = ResourceManagerState(conf["heartbeat.timeout"] / 1000)
+        self.state = ResourceManagerState(conf["heartbeat.timeout"] / 1000, conf["cluster.evenly-spread-out-slots"])
         self._peers: dict[str, Peer] = {}
         self._listeners: dict[str, SlotListener] = {}
         self.task_manager_lost_listeners: list[Callable[[str, str], None]] = []

@@ -33,7 +33,14 @@ class SlotAllocation:
 
 
 class SlotManager:
-    def __init__(self):
+    """``spread_out`` is Flink's cluster.evenly-spread-out-slots: each slot from the TaskManager with
+    the most free slots. Otherwise (Flink's default) slots are taken from the fullest TaskManager that
+    has one free, in registration order: a small job's tasks share one TaskManager, and so one
+    SparkSession, where its JVM has the machine's cores to itself (two JVMs on 2 cores made the
+    Spark path 1.5x slower, bench/peers.py)."""
+
+    def __init__(self, spread_out: bool = False):
+        self.spread_out = spread_out
         self.task_managers: dict[str, TaskManagerRegistration] = {}
         self._slots: dict[tuple[str, int], Optional[SlotAllocation]] = {}
         self._pending: OrderedDict[str, int] = OrderedDict()
@@ -107,10 +114,13 @@ class SlotManager:
         return granted
 
     def _allocate(self, job_id: str, count: int) -> list[SlotAllocation]:
-        # Spread evenly: each slot goes to the TaskManager with the most free slots.
         allocations = []
         for _ in range(count):
-            tm_id = max(sorted(self.task_managers), key=self.free_slots_of)
+            with_free = [t for t in self.task_managers if self.free_slots_of(t)]
+            if self.spread_out:
+                tm_id = max(sorted(with_free), key=self.free_slots_of)
+            else:  # min keeps the first of equals: registration order
+                tm_id = min(with_free, key=self.free_slots_of)
             index = next(i for (t, i), a in sorted(self._slots.items()) if t == tm_id and a is None)
             alloc = SlotAllocation(tm_id, index, job_id, new_id())
             self._slots[(tm_id, index)] = alloc

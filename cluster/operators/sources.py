@@ -68,7 +68,8 @@ class GeneratorSource(SourceOperator, kind="generator-source"):
         self.k = 0                         # index into this subtask's own splits: split = subtask + k*p
         self.offset = 0                    # rows read of the current split
         self.emitted = 0                   # rows emitted by this run (for the rate)
-        self.started = time.monotonic()
+        self.started: Optional[float] = None  # the rate's clock starts at the first poll, not while
+        # the task waits for its Spark session or for the tasks after it to open
         self.last_poll = 0.0
         self._skip_done()
 
@@ -105,6 +106,8 @@ class GeneratorSource(SourceOperator, kind="generator-source"):
         n = min(self.batch_size, remaining)
         if self.rate is not None:
             now = time.monotonic()
+            if self.started is None:
+                self.started = now
             due = int((now - self.started) * self.rate) - self.emitted
             if 0 < due < n and now - self.last_poll < PACE_S:  # a few rows: gather more (a poll has a cost)
                 time.sleep(PACE_S - (now - self.last_poll))

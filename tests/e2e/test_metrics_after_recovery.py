@@ -39,7 +39,9 @@ def vertex_totals(details: dict, key: str) -> dict[str, int]:
 
 @pytest.fixture
 def own_cluster(tmp_path):
-    local = start_cluster(tmp_path / "c", **{"taskmanager.spark.startup": "lazy"})
+    # spread out: every job here has tasks on both TaskManagers, whichever one a test kills
+    local = start_cluster(tmp_path / "c", **{"taskmanager.spark.startup": "lazy",
+                                             "cluster.evenly-spread-out-slots": True})
     yield local
     local.stop()
 

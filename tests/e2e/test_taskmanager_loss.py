@@ -15,7 +15,9 @@ pytestmark = pytest.mark.slow
 @pytest.fixture
 def own_cluster(tmp_path):
     # no Spark here: these jobs do not use it, and two JVMs starting would only slow the kills
-    local = start_cluster(tmp_path / "c", **{"taskmanager.spark.startup": "lazy"})
+    # spread out: every job here has tasks on both TaskManagers, whichever one a test kills
+    local = start_cluster(tmp_path / "c", **{"taskmanager.spark.startup": "lazy",
+                                             "cluster.evenly-spread-out-slots": True})
     yield local
     local.stop()
 

@@ -5,8 +5,24 @@ def _tm(sm, tm_id, slots, now=0.0):
     sm.register(TaskManagerRegistration(tm_id, f"tcp://127.0.0.1:{len(sm.task_managers)}", slots, 1, now, now))
 
 
-def test_requests_are_all_or_nothing_and_spread_evenly():
+def test_requests_fill_one_taskmanager_first_by_default():
     sm = SlotManager()
+    _tm(sm, "b", 2)
+    _tm(sm, "a", 2)
+    sm.request("job1", 2)
+    (granted,) = sm.allocate_pending()
+    assert [a.task_manager_id for a in granted] == ["b", "b"]  # the first registered
+    sm.request("job2", 1)
+    (second,) = sm.allocate_pending()
+    assert [a.task_manager_id for a in second] == ["a"]
+    sm.free("job1")
+    sm.request("job3", 2)
+    (third,) = sm.allocate_pending()
+    assert [a.task_manager_id for a in third] == ["a", "b"]  # the fuller one first, then the next
+
+
+def test_requests_are_all_or_nothing_and_spread_evenly():
+    sm = SlotManager(spread_out=True)
     _tm(sm, "a", 2)
     _tm(sm, "b", 2)
     sm.request("job1", 2)
@@ -39,7 +55,7 @@ def test_free_returns_slots_and_serves_waiting_requests():
 
 
 def test_lost_task_manager_takes_its_slots_and_reports_allocations():
-    sm = SlotManager()
+    sm = SlotManager(spread_out=True)
     _tm(sm, "a", 2)
     _tm(sm, "b", 2)
     sm.request("j", 2)
