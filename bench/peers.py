@@ -35,7 +35,7 @@ import pandas as pd
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 import throughput  # noqa: E402  (bench/throughput.py: it also puts the project on sys.path)
-from throughput import job_latency_ms, job_rows_per_s, timed_rows  # noqa: E402
+from throughput import job_latency_ms, job_rows_per_s, timed_rows, warm_every_taskmanager  # noqa: E402
 
 from kernel_runtime import JobClient, LocalCluster, StreamEnvironment  # noqa: E402
 from kernel_runtime.api import DiscardingSink  # noqa: E402
@@ -84,7 +84,7 @@ def run_streamlab(args) -> dict:
     out: dict = {"latency": {}}
     with LocalCluster(directory, taskmanagers=2, slots=2, embedded=True) as cluster:
         client = JobClient(cluster.info)
-        streamlab_stateless(cluster, client, 20_000)  # warm: every TaskManager's Spark is up
+        warm_every_taskmanager(cluster, client)
         print(f"streamlab {metadata.version('streamlab')}: embedded LocalCluster, 2 TaskManagers x 2 slots, "
               f"parallelism {PARALLELISM}, pyspark {metadata.version('pyspark')}, default settings "
               "(no batch size, no configuration); rows/s = N / (FINISHED - RUNNING) of the job", flush=True)
