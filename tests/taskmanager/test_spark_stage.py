@@ -83,6 +83,16 @@ def stage(jobs: Jobs, concurrency: int = 1, max_rows: int = 1_000, cancelled=Non
                       cancelled or threading.Event(), jobs.results.set)
 
 
+def first_job_held(concurrency: int = 1, max_rows: int = 1_000) -> tuple[Jobs, SparkStage]:
+    """A stage whose first job, rows 0-9, runs and is held until ``jobs.hold[0]`` is set."""
+    jobs = Jobs()
+    jobs.hold[0] = threading.Event()
+    s = stage(jobs, concurrency, max_rows)
+    s.submit([rows(0, 10)])
+    until(lambda: len(jobs.batches) == 1)  # Spark was idle: the first rows went in at once
+    return jobs, s
+
+
 def until(condition, timeout: float = 5.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -91,11 +101,7 @@ def until(condition, timeout: float = 5.0) -> None:
 
 
 def test_input_that_comes_while_a_job_runs_goes_into_the_next_job_whole():
-    jobs = Jobs()
-    jobs.hold[0] = threading.Event()
-    s = stage(jobs)
-    s.submit([rows(0, 10)])
-    until(lambda: len(jobs.batches) == 1)  # Spark was idle: the first rows went in at once
+    jobs, s = first_job_held()
     for i in range(1, 6):
         s.submit([rows(i * 10, 10)])
     jobs.hold[0].set()
@@ -107,11 +113,7 @@ def test_input_that_comes_while_a_job_runs_goes_into_the_next_job_whole():
 
 
 def test_outputs_keep_the_input_order_when_a_later_job_ends_first():
-    jobs = Jobs()
-    jobs.hold[0] = threading.Event()
-    s = stage(jobs, concurrency=2)
-    s.submit([rows(0, 10)])
-    until(lambda: len(jobs.batches) == 1)
+    jobs, s = first_job_held(concurrency=2)
     s.submit([rows(10, 10)])
     until(lambda: len(jobs.batches) == 2)  # the second worker took it while the first is held
     time.sleep(0.05)
@@ -122,11 +124,7 @@ def test_outputs_keep_the_input_order_when_a_later_job_ends_first():
 
 
 def test_a_full_stage_holds_the_task_thread_until_a_job_takes_the_input():
-    jobs = Jobs()
-    jobs.hold[0] = threading.Event()
-    s = stage(jobs, max_rows=20)
-    s.submit([rows(0, 10)])
-    until(lambda: len(jobs.batches) == 1)
+    jobs, s = first_job_held(max_rows=20)
     s.submit([rows(10, 10)])  # 10 wait: room for 10 more
     threading.Timer(0.2, jobs.hold[0].set).start()
     started = time.monotonic()
