@@ -1,0 +1,101 @@
+"""Watermarks as Flink's: how a source subtask makes them, and how a task combines its inputs'.
+
+Pure, clock injected. ``BoundedOutOfOrderness`` is Flink's BoundedOutOfOrdernessWatermarks with
+WatermarksWithIdleness around it: the watermark trails the largest timestamp seen by the bound
+(and 1 ms: a watermark t says no row of timestamp <= t is to come), and a split that has had no
+row for the idle timeout says so, so that it does not hold the others back. ``WatermarkValve`` is
+Flink's StatusWatermarkValve: a task's watermark is the minimum over its input channels that are
+active (not idle); a channel that comes back from idleness counts again only once it has caught
+up with that minimum, so the output never goes back.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+# Flink's Long.MIN_VALUE watermark: nothing seen yet
+NO_WATERMARK = -(1 << 63)
+
+
+class BoundedOutOfOrderness:
+    """Thread use: the source's task thread only. ``max_out_of_orderness`` 0 is Flink's
+    forMonotonousTimestamps; ``idle_timeout`` None never marks the split idle."""
+
+    def __init__(self, max_out_of_orderness: int, idle_timeout: Optional[float] = None,
+                 clock: Callable[[], float] = lambda: 0.0):
+        if max_out_of_orderness < 0:
+            raise ValueError(f"the out-of-orderness bound must be >= 0 ms, got {max_out_of_orderness}")
+        if idle_timeout is not None and idle_timeout <= 0:
+            raise ValueError(f"the idle timeout must be > 0 s, got {idle_timeout}")
+        self.bound = max_out_of_orderness
+        self.idle_timeout = idle_timeout
+        self._clock = clock
+        self.max_timestamp = NO_WATERMARK + max_out_of_orderness + 1
+        self._last_row = clock()
+        self.idle = False
+
+    def on_batch(self, max_timestamp: int) -> None:
+        """A batch of rows whose largest timestamp is ``max_timestamp``."""
+        self.max_timestamp = max(self.max_timestamp, max_timestamp)
+        self._last_row = self._clock()
+        self.idle = False
+
+    def on_periodic_emit(self) -> tuple[int, bool]:
+        """(the watermark now, whether the split is idle), as the periodic emitter asks."""
+        if self.idle_timeout is not None and self._clock() - self._last_row >= self.idle_timeout:
+            self.idle = True
+        return self.max_timestamp - self.bound - 1, self.idle
+
+
+class WatermarkValve:
+    """Combines the watermarks of a task's input channels. Thread use: the task thread only.
+
+    ``on_watermark`` and ``on_idle``/``on_active`` return the task's new input watermark when it
+    advanced (None otherwise); ``idle`` is whether every channel is idle (then the task is idle
+    downstream too)."""
+
+    def __init__(self, channels: list[str]):
+        self._watermark = {c: NO_WATERMARK for c in channels}
+        self._active = {c: True for c in channels}
+        self._aligned = {c: True for c in channels}  # counts toward the minimum
+        self.current = NO_WATERMARK
+
+    @property
+    def idle(self) -> bool:
+        return not any(self._active.values())
+
+    def on_watermark(self, channel: str, watermark: int) -> Optional[int]:
+        if not self._active[channel]:
+            return None  # as Flink: an idle channel's watermarks count only once it says it is active
+        if watermark > self._watermark[channel]:
+            self._watermark[channel] = watermark
+            if not self._aligned[channel] and watermark >= self.current:
+                self._aligned[channel] = True
+            return self._advance()
+        return None
+
+    def on_idle(self, channel: str) -> Optional[int]:
+        if not self._active[channel]:
+            return None
+        self._active[channel] = False
+        self._aligned[channel] = False
+        if self._watermark[channel] != self.current:
+            return None  # it was not what held the minimum back
+        if self.idle:  # nothing will advance any more: all that was seen is final
+            return self._raise_to(max(self._watermark.values()))
+        return self._advance()
+
+    def on_active(self, channel: str) -> Optional[int]:
+        if not self._active[channel]:
+            self._active[channel] = True
+            self._aligned[channel] = self._watermark[channel] >= self.current
+        return None
+
+    def _advance(self) -> Optional[int]:
+        counted = [self._watermark[c] for c in self._watermark if self._active[c] and self._aligned[c]]
+        return self._raise_to(min(counted)) if counted else None
+
+    def _raise_to(self, watermark: int) -> Optional[int]:
+        if watermark > self.current:
+            self.current = watermark
+            return watermark
+        return None
