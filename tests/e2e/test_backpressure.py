@@ -26,10 +26,21 @@ def _processes(cluster) -> dict[str, psutil.Process]:
     for i, tm in enumerate(cluster.taskmanagers):
         p = psutil.Process(tm.pid)
         procs[f"taskmanager-{i}"] = p
-        for child in p.children(recursive=True):  # the SparkSession's JVM
-            if "java" in child.name():
+        for child in p.children(recursive=True):
+            if _is_spark_jvm(child):
                 procs[f"spark-jvm-{i}"] = child
     return procs
+
+
+def _is_spark_jvm(proc: psutil.Process) -> bool:
+    """The SparkSession's JVM, not the short-lived java that spark-class runs first to build its
+    command line (seen here while a TaskManager was still starting Spark: it was gone a moment later)."""
+    try:
+        command = proc.cmdline()
+    except psutil.NoSuchProcess:
+        return False
+    return "java" in proc.name() and "org.apache.spark.deploy.SparkSubmit" in command \
+        and "org.apache.spark.launcher.Main" not in command
 
 
 def _kind(name: str) -> str:
