@@ -125,6 +125,18 @@ class ArrivalStamps:
             if isinstance(msg, m.CollectBatch):
                 self.latencies.append(arrived - ipc_to_table(payload[0].buffer)["ts"].to_numpy())
 
+    def submit(self, client, env: StreamEnvironment, name: str) -> str:
+        """Submit env's job with its results sent here; its job id."""
+        reply = client.rpc.request(m.SubmitJob(env.get_job_graph(name).to_dict(), self.address),
+                                   expect=m.JobSubmitted)
+        return reply.job_id
+
+    def stop(self) -> np.ndarray:
+        """Stop listening: every row's latency so far, in ms."""
+        self.running = False
+        self.thread.join()
+        return np.concatenate(self.latencies) * 1000
+
 
 LATENCY_QUERY = "SELECT k, v, ts FROM input WHERE v % 10 < 8"
 
@@ -144,25 +156,20 @@ def job_latency_ms(cluster, client, env, seconds: float) -> np.ndarray:
     """Run env's job (rows with a creation time ``ts``, ending in collect()) for ``seconds``, then
     cancel it: each collected row's arrival minus its ts, in ms, without the first fifth (warm-up)."""
     stamps = ArrivalStamps(cluster.info.secret)
-    reply = client.rpc.request(m.SubmitJob(env.get_job_graph("latency").to_dict(), stamps.address),
-                               expect=m.JobSubmitted)
+    job_id = stamps.submit(client, env, "latency")
     time.sleep(seconds)
-    client.cancel(reply.job_id)
-    stamps.running = False
-    stamps.thread.join()
-    lat = np.concatenate(stamps.latencies) * 1000
+    client.cancel(job_id)
+    lat = stamps.stop()
     return lat[len(lat) // 5:]
 
 
 def latency_max_rows_per_s(cluster, client, n: int) -> float:
     """The latency pipeline as fast as it goes (its rows to this process too)."""
     stamps = ArrivalStamps(cluster.info.secret)
-    graph = latency_pipeline(cluster, count=n).get_job_graph("latency pipeline, unlimited")
-    reply = client.rpc.request(m.SubmitJob(graph.to_dict(), stamps.address), expect=m.JobSubmitted)
-    _wait_finished(client, reply.job_id)
-    stamps.running = False
-    stamps.thread.join()
-    return running_rows_per_s(client, reply.job_id, n)
+    job_id = stamps.submit(client, latency_pipeline(cluster, count=n), "latency pipeline, unlimited")
+    _wait_finished(client, job_id)
+    stamps.stop()
+    return running_rows_per_s(client, job_id, n)
 
 
 def _wait_finished(client, job_id: str, timeout: float = 900) -> None:

@@ -4,6 +4,15 @@ from IPython.testing.globalipapp import start_ipython
 from IPython.utils.capture import capture_output
 
 
+@pytest.fixture
+def kernel():
+    """A real kernel (its own process, as a notebook's) with Spark started lazily."""
+    from .test_two_kernels import Kernel
+    started = Kernel()
+    yield started
+    started.close()
+
+
 @pytest.fixture(scope="session")
 def shell():
     ip = start_ipython()

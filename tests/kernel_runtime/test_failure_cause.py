@@ -2,9 +2,6 @@
 shows the user's traceback without framework frames, and the dashboard header says the cause."""
 import pytest
 
-
-from .test_two_kernels import Kernel
-
 pytestmark = pytest.mark.timeout(240)
 
 HELPER = """import pandas as pd
@@ -18,13 +15,6 @@ events = env.from_generator(lambda seq: pd.DataFrame({"amount": seq}), count=100
 events.map_batches(enrich, name="enrich").collect()
 """
 FRAMEWORK = ("cluster/", "kernel_runtime/", "task.py", "client.py", "threading", "ipykernel_")
-
-
-@pytest.fixture
-def kernel():
-    started = Kernel()
-    yield started
-    started.close()
 
 
 def test_wait_raises_the_root_cause_in_one_line_naming_the_cell_line(kernel):

@@ -4,11 +4,8 @@ kernel's loop as one callback per update)."""
 import time
 from pathlib import Path
 
-import pytest
-
-
 from ..conftest import wait_for
-from .test_two_kernels import CELL, Kernel
+from .test_two_kernels import CELL
 
 DASHBOARDS = """from IPython.display import display
 from kernel_runtime.widgets import Dashboard
@@ -16,13 +13,6 @@ boards = [job.dashboard()] + [Dashboard(job) for _ in range(9)]
 for board in boards:
     display(board)
 """
-
-
-@pytest.fixture
-def kernel():
-    started = Kernel()
-    yield started
-    started.close()
 
 
 def test_ten_live_dashboards_leave_a_three_second_cell_at_three_seconds(kernel):
