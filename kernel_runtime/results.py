@@ -24,7 +24,7 @@ import pandas as pd
 import pyarrow as pa
 
 from cluster.graph.job_graph import JobGraph
-from cluster.graph.operator_kinds import KINDS
+from cluster.graph.operator_kinds import upsert_key as upsert_key_of
 
 APPEND, UPDATE, SINGLE = "append", "update", "single"
 MODES = (APPEND, UPDATE, SINGLE)
@@ -243,8 +243,7 @@ def upsert_key(graph: JobGraph, sink_uid: str) -> Optional[list[str]]:
             if len(inputs) != 1 or inputs[0][1].side_output is not None:
                 return None
             upstream = graph.vertex(inputs[0][1].source).operators[-1]
-        key = upstream.params.get("key")
-        return list(key) if KINDS[upstream.kind].upsert and key else None
+        return upsert_key_of(upstream.kind, upstream.params)
     raise KeyError(f"the job graph has no operator {sink_uid}")
 
 

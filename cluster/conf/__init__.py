@@ -265,6 +265,8 @@ OPTIONS: dict[str, ConfigOption] = {
         ConfigOption("state.backend.type", _enum("hashmap", "heap", "rocksdb"), "Keyed state backend."),
         ConfigOption("execution.savepoint.path", _str_or_empty, "Savepoint (or checkpoint) a job starts from."),
         ConfigOption("io.tmp.dirs", _str_or_empty, "Working directory of TaskManagers (RocksDB); empty: the system's."),
+        ConfigOption("pipeline.auto-watermark-interval", parse_duration_ms,
+                     "How often sources emit watermarks (0: after every batch they read, deterministic)."),
         ConfigOption("execution.buffer-timeout", parse_duration_ms,
                      "Longest a partly filled batch waits before it is sent."),
         ConfigOption("execution.batch-size", _int(1), "Rows at which a batch is sent at once."),
@@ -373,6 +375,7 @@ class TaskConfig:
     checkpointing_mode: str = _key("execution.checkpointing.mode")
     batch_size: int = _key("execution.batch-size")
     buffer_timeout_ms: int = _key("execution.buffer-timeout")
+    watermark_interval_ms: int = _key("pipeline.auto-watermark-interval")
     state_backend: str = _key("state.backend.type")
     tmp_dir: str = _key("io.tmp.dirs")
     spark_master: str = _key("taskmanager.spark.master")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import Optional
 
 
 class Role(Enum):
@@ -39,6 +40,7 @@ class OperatorKind:
     stateful: bool = False  # restores something from a checkpoint (a position, keyed state, pending files)
     spark: bool = False     # runs on the TaskManager's SparkSession; consecutive ones fuse into one plan
     upsert: bool = False    # emits, per batch, the new value of every key it touched
+    two_inputs: bool = False  # a join: params["left_inputs"] of its input edges are its left side
 
     @property
     def is_source(self) -> bool:
@@ -80,6 +82,14 @@ KINDS: dict[str, OperatorKind] = declare([
     OperatorKind("redis-stream-sink", _SINK),
     OperatorKind("discarding-sink", _SINK),
 ])
+
+
+def upsert_key(kind: str, params: dict) -> Optional[list[str]]:
+    """The columns an upsert operator's rows are keyed by (None for any other operator)."""
+    if not KINDS[kind].upsert:
+        return None
+    key = params.get("upsert_key", params.get("key"))
+    return list(key) if key else None
 
 
 def operator_kind(name: object) -> OperatorKind:

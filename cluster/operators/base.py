@@ -89,6 +89,31 @@ class Operator:
     def close(self) -> None:
         pass
 
+    # ------------------------------------------------------------------ time
+    # Watermarks are epoch milliseconds: watermark t says no row of timestamp <= t is to come
+    # (cluster.operators.watermarks). The task calls these on its thread, between batches.
+    uses_processing_time = False  # the task calls on_processing_time only on operators that say so
+    generates_watermarks = False  # the task asks periodic_watermark of these (timestamps-watermarks)
+
+    def process_watermark(self, watermark: int) -> tuple[list[pa.Table], Optional[int]]:
+        """The input watermark advanced to ``watermark``, after every row before it: the tables
+        to pass on (windows it fired) and the watermark to pass on (None: none, as an operator that
+        makes watermarks of its own)."""
+        return [], watermark
+
+    def on_processing_time(self, now_ms: int) -> list[pa.Table]:
+        """Processing-time timers due at ``now_ms`` (wall clock, epoch ms): the tables they emit."""
+        return []
+
+    def periodic_watermark(self) -> Optional[tuple[int, bool]]:
+        """(watermark, idle) for an operator that generates watermarks, asked every
+        ``pipeline.auto-watermark-interval``; None if it has none to give yet."""
+        return None
+
+    def process_side(self, side: int, table: pa.Table) -> list[pa.Table]:
+        """A batch of a two-input operator (joins): ``side`` 0 is the left input, 1 the right."""
+        raise TypeError(f"{self.spec.where()} has one input, not two")
+
     def metrics(self) -> dict:
         """Operator-specific figures added to the task's metrics."""
         return {}

@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional
 from cluster.conf import Configuration, ConfigError
 from cluster.graph.chaining import StreamEdge, StreamNode, build_job_graph
 from cluster.graph.job_graph import GraphValidationError, JobGraph, OperatorSpec, ShipStrategy
-from cluster.graph.operator_kinds import KINDS, Role
+from cluster.graph.operator_kinds import KINDS, Role, upsert_key
 
 from ..client import JobClient, JobExecutionResult, JobHandle
 from ..local_cluster import ClusterInfo, LocalCluster
@@ -110,13 +110,13 @@ class StreamEnvironment:
             for edge in node.inputs:
                 if edge.ship_strategy == "DEFAULT":  # Flink's rule: forward if it can, else rebalance
                     upstream = next(n for n in self._nodes if n.uid == edge.source)
-                    upsert_key = upstream.spec.params.get("key") if KINDS[upstream.spec.kind].upsert else None
+                    upserts_by = upsert_key(upstream.spec.kind, upstream.spec.params)
                     if upstream.parallelism == node.parallelism:
                         edge.ship_strategy = ShipStrategy.FORWARD
-                    elif upsert_key and KINDS[node.spec.kind].is_sink and edge.side_output is None:
+                    elif upserts_by and KINDS[node.spec.kind].is_sink and edge.side_output is None:
                         # a sink gets each key's updates in order (Flink's table.exec.sink.keyed-shuffle):
                         # rebalanced, an older update of a key could overtake a newer one
-                        edge.ship_strategy, edge.key = ShipStrategy.HASH, list(upsert_key)
+                        edge.ship_strategy, edge.key = ShipStrategy.HASH, upserts_by
                     else:
                         edge.ship_strategy = ShipStrategy.REBALANCE
                 if node.parallelism > self.max_parallelism:

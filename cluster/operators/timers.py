@@ -1,0 +1,126 @@
+"""Timers per key, in event time and processing time: Flink's InternalTimerService.
+
+A timer is (timestamp, key, namespace): the window operator's namespace is its window (start,
+end), a process function's is None. Registering the same timer twice keeps one. Event-time timers
+fire when the watermark reaches their timestamp, processing-time ones when the wall clock does,
+in timestamp order.
+
+Timers live in the operator's keyed state backend (one state per domain, keyed by
+(key, timestamp, namespace) under the key's key group, which is also the value), so they are checkpointed, restored and
+rescaled with the rest of its state, by either backend. An index in memory (times in a heap, the
+timers of each time in a set) answers "what is due" without scanning the backend; ``restore``
+rebuilds it from the backend after the backend restored.
+
+Thread use: the owning operator's task thread only.
+"""
+from __future__ import annotations
+
+import heapq
+from typing import Any, Iterable, NamedTuple, Optional, Sequence
+
+EVENT_TIME, PROCESSING_TIME = "event", "processing"
+DOMAINS = (EVENT_TIME, PROCESSING_TIME)
+
+
+class Timer(NamedTuple):
+    timestamp: int
+    key_group: int
+    key: Any
+    namespace: Any
+
+
+class _Index:
+    """Timers by time: a heap of times (a time may be in it more than once, or stale) and the
+    pending timers of each time."""
+
+    def __init__(self) -> None:
+        self.times: list[int] = []
+        self.at: dict[int, set[tuple[int, Any, Any]]] = {}
+
+    def add(self, timestamp: int, entry: tuple[int, Any, Any]) -> None:
+        pending = self.at.get(timestamp)
+        if pending is None:
+            pending = self.at[timestamp] = set()
+            heapq.heappush(self.times, timestamp)
+        pending.add(entry)
+
+    def remove(self, timestamp: int, entry: tuple[int, Any, Any]) -> bool:
+        pending = self.at.get(timestamp)
+        if pending is None or entry not in pending:
+            return False
+        pending.discard(entry)
+        if not pending:
+            del self.at[timestamp]  # its time stays in the heap until popped: skipped then
+        return True
+
+    def pop_until(self, until: int) -> list[Timer]:
+        due: list[Timer] = []
+        while self.times and self.times[0] <= until:
+            timestamp = heapq.heappop(self.times)
+            for key_group, key, namespace in sorted(self.at.pop(timestamp, ()), key=repr):
+                due.append(Timer(timestamp, key_group, key, namespace))
+        return due
+
+    def next_time(self) -> Optional[int]:
+        while self.times and self.times[0] not in self.at:
+            heapq.heappop(self.times)
+        return self.times[0] if self.times else None
+
+    def __len__(self) -> int:
+        return sum(len(p) for p in self.at.values())
+
+
+class TimerService:
+    def __init__(self, backend, name: str = "timers"):
+        self.backend = backend
+        self._states = {domain: f"_{name}/{domain}" for domain in DOMAINS}
+        self._index = {domain: _Index() for domain in DOMAINS}
+
+    def register(self, domain: str, key_group: int, key, timestamp: int, namespace=None) -> None:
+        self.register_many(domain, [key_group], [key], [timestamp], [namespace])
+
+    def register_many(self, domain: str, key_groups: Sequence[int], keys: Sequence,
+                      timestamps: Sequence[int], namespaces: Sequence) -> None:
+        index = self._index[domain]
+        groups, entries = [], []
+        for key_group, key, timestamp, namespace in zip(key_groups, keys, timestamps, namespaces, strict=True):
+            timestamp = int(timestamp)
+            pending = index.at.get(timestamp)
+            if pending is not None and (key_group, key, namespace) in pending:
+                continue
+            index.add(timestamp, (key_group, key, namespace))
+            groups.append(key_group)
+            entries.append((key, timestamp, namespace))
+        if entries:
+            self.backend.put_many(self._states[domain], groups, entries, groups)  # the value: its key group
+
+    def delete(self, domain: str, key_group: int, key, timestamp: int, namespace=None) -> None:
+        if self._index[domain].remove(int(timestamp), (key_group, key, namespace)):
+            self.backend.put(self._states[domain], key_group, (key, int(timestamp), namespace), None)
+
+    def pop_due(self, domain: str, until: int) -> list[Timer]:
+        """The timers with timestamp <= ``until``, in timestamp order, removed."""
+        due = self._index[domain].pop_until(until)
+        if due:
+            self.backend.put_many(self._states[domain], [t.key_group for t in due],
+                                  [(t.key, t.timestamp, t.namespace) for t in due], [None] * len(due))
+        return due
+
+    def next_time(self, domain: str) -> Optional[int]:
+        return self._index[domain].next_time()
+
+    def pending(self, domain: str) -> int:
+        return len(self._index[domain])
+
+    def restore(self) -> None:
+        """Rebuild the index from the backend, after it restored."""
+        for domain in DOMAINS:
+            index = self._index[domain] = _Index()
+            for (key, timestamp, namespace), key_group in self.backend.items(self._states[domain]):
+                index.add(timestamp, (key_group, key, namespace))
+
+    def timers(self, domain: str) -> Iterable[Timer]:
+        """Every pending timer of the domain, in no particular order (for tests and views)."""
+        for timestamp, pending in self._index[domain].at.items():
+            for key_group, key, namespace in pending:
+                yield Timer(timestamp, key_group, key, namespace)
