@@ -12,8 +12,40 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
 # Flink's Long.MIN_VALUE watermark: nothing seen yet
 NO_WATERMARK = -(1 << 63)
+# Flink's Long.MAX_VALUE watermark: the end of input, every window fires
+MAX_WATERMARK = (1 << 63) - 1
+
+
+class TimestampError(ValueError):
+    """A rowtime column that is missing or holds no time."""
+
+
+def rowtime_ms(table: pa.Table, column: str, where: str) -> np.ndarray:
+    """The event time of each row, epoch milliseconds: the rowtime ``column`` of ``table``, an
+    Arrow timestamp of any unit or an integer (already milliseconds). Nulls are an error: a row
+    without a time cannot be placed in a window."""
+    if column not in table.column_names:
+        raise TimestampError(f"{where}: the timestamp column {column!r} is not in its input "
+                             f"(columns: {table.column_names})")
+    values = table.column(column)
+    kind = values.type
+    if pa.types.is_timestamp(kind):
+        values = pc.cast(values, pa.timestamp("ms", kind.tz)).cast(pa.int64())
+    elif pa.types.is_date(kind):
+        values = pc.cast(pc.cast(values, pa.date64()), pa.int64())
+    elif not pa.types.is_integer(kind):
+        raise TimestampError(f"{where}: the timestamp column {column!r} is {kind}, not a time: give a "
+                             "timestamp column or integer epoch milliseconds")
+    if values.null_count:
+        raise TimestampError(f"{where}: the timestamp column {column!r} has {values.null_count} null "
+                             "value(s); every row needs an event time")
+    return values.to_numpy().astype(np.int64, copy=False)
 
 
 class BoundedOutOfOrderness:
