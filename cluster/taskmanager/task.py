@@ -60,7 +60,7 @@ class CheckpointResponder(Protocol):
     def end_of_input(self, task: "Task") -> None: ...
 
 
-_CALL_USER = Operator.call_user.__code__  # the frame a task runs a user's function in
+_CALL_USER = Operator.call.__code__  # the frame a task runs a user's function in
 
 WINDOW_S = 1.0  # Flink's *TimeMsPerSecond: the shares of time in the last window, in ms per second
 
