@@ -14,9 +14,11 @@ of every key the batch touched: an upsert stream whose latest row per key is the
 from __future__ import annotations
 
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, Optional
 
+import cloudpickle
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -26,6 +28,8 @@ from cluster.state.key_groups import key_group_range, key_groups_of_frame
 
 from .base import Operator, OperatorSnapshot, UserFunctionError
 from .sources import to_table
+from .timers import EVENT_TIME, PROCESSING_TIME, TimerService
+from .watermarks import NO_WATERMARK
 
 # partial aggregates: how each function is computed from a batch and merged into state
 PARTIALS = {"sum": ("s",), "count": ("c",), "min": ("min",), "max": ("max",), "mean": ("s", "c")}
@@ -283,13 +287,44 @@ class MapState:
         self._access._put(self._name, None)
 
 
-class KeyedStateAccess:
-    """What a process function gets: the state of the current key, by name, as Flink's handles."""
+class TimerAccess:
+    """Flink's TimerService as a process function sees it: timers of the current key."""
 
-    def __init__(self, backend):
+    def __init__(self, access: "KeyedStateAccess", timers: TimerService):
+        self._access, self._timers = access, timers
+        self.watermark = NO_WATERMARK  # the operator's current event time
+
+    def current_watermark(self) -> int:
+        return self.watermark
+
+    def current_processing_time(self) -> int:
+        return int(time.time() * 1000)
+
+    def register_event_time_timer(self, timestamp: int) -> None:
+        self._timers.register(EVENT_TIME, self._access._group, self._access.key, int(timestamp))
+
+    def register_processing_time_timer(self, timestamp: int) -> None:
+        self._timers.register(PROCESSING_TIME, self._access._group, self._access.key, int(timestamp))
+
+    def delete_event_time_timer(self, timestamp: int) -> None:
+        self._timers.delete(EVENT_TIME, self._access._group, self._access.key, int(timestamp))
+
+    def delete_processing_time_timer(self, timestamp: int) -> None:
+        self._timers.delete(PROCESSING_TIME, self._access._group, self._access.key, int(timestamp))
+
+
+class KeyedStateAccess:
+    """What a process function gets: the state of the current key, by name, as Flink's handles,
+    and its timers (``timer_service()``)."""
+
+    def __init__(self, backend, timers: Optional[TimerService] = None):
         self._backend = backend
         self.key: Any = None
         self._group = 0
+        self._timer_access = TimerAccess(self, timers or TimerService(backend))
+
+    def timer_service(self) -> TimerAccess:
+        return self._timer_access
 
     def _at(self, key, key_group: int) -> "KeyedStateAccess":
         self.key, self._group = key, key_group
@@ -313,11 +348,52 @@ class KeyedStateAccess:
 
 class KeyedProcess(KeyedOperator, kind="keyed-process"):
     """udf: fn(key, rows: DataFrame, state: KeyedStateAccess) -> DataFrame or None, per key and
-    batch."""
+    batch; params["on_timer"] (pickled): on_timer(key, timestamp, state) -> DataFrame or None, for
+    each timer the function registered (``state.timer_service()``), event-time ones once the
+    watermark reaches them, processing-time ones once the clock does."""
+
+    uses_processing_time = True
 
     def open(self) -> None:
         super().open()
-        self.access = KeyedStateAccess(self.backend)
+        self.timers = TimerService(self.backend)
+        self.access = KeyedStateAccess(self.backend, self.timers)
+        pickled = self.params.get("on_timer")
+        self.on_timer: Optional[Callable] = cloudpickle.loads(pickled) if pickled else None
+
+    def process_watermark(self, watermark: int) -> tuple[list[pa.Table], Optional[int]]:
+        self.access.timer_service().watermark = watermark
+        return self._fire(self.timers.pop_due(EVENT_TIME, watermark)), watermark
+
+    def on_processing_time(self, now_ms: int) -> list[pa.Table]:
+        next_time = self.timers.next_time(PROCESSING_TIME)
+        if next_time is None or next_time > now_ms:
+            return []
+        return self._fire(self.timers.pop_due(PROCESSING_TIME, now_ms))
+
+    def _fire(self, due: list) -> list[pa.Table]:
+        if not due:
+            return []
+        if self.on_timer is None:
+            raise UserFunctionError(f"{self.spec.where()}: a timer fired and the process function has no "
+                                    "on_timer to call: process(fn, on_timer=...)", self.spec.name, self.spec.call_site)
+        out = []
+        for timer in due:
+            result = self.call(self.on_timer, timer.key, timer.timestamp, self.access._at(timer.key, timer.key_group))
+            if result is not None:
+                out.append(to_table(result, f"{self.spec.where()}: the on_timer function"))
+        return [pa.concat_tables(out, promote_options="default")] if out else []
+
+    def snapshot_state(self, checkpoint_id: int) -> OperatorSnapshot:
+        snapshot = super().snapshot_state(checkpoint_id)
+        snapshot.handle["watermark"] = self.access.timer_service().watermark
+        return snapshot
+
+    def restore_state(self, handles: list[dict]) -> None:
+        super().restore_state(handles)
+        self.timers.restore()
+        self.access.timer_service().watermark = min((h.get("watermark", NO_WATERMARK) for h in handles),
+                                                    default=NO_WATERMARK)
 
     def process(self, table: pa.Table) -> list[pa.Table]:
         if table.num_rows == 0:
