@@ -44,7 +44,8 @@ class WatermarksView(HTMLComponent):
             return ""
         newest = "none yet" if job.newest is None else time_text(job.newest)
         rows = [[esc(v.name),
-                 f'<span class="streamlab-watermark" data-watermark="{v.watermark}">{esc(time_text(v.watermark))}</span>',
+                 f'<span class="streamlab-watermark" data-watermark="{v.watermark}">'
+                 f'{esc(time_text(v.watermark))}</span>',
                  f'<span class="streamlab-lag" data-lag-ms="{"" if v.lag_ms is None else v.lag_ms}">'
                  f'{"" if v.lag_ms is None else esc(duration_text(v.lag_ms))}</span>',
                  f'<span class="streamlab-late" data-late="{v.late_dropped}">{v.late_dropped:,}</span>']
