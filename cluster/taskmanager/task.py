@@ -39,7 +39,8 @@ from cluster.operators.base import Operator, OperatorContext, SourceOperator, Ta
 from cluster.operators.spark import SparkChain
 from cluster.operators.watermarks import MAX_WATERMARK
 from cluster.protocol.messages import AddCredit, BufferResponse, EndOfPartition, Message, Watermark, WatermarkStatus
-from cluster.protocol.metrics import CHECKPOINTED_COUNTERS, restored_counters
+from cluster.protocol.metrics import (CHECKPOINTED_COUNTERS, CURRENT_INPUT_WATERMARK, CURRENT_OUTPUT_WATERMARK,
+                                      NEWEST_EVENT_TIMESTAMP, NUM_LATE_RECORDS_DROPPED, restored_counters)
 from cluster.protocol.serde import ipc_to_table, table_to_ipc
 from cluster.state.key_groups import key_groups_of, operator_index_for_key_group
 
@@ -378,9 +379,15 @@ class Task:
     def metrics_snapshot(self) -> dict:
         operator_metrics: dict = {}
         for op in self._chain:
-            operator_metrics.update(op.metrics())
-        time_metrics = {} if self._time is None else {"currentInputWatermark": self._time.input_watermark,
-                                                      "currentOutputWatermark": self._time.output_watermark}
+            for name, value in op.metrics().items():
+                # several operators of a chain may report one of these: the task's is their max / sum
+                if name == NEWEST_EVENT_TIMESTAMP and name in operator_metrics:
+                    value = max(value, operator_metrics[name])
+                elif name == NUM_LATE_RECORDS_DROPPED and name in operator_metrics:
+                    value += operator_metrics[name]
+                operator_metrics[name] = value
+        time_metrics = {} if self._time is None else {CURRENT_INPUT_WATERMARK: self._time.input_watermark,
+                                                      CURRENT_OUTPUT_WATERMARK: self._time.output_watermark}
         return {"execution_id": self.execution_id, "job_id": self.tdd.job_id,
                 "vertex_id": self.tdd.vertex["id"], "subtask": self.tdd.subtask, "detail": self.detail,
                 "input-queue": self._gate.queued() if self._gate else 0} | self.metrics.snapshot() \
