@@ -165,6 +165,13 @@ def spark_window_partials(spec: dict) -> Callable:
     return step
 
 
+def _timer_columns(entries: list) -> tuple[list, list, list, list]:
+    """Key groups, keys, window starts and ends of window timers (key group, key, window), as lists
+    (not zip(*...), which is slow for many)."""
+    return ([e[0] for e in entries], [e[1] for e in entries], [e[2][0] for e in entries],
+            [e[2][1] for e in entries])
+
+
 class WindowOperator(KeyedOperator, kind="window"):
     """params: key, assigner, time, rowtime, function, aggregations, allowed_lateness, late_tag,
     pre_aggregated (see the module doc and the design). udf: reduce fn(acc_df, new_df) -> df or
@@ -287,6 +294,7 @@ class WindowOperator(KeyedOperator, kind="window"):
         windows = by.iloc[first].reset_index(drop=True)
         groups, keys, state_keys = self._slots(windows)
         acc = self.backend.get_many(WINDOW_STATE, groups, state_keys)
+        new = None if self.sessions else np.array([a is None for a in acc], dtype=bool)
         if self.function == "reduce":
             fold_rows(frame, slots, acc, self.call_user, self.spec.where())
         else:
@@ -297,7 +305,7 @@ class WindowOperator(KeyedOperator, kind="window"):
                 rows = table.take(pa.array(order[bounds[slot]:bounds[slot + 1]]))
                 acc[slot] = rows if acc[slot] is None else pa.concat_tables([acc[slot], rows])
         self.backend.put_many(WINDOW_STATE, groups, state_keys, acc)
-        return self._after_add(windows, groups, keys, acc)
+        return self._after_add(windows, groups, keys, acc, new)
 
     def _merge_aggregates(self, partials: pd.DataFrame) -> list[pa.Table]:
         groups, keys, state_keys = self._slots(partials)
@@ -306,7 +314,8 @@ class WindowOperator(KeyedOperator, kind="window"):
         had = np.fromiter((o is not None for o in old), dtype=bool, count=len(old))
         if had.any():
             at = np.flatnonzero(had)
-            previous = list(zip(*[old[i] for i in at]))
+            olds = [old[i] for i in at]
+            previous = [[o[j] for o in olds] for j in range(len(self.state_columns))]  # not zip(*): slow for many
             kinds = [kind for _, kind, _ in self.partials] + ["c"]
             for j, kind in enumerate(kinds):
                 before = np.asarray(previous[j])
@@ -315,7 +324,7 @@ class WindowOperator(KeyedOperator, kind="window"):
                 columns[j] = column
         values = list(zip(*[c.tolist() for c in columns]))
         self.backend.put_many(WINDOW_STATE, groups, state_keys, values)
-        return self._after_add(partials, groups, keys, values)
+        return self._after_add(partials, groups, keys, values, None if self.sessions else ~had)
 
     def _slots(self, windows: pd.DataFrame) -> tuple[list, list, list]:
         """(key groups, keys, state keys) of the windows of a frame with the key columns,
@@ -328,27 +337,32 @@ class WindowOperator(KeyedOperator, kind="window"):
         else:
             key_frame = windows[self.key]
             groups = key_groups_of_frame(key_frame, self.ctx.max_parallelism).tolist()
-            if len(self.key) == 1:
-                keys = key_frame[self.key[0]].astype(object).tolist()
-            else:
-                keys = [tuple(row) for row in key_frame.astype(object).values.tolist()]
+            # python natives, as KeyedOperator.group makes them (Series.tolist converts numpy scalars)
+            keys = key_frame[self.key[0]].tolist() if len(self.key) == 1 else \
+                list(zip(*[key_frame[k].tolist() for k in self.key]))
         return groups, keys, list(zip(keys, starts, ends))
 
-    def _after_add(self, windows: pd.DataFrame, groups: list, keys: list, values: list) -> list[pa.Table]:
-        """Timers for the windows just added to; those whose time has passed fire at once (late
-        rows within the allowed lateness: an updated row)."""
+    def _after_add(self, windows: pd.DataFrame, groups: list, keys: list, values: list,
+                   new: Optional[np.ndarray]) -> list[pa.Table]:
+        """Timers for the windows just added to (``new``: those that had no state, so no timers
+        yet; None: all); those whose time has passed fire at once (late rows within the allowed
+        lateness: an updated row)."""
         starts = windows["window_start"].to_numpy(np.int64)
         ends = windows["window_end"].to_numpy(np.int64)
         max_ts = ends - 1
         now = self.watermark if self.domain == EVENT_TIME else self.clock()
-        namespaces = list(zip(starts.tolist(), ends.tolist()))
         due = max_ts <= now if self.domain == EVENT_TIME else np.zeros(len(ends), dtype=bool)
-        pending = np.flatnonzero(~due)
-        if len(pending):
-            self.timers.register_many(self.domain, [groups[i] for i in pending], [keys[i] for i in pending],
-                                      max_ts[pending].tolist(), [namespaces[i] for i in pending])
-        if self.lateness:
-            self.timers.register_many(self.domain, groups, keys, (max_ts + self.lateness).tolist(), namespaces)
+        timed = np.ones(len(ends), dtype=bool) if new is None else new
+        for at, when in ((timed & ~due, max_ts), (timed, max_ts + self.lateness) if self.lateness else (None, None)):
+            if at is None or not at.any():
+                continue
+            if at.all():
+                self.timers.register_many(self.domain, groups, keys, when.tolist(),
+                                          list(zip(starts.tolist(), ends.tolist())))
+            else:
+                rows = np.flatnonzero(at)
+                self.timers.register_many(self.domain, [groups[i] for i in rows], [keys[i] for i in rows],
+                                          when[rows].tolist(), list(zip(starts[rows].tolist(), ends[rows].tolist())))
         fire = np.flatnonzero(due)
         if not len(fire):
             return []
@@ -445,30 +459,30 @@ class WindowOperator(KeyedOperator, kind="window"):
         return self._on_timers(PROCESSING_TIME, now_ms) if self.domain == PROCESSING_TIME else []
 
     def _on_timers(self, domain: str, until: int) -> list[pa.Table]:
-        due = self.timers.pop_due(domain, until)
-        if not due:
-            return []
-        fire = [t for t in due if t.timestamp == t.namespace[1] - 1]
-        clear = [t for t in due if t.timestamp == t.namespace[1] - 1 + self.lateness]
         out = []
-        if fire:
-            values = self.backend.get_many(WINDOW_STATE, [t.key_group for t in fire],
-                                           [(t.key, *t.namespace) for t in fire])
-            live = [i for i, v in enumerate(values) if v is not None]
-            if live:
-                out = self._emit([fire[i].key for i in live], np.array([fire[i].namespace[0] for i in live]),
-                                 np.array([fire[i].namespace[1] for i in live]), [values[i] for i in live])
-        if clear:
-            self.backend.put_many(WINDOW_STATE, [t.key_group for t in clear],
-                                  [(t.key, *t.namespace) for t in clear], [None] * len(clear))
-            if self.sessions:
-                self._forget_sessions(clear)
-        return out
+        for timestamp, entries in self.timers.pop_due_by_time(domain, until):
+            # a window's timer at its max timestamp fires it, the one at max + lateness clears it
+            fire = [e for e in entries if timestamp == e[2][1] - 1]
+            clear = [e for e in entries if timestamp == e[2][1] - 1 + self.lateness]
+            if fire:
+                groups, keys, starts, ends = _timer_columns(fire)
+                values = self.backend.get_many(WINDOW_STATE, groups, list(zip(keys, starts, ends)))
+                if None in values:  # no rows (state moved by a merge, or a restore that had none)
+                    live = [i for i, v in enumerate(values) if v is not None]
+                    keys, starts, ends, values = ([column[i] for i in live] for column in (keys, starts, ends, values))
+                if values:
+                    out += self._emit(keys, np.array(starts, dtype=np.int64), np.array(ends, dtype=np.int64), values)
+            if clear:
+                groups, keys, starts, ends = _timer_columns(clear)
+                self.backend.put_many(WINDOW_STATE, groups, list(zip(keys, starts, ends)), [None] * len(clear))
+                if self.sessions:
+                    self._forget_sessions(groups, keys, starts, ends)
+        return [pa.concat_tables(out)] if len(out) > 1 and self.function != "process" else out
 
-    def _forget_sessions(self, cleared: list) -> None:
+    def _forget_sessions(self, groups: list, keys: list, starts: list, ends: list) -> None:
         by_key: dict[tuple, set] = {}
-        for t in cleared:
-            by_key.setdefault((t.key_group, t.key), set()).add(TimeWindow(*t.namespace))
+        for group, key, start, end in zip(groups, keys, starts, ends):
+            by_key.setdefault((group, key), set()).add(TimeWindow(start, end))
         groups = [g for g, _ in by_key]
         keys = [k for _, k in by_key]
         sets = self.backend.get_many(SESSION_STATE, groups, keys)
@@ -480,8 +494,7 @@ class WindowOperator(KeyedOperator, kind="window"):
     def _key_columns(self, keys: list) -> dict:
         if len(self.key) == 1:
             return {self.key[0]: keys}
-        return {name: list(column) for name, column in zip(self.key, zip(*keys))} if keys else \
-            {name: [] for name in self.key}
+        return {name: [key[i] for key in keys] for i, name in enumerate(self.key)}
 
     def _emit(self, keys: list, starts: np.ndarray, ends: np.ndarray, values: list) -> list[pa.Table]:
         """The output rows of fired windows."""
@@ -493,8 +506,7 @@ class WindowOperator(KeyedOperator, kind="window"):
             frame = pd.DataFrame(values, columns=self.columns)
             rest = {c: pa.array(frame[c]) for c in frame.columns if c not in self.key}
             return [pa.table({**self._key_columns(keys), **window, **rest})]
-        columns = list(zip(*values))
-        by_name = {name: np.asarray(column) for name, column in zip(self.state_columns, columns)}
+        by_name = {name: np.asarray([v[j] for v in values]) for j, name in enumerate(self.state_columns)}
         if self.function == "count":
             return [pa.table({**self._key_columns(keys), **window, "count": by_name[ROWS].astype(np.int64)})]
         out = {}

@@ -243,6 +243,27 @@ def test_allowed_lateness_fires_updated_rows_and_clears_state_after_it(backend, 
     assert driven.op.timers.pending("event") == 0 and not list(driven.op.backend.items("window"))
 
 
+def test_the_boundaries_of_firing_lateness_and_cleanup_are_flinks(backend, tmp_path):
+    """A window [0, 1000) fires at watermark 999; with lateness L a row for it is late once
+    999 + L <= watermark, and its state is cleared at that watermark."""
+    for lateness in (0, 1):
+        driven = Driven("window", window_params({"type": "tumbling", "size": 1000}, "count", lateness=lateness),
+                        backend, tmp_path / str(lateness))
+        row = lambda t: pa.table({"k": ["a"], "v": [1], "ts": pa.array([BASE + t], pa.int64())})  # noqa: E731
+        counts = lambda tables: [(r["window_start"] - BASE, r["count"]) for r in emitted(tables).to_dict("records")] \
+            if tables else []  # noqa: E731
+        assert driven.op.process(row(10)) == [] and driven.op.process_watermark(BASE + 998)[0] == []
+        assert counts(driven.op.process_watermark(BASE + 999)[0]) == [(0, 1)]
+        late_again = counts(driven.op.process(row(999)))
+        assert late_again == ([] if lateness == 0 else [(0, 2)])
+        assert driven.op.metrics()["numLateRecordsDropped"] == (1 if lateness == 0 else 0)
+        assert counts(driven.op.process(row(1000))) == []  # the next window is not late
+        driven.op.process_watermark(BASE + 999 + lateness)
+        assert [k for k, _ in driven.op.backend.items("window")] == [("a", BASE + 1000, BASE + 2000)]
+        assert driven.op.process(row(5)) == []
+        assert driven.op.metrics()["numLateRecordsDropped"] == (2 if lateness == 0 else 1)
+
+
 # --------------------------------------------------------------------------- sessions
 def test_sessions_merge_and_a_late_row_bridging_two_fired_sessions_fires_their_union(backend, tmp_path):
     ms = lambda t: pd.Timestamp(BASE + t, unit="ms")  # noqa: E731
@@ -329,7 +350,7 @@ def test_processing_time_windows_fire_on_the_wall_clock(backend, tmp_path):
     assert driven.op.process(table.slice(0, 1)) == []
     assert driven.op.process_watermark(BASE + 5000) == ([], BASE + 5000)  # event time does not fire it
     assert driven.op.on_processing_time(BASE + 998) == []
-    first = emitted(driven.op.on_processing_time(BASE + 999))
+    first = emitted(driven.op.on_processing_time(BASE + 999)).sort_values("k")
     assert first[["k", "window_start", "count"]].values.tolist() == [["a", BASE, 2], ["b", BASE, 1]]
     second = emitted(driven.op.on_processing_time(BASE + 2000))
     assert second[["k", "window_start", "count"]].values.tolist() == [["a", BASE + 1000, 1]]
