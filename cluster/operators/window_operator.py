@@ -33,7 +33,7 @@ import pyarrow as pa
 from cluster.state.key_groups import key_groups_of_frame
 
 from .base import Operator, OperatorSnapshot
-from .keyed import MERGE_IN_BATCH, PARTIALS, KeyedOperator, fold_rows, partial_columns
+from .keyed import MERGE, MERGE_IN_BATCH, PARTIALS, KeyedOperator, fold_rows, partial_columns
 from .sources import to_table
 from .timers import EVENT_TIME, PROCESSING_TIME, TimerService
 from .watermarks import NO_WATERMARK, rowtime_ms
@@ -45,6 +45,23 @@ ROWS, LATEST = "__rows__", "__latest__"
 # how partial columns of one (key, window) combine, vectorised over many windows at once
 MERGE_ARRAYS: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     "s": np.add, "c": np.add, "min": np.fmin, "max": np.fmax}  # fmin/fmax: a window of nulls so far is no minimum
+
+
+def _null(value) -> bool:
+    return value is None or value != value  # NaN: pandas' aggregate of no values
+
+
+def _merged(kind: str, column: np.ndarray, at: np.ndarray, before: list) -> np.ndarray:
+    """``column`` with its values at ``at`` merged with the state's ``before`` (partial ``kind``)."""
+    old = np.asarray(before)
+    if column.dtype == object or old.dtype == object:  # min/max of strings, say: python's own, as KeyedAggregate
+        merged = column.astype(object, copy=True)
+        merged[at] = [b if _null(a) else a if _null(b) else MERGE[kind](a, b)
+                      for a, b in zip(merged[at].tolist(), before)]
+        return merged
+    merged = column.astype(np.result_type(column, old), copy=True)
+    merged[at] = MERGE_ARRAYS[kind](merged[at], old)
+    return merged
 
 
 def assigner_of(spec: dict, where: str):
@@ -209,6 +226,8 @@ class WindowOperator(KeyedOperator, kind="window"):
         self.pre_aggregated = bool(params.get("pre_aggregated"))
         if self.pre_aggregated and (self.sessions or self.function not in ("aggregate", "count")):
             raise ValueError(f"{where}: only tumbling and sliding aggregate/count windows take pre-aggregated input")
+        if self.pre_aggregated and self.late_tag is not None:
+            raise ValueError(f"{where}: a window with a late side output needs its rows, not pre-aggregated input")
         self.timers = TimerService(self.backend)
         self.watermark = NO_WATERMARK
         self.late_dropped = 0
@@ -318,10 +337,7 @@ class WindowOperator(KeyedOperator, kind="window"):
             previous = [[o[j] for o in olds] for j in range(len(self.state_columns))]  # not zip(*): slow for many
             kinds = [kind for _, kind, _ in self.partials] + ["c"]
             for j, kind in enumerate(kinds):
-                before = np.asarray(previous[j])
-                column = columns[j].astype(np.result_type(columns[j], before), copy=True)
-                column[at] = MERGE_ARRAYS[kind](column[at], before)
-                columns[j] = column
+                columns[j] = _merged(kind, columns[j], at, previous[j])
         values = list(zip(*[c.tolist() for c in columns]))
         self.backend.put_many(WINDOW_STATE, groups, state_keys, values)
         return self._after_add(partials, groups, keys, values, None if self.sessions else ~had)

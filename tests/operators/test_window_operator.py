@@ -264,6 +264,21 @@ def test_the_boundaries_of_firing_lateness_and_cleanup_are_flinks(backend, tmp_p
         assert driven.op.metrics()["numLateRecordsDropped"] == (2 if lateness == 0 else 1)
 
 
+def test_window_all_and_the_min_max_of_strings(backend, tmp_path):
+    batches = scenario(seed=10, n=1000)
+    batches = [(rows.assign(name=rows["k"] + rows["v"].astype(str)), wm) for rows, wm in batches]
+    params = window_params({"type": "tumbling", "size": 1000}, key=[], upsert_key=["window_start", "window_end"])
+    params["aggregations"] = {"n": ["v", "count"], "first": ["name", "min"], "last": ["name", "max"]}
+    driven = Driven("window", params, backend, tmp_path)
+    got = emitted(driven.feed(as_tables(batches)) + driven.end())
+    accepted, late, _ = windows_reference(batches, 1000, 1000, 0)
+    expected = accepted.groupby(["window_start", "window_end"]).agg(
+        n=("v", "count"), first=("name", "min"), last=("name", "max")).reset_index()
+    assert list(got.columns) == ["window_start", "window_end", "n", "first", "last"]
+    pd.testing.assert_frame_equal(got.sort_values("window_start").reset_index(drop=True), expected, check_dtype=False)
+    assert driven.op.metrics()["numLateRecordsDropped"] == len(late) > 0
+
+
 # --------------------------------------------------------------------------- sessions
 def test_sessions_merge_and_a_late_row_bridging_two_fired_sessions_fires_their_union(backend, tmp_path):
     ms = lambda t: pd.Timestamp(BASE + t, unit="ms")  # noqa: E731
