@@ -100,9 +100,15 @@ class TimerService:
     def register_many(self, domain: str, key_groups: Sequence[int], keys: Sequence,
                       timestamps: Sequence[int], namespaces: Sequence) -> None:
         index = self._index[domain]
-        by_time: dict[int, list] = {}
-        for key_group, key, timestamp, namespace in zip(key_groups, keys, timestamps, namespaces, strict=True):
-            by_time.setdefault(int(timestamp), []).append((key_group, key, namespace))
+        timestamps = [int(t) for t in timestamps]
+        if len({len(key_groups), len(keys), len(timestamps), len(namespaces)}) != 1:
+            raise ValueError("register_many: key groups, keys, timestamps and namespaces differ in length")
+        if len(set(timestamps)) == 1:  # the usual: the keys of one window
+            by_time = {timestamps[0]: list(zip(key_groups, keys, namespaces))}
+        else:
+            by_time: dict[int, list] = {}
+            for key_group, key, timestamp, namespace in zip(key_groups, keys, timestamps, namespaces):
+                by_time.setdefault(timestamp, []).append((key_group, key, namespace))
         for timestamp, entries in by_time.items():
             # many timers share a time (a window's keys): the new ones by set difference, in C
             pending = index.at.get(timestamp)

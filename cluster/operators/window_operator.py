@@ -24,6 +24,7 @@ Thread use: the task thread only.
 from __future__ import annotations
 
 import time
+from operator import itemgetter
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -185,8 +186,12 @@ def spark_window_partials(spec: dict) -> Callable:
 def _timer_columns(entries: list) -> tuple[list, list, list, list]:
     """Key groups, keys, window starts and ends of window timers (key group, key, window), as lists
     (not zip(*...), which is slow for many)."""
-    return ([e[0] for e in entries], [e[1] for e in entries], [e[2][0] for e in entries],
-            [e[2][1] for e in entries])
+    windows = list(map(_third, entries))
+    return (list(map(_first, entries)), list(map(_second, entries)), list(map(_first, windows)),
+            list(map(_second, windows)))
+
+
+_first, _second, _third = itemgetter(0), itemgetter(1), itemgetter(2)
 
 
 class WindowOperator(KeyedOperator, kind="window"):
@@ -478,10 +483,14 @@ class WindowOperator(KeyedOperator, kind="window"):
         out = []
         for timestamp, entries in self.timers.pop_due_by_time(domain, until):
             # a window's timer at its max timestamp fires it, the one at max + lateness clears it
-            fire = [e for e in entries if timestamp == e[2][1] - 1]
-            clear = [e for e in entries if timestamp == e[2][1] - 1 + self.lateness]
+            if self.lateness:
+                fire = [e for e in entries if timestamp == e[2][1] - 1]
+                clear = [e for e in entries if timestamp == e[2][1] - 1 + self.lateness]
+            else:
+                fire = clear = entries
+            fired = _timer_columns(fire) if fire else None
             if fire:
-                groups, keys, starts, ends = _timer_columns(fire)
+                groups, keys, starts, ends = fired
                 values = self.backend.get_many(WINDOW_STATE, groups, list(zip(keys, starts, ends)))
                 if None in values:  # no rows (state moved by a merge, or a restore that had none)
                     live = [i for i, v in enumerate(values) if v is not None]
@@ -489,7 +498,7 @@ class WindowOperator(KeyedOperator, kind="window"):
                 if values:
                     out += self._emit(keys, np.array(starts, dtype=np.int64), np.array(ends, dtype=np.int64), values)
             if clear:
-                groups, keys, starts, ends = _timer_columns(clear)
+                groups, keys, starts, ends = fired if clear is fire else _timer_columns(clear)
                 self.backend.put_many(WINDOW_STATE, groups, list(zip(keys, starts, ends)), [None] * len(clear))
                 if self.sessions:
                     self._forget_sessions(groups, keys, starts, ends)
