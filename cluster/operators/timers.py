@@ -103,10 +103,10 @@ class TimerService:
         timestamps = [int(t) for t in timestamps]
         if len({len(key_groups), len(keys), len(timestamps), len(namespaces)}) != 1:
             raise ValueError("register_many: key groups, keys, timestamps and namespaces differ in length")
+        by_time: dict[int, list] = {}
         if len(set(timestamps)) == 1:  # the usual: the keys of one window
-            by_time = {timestamps[0]: list(zip(key_groups, keys, namespaces))}
+            by_time[timestamps[0]] = list(zip(key_groups, keys, namespaces))
         else:
-            by_time: dict[int, list] = {}
             for key_group, key, timestamp, namespace in zip(key_groups, keys, timestamps, namespaces):
                 by_time.setdefault(timestamp, []).append((key_group, key, namespace))
         for timestamp, entries in by_time.items():
@@ -116,10 +116,10 @@ class TimerService:
             if not new:
                 continue
             index.add_many(timestamp, new)
-            new = list(new)
-            groups = [group for group, _, _ in new]
+            added = list(new)
+            groups = [group for group, _, _ in added]
             self.backend.put_many(self._states[domain], groups,
-                                  [(key, timestamp, namespace) for _, key, namespace in new], groups)  # the value: its key group
+                                  [(key, timestamp, namespace) for _, key, namespace in added], groups)  # the value: its key group
 
     def delete(self, domain: str, key_group: int, key, timestamp: int, namespace=None) -> None:
         if self._index[domain].remove(int(timestamp), (key_group, key, namespace)):

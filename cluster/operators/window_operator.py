@@ -112,11 +112,6 @@ def window_partials(frame: pd.DataFrame, key: list[str], starts: np.ndarray, end
     return out[order].reset_index()
 
 
-def partial_spec(params: dict) -> dict:
-    """What a pre-aggregation needs: {key, rowtime, assigner, aggregations}."""
-    return {name: params[name] for name in ("key", "rowtime", "assigner", "aggregations")}
-
-
 class WindowPartial(Operator, kind="window-partial"):
     """Partial aggregates per key and window of each batch, before the exchange (no state).
     params: key, rowtime, assigner, aggregations ({} for count)."""
@@ -213,7 +208,7 @@ class WindowOperator(KeyedOperator, kind="window"):
         if params.get("time", "event") not in ("event", "processing"):
             raise ValueError(f"{where}: time must be 'event' or 'processing', not {params['time']!r}")
         self.uses_processing_time = self.domain == PROCESSING_TIME
-        self.rowtime = params.get("rowtime")
+        self.rowtime: Optional[str] = params.get("rowtime") if self.domain == EVENT_TIME else None
         if self.domain == EVENT_TIME and not self.rowtime:
             raise ValueError(f"{where}: an event-time window needs the rowtime column of its input")
         self.function = params.get("function", "aggregate")
@@ -247,7 +242,7 @@ class WindowOperator(KeyedOperator, kind="window"):
         if self.pre_aggregated:
             return self._process_partials(table)
         where = self.spec.where()
-        if self.domain == EVENT_TIME:
+        if self.rowtime is not None:  # event time (open checked it is given)
             ts = rowtime_ms(table, self.rowtime, where)
         else:
             ts = np.full(table.num_rows, self.clock(), dtype=np.int64)
@@ -374,8 +369,10 @@ class WindowOperator(KeyedOperator, kind="window"):
         now = self.watermark if self.domain == EVENT_TIME else self.clock()
         due = max_ts <= now if self.domain == EVENT_TIME else np.zeros(len(ends), dtype=bool)
         timed = np.ones(len(ends), dtype=bool) if new is None else new
-        for at, when in ((timed & ~due, max_ts), (timed, max_ts + self.lateness) if self.lateness else (None, None)):
-            if at is None or not at.any():
+        # the firing timer (unless due now) and, with lateness, the clearing one
+        registrations = [(timed & ~due, max_ts)] + ([(timed, max_ts + self.lateness)] if self.lateness else [])
+        for at, when in registrations:
+            if not at.any():
                 continue
             if at.all():
                 self.timers.register_many(self.domain, groups, keys, when.tolist(),
@@ -488,7 +485,7 @@ class WindowOperator(KeyedOperator, kind="window"):
                 clear = [e for e in entries if timestamp == e[2][1] - 1 + self.lateness]
             else:
                 fire = clear = entries
-            fired = _timer_columns(fire) if fire else None
+            fired = _timer_columns(fire)
             if fire:
                 groups, keys, starts, ends = fired
                 values = self.backend.get_many(WINDOW_STATE, groups, list(zip(keys, starts, ends)))
@@ -563,7 +560,7 @@ class WindowOperator(KeyedOperator, kind="window"):
 
     # ------------------------------------------------------------------ checkpoints and metrics
     def snapshot_state(self, checkpoint_id: int) -> OperatorSnapshot:
-        handle = {"watermark": self.watermark}
+        handle: dict[str, Any] = {"watermark": self.watermark}
         if self.columns is not None:
             handle["columns"] = self.columns
         return OperatorSnapshot(handle, keyed=self.backend.snapshot())
