@@ -321,6 +321,26 @@ def test_random_sessions_equal_the_naive_replay(backend, tmp_path):
     assert driven.op.metrics()["numLateRecordsDropped"] == len(late)
 
 
+def test_merged_sessions_combine_reduced_rows_and_kept_rows(backend, tmp_path):
+    batches = scenario(seed=5, n=400, keys="abc", step=20, batch=10)
+    expected, _ = sessions_reference(batches, 60, 300)
+    expected = final_view(expected)
+
+    def add(acc: pd.DataFrame, new: pd.DataFrame) -> pd.DataFrame:
+        return acc.assign(v=acc["v"] + new["v"])
+
+    def summary(key, window, rows: pd.DataFrame):
+        return pd.DataFrame({"total": [int(rows["v"].sum())], "n": [len(rows)]})
+
+    for function, udf in (("reduce", add), ("process", summary)):
+        params = window_params({"type": "session", "gap": 60}, function, lateness=300)
+        driven = Driven("window", params, backend, tmp_path / function, udf=udf)
+        got = final_view(emitted(driven.feed(as_tables(batches)) + driven.end()))
+        columns = ["k", "window_start", "window_end", "total"] + (["n"] if function == "process" else [])
+        got = got.rename(columns={"v": "total"})  # the reduced row's sum
+        pd.testing.assert_frame_equal(got[columns], expected[columns], check_dtype=False)
+
+
 # --------------------------------------------------------------------------- functions
 def test_reduce_and_process_functions_see_each_windows_rows(backend, tmp_path):
     batches = scenario(seed=5, n=800)
