@@ -178,6 +178,35 @@ class KeyedAggregate(KeyedOperator, kind="keyed-aggregate"):
         return [pa.Table.from_pandas(out, preserve_index=False)]
 
 
+def fold_rows(frame: pd.DataFrame, slots: np.ndarray, acc: list, reduce: Callable, where: str) -> None:
+    """Folds the rows of ``frame`` into ``acc`` in row order, as a reduce function over aligned rows:
+    row i goes into ``acc[slots[i]]`` (a row tuple, None before its first row). The function is
+    called once per rank of rows within their slot, for every slot at once, with the accumulated
+    rows and the new ones as DataFrames of the frame's columns."""
+    columns = list(frame.columns)
+    slots = np.asarray(slots)
+    rank = pd.Series(slots).groupby(slots, sort=False).cumcount().to_numpy()
+    for r in range(int(rank.max()) + 1 if len(rank) else 0):
+        at = np.flatnonzero(rank == r)
+        rows = frame.iloc[at].reset_index(drop=True)
+        values = rows.astype(object).values.tolist()  # column-wise: ints stay ints (a row-wise iloc upcasts)
+        row_slots = slots[at].tolist()
+        have = [j for j, slot in enumerate(row_slots) if acc[slot] is not None]
+        for j, slot in enumerate(row_slots):
+            if acc[slot] is None:
+                acc[slot] = tuple(values[j])
+        if have:
+            previous = pd.DataFrame([acc[row_slots[j]] for j in have], columns=columns)
+            combined = reduce(previous, rows.iloc[have].reset_index(drop=True))
+            combined = to_table(combined, f"{where}: the reduce function").to_pandas()
+            if list(combined.columns) != columns or len(combined) != len(have):
+                raise UserFunctionError(f"{where}: the reduce function must return one row per "
+                                        f"input row with the columns {columns}, got {list(combined.columns)} "
+                                        f"and {len(combined)} rows for {len(have)}")
+            for j, row in zip(have, combined.astype(object).values.tolist()):
+                acc[row_slots[j]] = tuple(row)
+
+
 class KeyedReduce(KeyedOperator, kind="keyed-reduce"):
     """udf: fn(accumulated: DataFrame, new: DataFrame) -> DataFrame, over aligned rows (one per
     key, the same columns, the key columns included); folds each key's rows in arrival order."""
@@ -186,33 +215,10 @@ class KeyedReduce(KeyedOperator, kind="keyed-reduce"):
         if table.num_rows == 0:
             return []
         frame, _, keys, groups, grouped = self.group(table)
-        columns = list(frame.columns)
-        rank = grouped.cumcount().to_numpy()
-        position = dict(zip(keys, range(len(keys))))
-        old = self.backend.get_many("reduced", groups, keys)
-        acc: list[Optional[tuple]] = list(old)
-        key_of_row = (frame[self.key[0]].astype(object).tolist() if len(self.key) == 1
-                      else [tuple(r) for r in frame[self.key].astype(object).values.tolist()])
-        for r in range(int(rank.max()) + 1):
-            rows = frame[rank == r].reset_index(drop=True)
-            values = rows.astype(object).values.tolist()  # column-wise: ints stay ints (a row-wise iloc upcasts)
-            slots = [position[key_of_row[i]] for i in np.flatnonzero(rank == r)]
-            have = [j for j, slot in enumerate(slots) if acc[slot] is not None]
-            for j, slot in enumerate(slots):
-                if acc[slot] is None:
-                    acc[slot] = tuple(values[j])
-            if have:
-                previous = pd.DataFrame([acc[slots[j]] for j in have], columns=columns)
-                combined = self.call_user(previous, rows.iloc[have].reset_index(drop=True))
-                combined = to_table(combined, f"{self.spec.where()}: the reduce function").to_pandas()
-                if list(combined.columns) != columns or len(combined) != len(have):
-                    raise UserFunctionError(f"{self.spec.where()}: the reduce function must return one row per "
-                                            f"input row with the columns {columns}, got {list(combined.columns)} "
-                                            f"and {len(combined)} rows for {len(have)}")
-                for j, row in zip(have, combined.astype(object).values.tolist()):
-                    acc[slots[j]] = tuple(row)
+        acc = self.backend.get_many("reduced", groups, keys)
+        fold_rows(frame, grouped.ngroup().to_numpy(), acc, self.call_user, self.spec.where())
         self.backend.put_many("reduced", groups, keys, acc)
-        return [pa.Table.from_pandas(pd.DataFrame(acc, columns=columns), preserve_index=False)]
+        return [pa.Table.from_pandas(pd.DataFrame(acc, columns=list(frame.columns)), preserve_index=False)]
 
 
 class ValueState:
