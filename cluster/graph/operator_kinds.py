@@ -76,6 +76,10 @@ KINDS: dict[str, OperatorKind] = declare([
     OperatorKind("keyed-reduce", _TRANSFORM, keyed=True, stateful=True, upsert=True),
     # a process function emits whatever it likes, so its output is no upsert stream
     OperatorKind("keyed-process", _TRANSFORM, keyed=True, stateful=True),
+    # joins of two keyed inputs (params key / right_key): rows wait in keyed state for the other side
+    OperatorKind("interval-join", _TRANSFORM, keyed=True, stateful=True, two_inputs=True),
+    OperatorKind("window-join", _TRANSFORM, keyed=True, stateful=True, two_inputs=True),
+    OperatorKind("temporal-join", _TRANSFORM, keyed=True, stateful=True, two_inputs=True),
     OperatorKind("collect-sink", _SINK),
     OperatorKind("print-sink", _SINK),
     OperatorKind("file-sink", _SINK, stateful=True),

@@ -1,0 +1,506 @@
+"""Joins of two keyed streams, as Flink's: the interval join, the window join and the temporal
+(versioned table) join.
+
+Both inputs arrive hash-partitioned by their key columns (params["key"] on the left,
+params["right_key"] on the right), so rows with equal key values meet in one subtask and one key
+group. Rows that wait for the other side live in the keyed state backend as tuples of python
+values (rebuilt into Arrow with their side's schema when they join), and leave it on event-time
+timers once the watermark makes a match impossible. State, timers, the watermark and the sides'
+schemas are checkpointed; a restore at another parallelism takes its key groups' share.
+
+* interval-join (Flink's IntervalJoinOperator): a left row l and a right row r of one key join when
+  ``l.ts + lower <= r.ts <= l.ts + upper``, emitted as soon as both are there. A row with
+  ``ts < watermark`` is late: dropped and counted.
+* window-join (Flink's window join, a coGroup on windows): the cross product of both sides' rows of
+  a key and window, emitted when the watermark reaches the window's end - 1, with window_start and
+  window_end. A row all of whose windows have fired is late.
+* temporal-join (Flink's temporal table join): in event time the right side is a versioned table
+  and a left row joins the version valid at its rowtime, once the watermark says no older version
+  can still come; in processing time (no left rowtime) a left row joins its key's latest right row.
+
+Joined rows: the left's columns, then the right's, without its key columns named as the left's key
+column they join, other colliding names suffixed "_right"; an optional udf fn(DataFrame) -> DataFrame
+transforms them. Thread use: the task thread only.
+"""
+from __future__ import annotations
+
+import base64
+from bisect import bisect_right
+from operator import itemgetter
+from typing import NamedTuple, Optional, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from .base import OperatorSnapshot
+from .keyed import KeyedOperator
+from .sources import to_table
+from .timers import EVENT_TIME, TimerService
+from .watermarks import NO_WATERMARK, rowtime_ms
+from .windows import SlidingWindows, TumblingWindows
+
+LEFT, RIGHT = 0, 1
+SIDES = ("left", "right")
+RIGHT_SUFFIX = "_right"
+
+
+def pairs(this_ids: np.ndarray, other_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every (i, j) with ``this_ids[i] == other_ids[j]``, as two index arrays: an equi-join on ints."""
+    order = np.argsort(other_ids, kind="stable")
+    ordered = other_ids[order]
+    starts = np.searchsorted(ordered, this_ids, "left")
+    counts = np.searchsorted(ordered, this_ids, "right") - starts
+    this = np.repeat(np.arange(len(this_ids)), counts)
+    # the j-th partner of row i is at starts[i] + j: a running index minus where row i's run began
+    run_begins = np.repeat(np.cumsum(counts) - counts, counts)
+    return this, order[np.repeat(starts, counts) + np.arange(int(counts.sum())) - run_begins]
+
+
+def runs(ids: np.ndarray) -> list[np.ndarray]:
+    """The row indices of each id, ids in ascending order, rows in their order."""
+    order = np.argsort(ids, kind="stable")
+    return np.split(order, np.flatnonzero(np.diff(ids[order])) + 1) if len(ids) else []
+
+
+def row_tuples(table: pa.Table) -> list[tuple]:
+    """The rows as tuples of python values: what waits in keyed state (immutable, picklable)."""
+    return list(zip(*(column.to_pylist() for column in table.columns)))
+
+
+def table_of(schema: pa.Schema, rows: Sequence[tuple]) -> pa.Table:
+    columns = list(zip(*rows)) if rows else [()] * len(schema)
+    return pa.Table.from_arrays([pa.array(list(values), type=field.type) for values, field in zip(columns, schema)],
+                                schema=schema)
+
+
+def _schema_to_text(schema: Optional[pa.Schema]) -> Optional[str]:
+    # the checkpoint metadata is JSON
+    return None if schema is None else base64.b64encode(schema.serialize().to_pybytes()).decode()
+
+
+def _schema_of_text(text: Optional[str]) -> Optional[pa.Schema]:
+    return None if text is None else pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
+
+
+class SideBatch(NamedTuple):
+    table: pa.Table
+    ts: Optional[np.ndarray]  # the rowtime of each row (epoch ms), None in processing time
+    ids: np.ndarray           # each row's key, as an index into keys
+    keys: list                # the distinct keys (python natives), in order of first appearance
+    key_groups: list          # their key groups
+
+
+class JoinOperator(KeyedOperator):
+    """What the three joins share. params: key, right_key (default: key), left_rowtime,
+    right_rowtime. udf: fn(joined DataFrame) -> DataFrame."""
+
+    def open(self) -> None:
+        super().open()
+        where = self.spec.where()
+        self.right_key = list(self.params.get("right_key") or self.key)
+        if not self.key or len(self.key) != len(self.right_key):
+            raise ValueError(f"{where}: the left key {self.key} and the right key {self.right_key} must "
+                             "name as many columns, at least one")
+        self.keys = (self.key, self.right_key)
+        self.rowtimes = (self.params.get("left_rowtime"), self.params.get("right_rowtime"))
+        self.schemas: list[Optional[pa.Schema]] = [None, None]
+        self.timers = TimerService(self.backend)
+        self.watermark = NO_WATERMARK
+        self.late_records = 0
+        self.newest = NO_WATERMARK
+
+    def _need_rowtimes(self, what: str) -> None:
+        missing = [f"{side}_rowtime" for side, column in zip(SIDES, self.rowtimes) if not column]
+        if missing:
+            raise ValueError(f"{self.spec.where()}: {what} is in event time and needs the rowtime column of "
+                             f"both inputs: {' and '.join(missing)} not given")
+
+    # ------------------------------------------------------------------ input
+    def process(self, table: pa.Table) -> list[pa.Table]:
+        raise TypeError(f"{self.spec.where()} joins two inputs: its batches come through process_side")
+
+    def _read(self, side: int, table: pa.Table) -> Optional[np.ndarray]:
+        """Learns the side's schema; the rows' event times (None in processing time)."""
+        self.schemas[side] = table.schema.remove_metadata()
+        column = self.rowtimes[side]
+        if column is None:
+            return None
+        ts = rowtime_ms(table, column, f"{self.spec.where()}, its {SIDES[side]} input")
+        if len(ts):
+            self.newest = max(self.newest, int(ts.max()))
+        return ts
+
+    def _drop_late(self, table: pa.Table, ts: np.ndarray, late: np.ndarray) -> tuple[pa.Table, np.ndarray]:
+        if not late.any():
+            return table, ts
+        self.late_records += int(late.sum())
+        keep = ~late
+        return table.filter(pa.array(keep)), ts[keep]
+
+    def _by_key(self, side: int, table: pa.Table, ts: Optional[np.ndarray]) -> SideBatch:
+        batch = self.group(table, keys_only=True, key=self.keys[side], input_name=f"its {SIDES[side]} input")
+        return SideBatch(table, ts, batch.grouped.ngroup().to_numpy(), batch.keys, batch.key_groups)
+
+    # ------------------------------------------------------------------ output
+    def _right_columns(self) -> list[tuple[int, str]]:
+        """(position in the right schema, name in the joined rows) of the right columns kept."""
+        left, right = self.schemas
+        same_key = {r for l, r in zip(self.key, self.right_key) if l == r}
+        kept = []
+        for i, name in enumerate(right.names):
+            if name in same_key:
+                continue
+            if name in left.names:
+                renamed = name + RIGHT_SUFFIX
+                if renamed in left.names or renamed in right.names:
+                    raise ValueError(f"{self.spec.where()}: the right input's column {name!r} collides with the "
+                                     f"left's, and so does {renamed!r}: rename one of them")
+                name = renamed
+            kept.append((i, name))
+        return kept
+
+    def _emit(self, left: pa.Table, right: Optional[pa.Table],
+              extra: Sequence[tuple[str, pa.Array]] = ()) -> list[pa.Table]:
+        """The joined rows of ``left`` and ``right``, aligned row by row (right None or a null row:
+        no match), then the ``extra`` columns, through the udf."""
+        if left.num_rows == 0:
+            return []
+        names, columns = list(left.column_names), list(left.columns)
+        if self.schemas[RIGHT] is not None:  # else no right row was ever seen: nothing to say of its columns
+            for i, name in self._right_columns():
+                names.append(name)
+                columns.append(right.column(i) if right is not None else
+                               pa.nulls(left.num_rows, self.schemas[RIGHT].field(i).type))
+        for name, column in extra:
+            names.append(name)
+            columns.append(column)
+        joined = pa.Table.from_arrays(columns, names=names)
+        if self.udf is None:
+            return [joined]
+        result = self.call_user(joined.to_pandas())
+        if result is None:
+            return []
+        result = to_table(result, f"{self.spec.where()}: the join function")
+        return [result] if result.num_rows else []
+
+    # ------------------------------------------------------------------ checkpoints
+    def snapshot_state(self, checkpoint_id: int) -> OperatorSnapshot:
+        handle = {"watermark": self.watermark, "schemas": [_schema_to_text(s) for s in self.schemas]}
+        return OperatorSnapshot(handle, keyed=self.backend.snapshot())
+
+    def restore_state(self, handles: list[dict]) -> None:
+        super().restore_state(handles)
+        self.timers.restore()
+        # the minimum: whatever any subtask had not yet seen may still come to this one
+        self.watermark = min((h.get("watermark", NO_WATERMARK) for h in handles), default=NO_WATERMARK)
+        for side in (LEFT, RIGHT):
+            texts = [h["schemas"][side] for h in handles if h.get("schemas") and h["schemas"][side]]
+            self.schemas[side] = _schema_of_text(texts[0]) if texts else None
+
+    def metrics(self) -> dict:
+        return {"numLateRecordsDropped": self.late_records, "newestEventTimestamp": self.newest}
+
+
+class IntervalJoin(JoinOperator, kind="interval-join"):
+    """params: lower, upper (ms), lower_inclusive, upper_inclusive (default True). State: the rows of
+    each side by key, each kept until the watermark passes the last time a match could come."""
+
+    BUFFERS = ("left-rows", "right-rows")
+
+    def open(self) -> None:
+        super().open()
+        self._need_rowtimes("an interval join")
+        where = self.spec.where()
+        bounds = {name: self.params.get(name) for name in ("lower", "upper")}
+        for name, value in bounds.items():
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise ValueError(f"{where}: the interval join's {name} bound must be a number of milliseconds, "
+                                 f"got {value!r}")
+        if bounds["lower"] > bounds["upper"]:
+            raise ValueError(f"{where}: the interval join's lower bound ({bounds['lower']} ms) is above its upper "
+                             f"bound ({bounds['upper']} ms)")
+        # the closed range of r.ts - l.ts that joins
+        self.lower = int(bounds["lower"]) + (0 if self.params.get("lower_inclusive", True) else 1)
+        self.upper = int(bounds["upper"]) - (0 if self.params.get("upper_inclusive", True) else 1)
+
+    def _expiry(self, side: int, ts):
+        """The first watermark from which a row of ``side`` at ``ts`` can meet no row to come (those
+        have ts >= the watermark)."""
+        return ts + self.upper + 1 if side == LEFT else ts - self.lower + 1
+
+    def process_side(self, side: int, table: pa.Table) -> list[pa.Table]:
+        ts = self._read(side, table)
+        table, ts = self._drop_late(table, ts, ts < self.watermark)
+        if table.num_rows == 0:
+            return []
+        batch = self._by_key(side, table, ts)
+        out = self._match(side, batch)
+        self._keep(side, batch)
+        return out
+
+    def _match(self, side: int, batch: SideBatch) -> list[pa.Table]:
+        other = 1 - side
+        ids, stamps, rows = [], [], []
+        for kid, waiting in enumerate(self.backend.get_many(self.BUFFERS[other], batch.key_groups, batch.keys)):
+            if waiting:
+                ids.extend([kid] * len(waiting))
+                stamps.extend(map(itemgetter(0), waiting))
+                rows.extend(map(itemgetter(1), waiting))
+        if not rows:
+            return []
+        mine, theirs = pairs(batch.ids, np.asarray(ids, dtype=np.int64))
+        their_ts = np.asarray(stamps, dtype=np.int64)[theirs]
+        gap = their_ts - batch.ts[mine] if side == LEFT else batch.ts[mine] - their_ts
+        joins = (gap >= self.lower) & (gap <= self.upper)
+        mine, theirs = mine[joins], theirs[joins]
+        if not len(mine):
+            return []
+        used, theirs = np.unique(theirs, return_inverse=True)  # rebuild only the rows that join
+        other_rows = table_of(self.schemas[other], [rows[i] for i in used]).take(theirs)
+        this_rows = batch.table.take(mine)
+        return self._emit(*((this_rows, other_rows) if side == LEFT else (other_rows, this_rows)))
+
+    def _keep(self, side: int, batch: SideBatch) -> None:
+        expiry = self._expiry(side, batch.ts)
+        useful = np.flatnonzero(expiry > self.watermark)
+        if not len(useful):
+            return
+        rows = row_tuples(batch.table.take(useful))
+        stamps = batch.ts[useful].tolist()
+        groups = runs(batch.ids[useful])
+        kids = [int(batch.ids[useful[g[0]]]) for g in groups]
+        key_groups, keys = [batch.key_groups[k] for k in kids], [batch.keys[k] for k in kids]
+        old = self.backend.get_many(self.BUFFERS[side], key_groups, keys)
+        self.backend.put_many(self.BUFFERS[side], key_groups, keys,
+                              [(o or ()) + tuple((stamps[i], rows[i]) for i in g) for o, g in zip(old, groups)])
+        self.timers.register_many(EVENT_TIME, key_groups, keys,
+                                  [int(expiry[useful[g]].min()) for g in groups], [side] * len(groups))
+
+    def process_watermark(self, watermark: int) -> tuple[list[pa.Table], Optional[int]]:
+        self.watermark = max(self.watermark, watermark)
+        due = self.timers.pop_due(EVENT_TIME, watermark)
+        for side in (LEFT, RIGHT):
+            targets = list(dict.fromkeys((t.key_group, t.key) for t in due if t.namespace == side))
+            if not targets:
+                continue
+            key_groups, keys = [g for g, _ in targets], [k for _, k in targets]
+            kept, again = [], []
+            for waiting in self.backend.get_many(self.BUFFERS[side], key_groups, keys):
+                rest = tuple(row for row in waiting or () if self._expiry(side, row[0]) > watermark)
+                kept.append(rest or None)
+                again.append(min(self._expiry(side, row[0]) for row in rest) if rest else None)
+            self.backend.put_many(self.BUFFERS[side], key_groups, keys, kept)
+            later = [i for i, t in enumerate(again) if t is not None]
+            self.timers.register_many(EVENT_TIME, [key_groups[i] for i in later], [keys[i] for i in later],
+                                      [again[i] for i in later], [side] * len(later))
+        return [], watermark
+
+
+def window_assigner(assigner: Optional[dict], where: str):
+    """The windows.py assigner of a params["assigner"] (ms); a window join takes tumbling and sliding."""
+    kind = (assigner or {}).get("type")
+    try:
+        if kind == "tumbling":
+            return TumblingWindows(assigner.get("size"), assigner.get("offset", 0) or 0)
+        if kind == "sliding":
+            return SlidingWindows(assigner.get("size"), assigner.get("slide"), assigner.get("offset", 0) or 0)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+    raise ValueError(f"{where}: a window join takes tumbling or sliding windows, not {assigner!r}")
+
+
+class WindowJoin(JoinOperator, kind="window-join"):
+    """params: assigner {"type": "tumbling"|"sliding", "size", "slide", "offset"} (ms). State: each
+    side's rows per (key, window start, window end), until the window fires."""
+
+    ROWS = ("left-window-rows", "right-window-rows")
+
+    def open(self) -> None:
+        super().open()
+        self._need_rowtimes("a window join")
+        where = self.spec.where()
+        if self.params.get("time", "event") != "event":
+            raise ValueError(f"{where}: a window join is in event time, not {self.params.get('time')!r}")
+        self.assigner = window_assigner(self.params.get("assigner"), where)
+
+    def process_side(self, side: int, table: pa.Table) -> list[pa.Table]:
+        ts = self._read(side, table)
+        if table.num_rows == 0:
+            return []
+        rows_of, starts = self.assigner.assign(ts)
+        # Flink's WindowOperator: a window is late once its max timestamp is at or below the watermark
+        live = starts + self.assigner.size - 1 > self.watermark
+        alive = np.zeros(table.num_rows, dtype=bool)
+        alive[rows_of[live]] = True
+        self.late_records += int(table.num_rows - alive.sum())
+        rows_of, starts = rows_of[live], starts[live]
+        if not len(rows_of):
+            return []
+        batch = self._by_key(side, table, ts)
+        rows = row_tuples(table)
+        kids = batch.ids[rows_of]
+        order = np.lexsort((starts, kids))  # stable: a window's rows stay in arrival order
+        bounds = np.flatnonzero((np.diff(kids[order]) != 0) | (np.diff(starts[order]) != 0)) + 1
+        groups = np.split(order, bounds)
+        firsts = [int(g[0]) for g in groups]
+        windows = [(int(starts[i]), int(starts[i]) + self.assigner.size) for i in firsts]
+        key_groups = [batch.key_groups[kids[i]] for i in firsts]
+        keys = [batch.keys[kids[i]] for i in firsts]
+        state_keys = [(key, start, end) for key, (start, end) in zip(keys, windows)]
+        old = self.backend.get_many(self.ROWS[side], key_groups, state_keys)
+        self.backend.put_many(self.ROWS[side], key_groups, state_keys,
+                              [(o or ()) + tuple(rows[rows_of[i]] for i in g) for o, g in zip(old, groups)])
+        self.timers.register_many(EVENT_TIME, key_groups, keys, [end - 1 for _, end in windows], windows)
+        return []
+
+    def process_watermark(self, watermark: int) -> tuple[list[pa.Table], Optional[int]]:
+        self.watermark = max(self.watermark, watermark)
+        due = self.timers.pop_due(EVENT_TIME, watermark)
+        if not due:
+            return [], watermark
+        key_groups = [t.key_group for t in due]
+        state_keys = [(t.key, *t.namespace) for t in due]
+        sides = [self.backend.get_many(self.ROWS[side], key_groups, state_keys) for side in (LEFT, RIGHT)]
+        for side in (LEFT, RIGHT):
+            self.backend.put_many(self.ROWS[side], key_groups, state_keys, [None] * len(due))
+        left_rows, right_rows, left_at, right_at, starts, ends = [], [], [], [], [], []
+        for timer, lefts, rights in zip(due, *sides):
+            if not lefts or not rights:
+                continue  # an inner join: a window with one side only joins nothing
+            l0, r0, n = len(left_rows), len(right_rows), len(lefts) * len(rights)
+            left_rows.extend(lefts)
+            right_rows.extend(rights)
+            left_at.append(np.repeat(np.arange(l0, l0 + len(lefts)), len(rights)))
+            right_at.append(np.tile(np.arange(r0, r0 + len(rights)), len(lefts)))
+            starts.append(np.full(n, timer.namespace[0], dtype=np.int64))
+            ends.append(np.full(n, timer.namespace[1], dtype=np.int64))
+        if not left_at:
+            return [], watermark
+        window = [(name, pa.array(np.concatenate(values)).cast(pa.timestamp("ms")))
+                  for name, values in (("window_start", starts), ("window_end", ends))]
+        out = self._emit(table_of(self.schemas[LEFT], left_rows).take(np.concatenate(left_at)),
+                         table_of(self.schemas[RIGHT], right_rows).take(np.concatenate(right_at)), window)
+        return out, watermark
+
+
+class TemporalJoin(JoinOperator, kind="temporal-join"):
+    """params: how "inner"|"left". With left_rowtime and right_rowtime (event time), state per key: the
+    right side's versions by rowtime, the left rows waiting for the watermark; without left_rowtime
+    (processing time): the latest right row per key."""
+
+    VERSIONS, PENDING, LATEST = "versions", "pending-left", "latest"
+
+    def open(self) -> None:
+        super().open()
+        self.how = self.params.get("how", "inner")
+        if self.how not in ("inner", "left"):
+            raise ValueError(f"{self.spec.where()}: a temporal join is \"inner\" or \"left\", not {self.how!r}")
+        self.event_time = self.rowtimes[LEFT] is not None
+        if self.event_time:
+            self._need_rowtimes("a temporal join with a left rowtime")
+
+    def process_side(self, side: int, table: pa.Table) -> list[pa.Table]:
+        ts = self._read(side, table)
+        if side == LEFT and self.event_time:
+            table, ts = self._drop_late(table, ts, ts < self.watermark)
+        if table.num_rows == 0:
+            return []
+        batch = self._by_key(side, table, ts)
+        if not self.event_time:
+            return self._join_latest(batch) if side == LEFT else self._update_latest(batch)
+        rows, stamps = row_tuples(table), ts.tolist()
+        groups = runs(batch.ids)
+        kids = [int(batch.ids[g[0]]) for g in groups]
+        key_groups, keys = [batch.key_groups[k] for k in kids], [batch.keys[k] for k in kids]
+        state = self.PENDING if side == LEFT else self.VERSIONS
+        new = []
+        for old, g in zip(self.backend.get_many(state, key_groups, keys), groups):
+            entries = (old or ()) + tuple((stamps[i], rows[i]) for i in g)
+            # versions by time, stably: of two versions of one time the later one wins
+            new.append(entries if side == LEFT else self._prune(tuple(sorted(entries, key=itemgetter(0)))))
+        self.backend.put_many(state, key_groups, keys, new)
+        if side == LEFT:
+            wake = [min(stamps[i] for i in g) for g in groups]
+        else:
+            wake = [versions[1][0] if len(versions) > 1 else None for versions in new]
+        self._wake(key_groups, keys, wake)
+        return []
+
+    def _prune(self, versions: tuple) -> tuple:
+        """Only the version valid at the watermark and later ones can still be asked for (a left row
+        to come has ts >= the watermark)."""
+        valid = bisect_right([v[0] for v in versions], self.watermark) - 1
+        return versions[valid:] if valid > 0 else versions
+
+    def _wake(self, key_groups: list, keys: list, times: list) -> None:
+        due = [i for i, t in enumerate(times) if t is not None]
+        self.timers.register_many(EVENT_TIME, [key_groups[i] for i in due], [keys[i] for i in due],
+                                  [times[i] for i in due], [None] * len(due))
+
+    def process_watermark(self, watermark: int) -> tuple[list[pa.Table], Optional[int]]:
+        self.watermark = max(self.watermark, watermark)
+        if not self.event_time:
+            return [], watermark
+        due = self.timers.pop_due(EVENT_TIME, watermark)
+        if not due:
+            return [], watermark
+        targets = list(dict.fromkeys((t.key_group, t.key) for t in due))
+        key_groups, keys = [g for g, _ in targets], [k for _, k in targets]
+        pending = self.backend.get_many(self.PENDING, key_groups, keys)
+        versions = self.backend.get_many(self.VERSIONS, key_groups, keys)
+        lefts, rights, right_at, still, kept, wake = [], [], [], [], [], []
+        for waiting, known in zip(pending, versions):
+            known = known or ()
+            times = [v[0] for v in known]
+            rest = []
+            for ts, row in waiting or ():
+                if ts > watermark:
+                    rest.append((ts, row))
+                    continue
+                valid = bisect_right(times, ts) - 1
+                if valid >= 0:
+                    lefts.append(row)
+                    right_at.append(len(rights))
+                    rights.append(known[valid][1])
+                elif self.how == "left":
+                    lefts.append(row)
+                    right_at.append(None)
+            known = self._prune(known)
+            still.append(tuple(rest) or None)
+            kept.append(known or None)
+            next_times = ([min(ts for ts, _ in rest)] if rest else []) + ([known[1][0]] if len(known) > 1 else [])
+            wake.append(min(next_times) if next_times else None)
+        self.backend.put_many(self.PENDING, key_groups, keys, still)
+        self.backend.put_many(self.VERSIONS, key_groups, keys, kept)
+        self._wake(key_groups, keys, wake)
+        if not lefts:
+            return [], watermark
+        right = (table_of(self.schemas[RIGHT], rights).take(pa.array(right_at, type=pa.int64()))
+                 if self.schemas[RIGHT] is not None else None)
+        return self._emit(table_of(self.schemas[LEFT], lefts), right), watermark
+
+    def _update_latest(self, batch: SideBatch) -> list[pa.Table]:
+        groups = runs(batch.ids)
+        last = [int(g[-1]) for g in groups]  # of several rows of a key in one batch, the last one is the latest
+        rows = row_tuples(batch.table.take(last))
+        kids = [int(batch.ids[i]) for i in last]
+        self.backend.put_many(self.LATEST, [batch.key_groups[k] for k in kids], [batch.keys[k] for k in kids], rows)
+        return []
+
+    def _join_latest(self, batch: SideBatch) -> list[pa.Table]:
+        latest = self.backend.get_many(self.LATEST, batch.key_groups, batch.keys)
+        found = [row for row in latest if row is not None]
+        if not found and self.how == "inner":
+            return []
+        position = np.full(len(latest), -1, dtype=np.int64)
+        position[np.flatnonzero([row is not None for row in latest])] = np.arange(len(found))
+        at = position[batch.ids]
+        matched = at >= 0
+        left = batch.table
+        if self.how == "inner":
+            left, at = left.filter(pa.array(matched)), at[matched]
+            index = pa.array(at)
+        else:
+            index = pa.array(at, mask=~matched)
+        right = table_of(self.schemas[RIGHT], found).take(index) if self.schemas[RIGHT] is not None else None
+        return self._emit(left, right)
