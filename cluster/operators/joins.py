@@ -32,6 +32,8 @@ from typing import NamedTuple, Optional, Sequence
 import numpy as np
 import pyarrow as pa
 
+from cluster.state.key_groups import key_groups_of
+
 from .base import OperatorSnapshot
 from .keyed import KeyedOperator
 from .sources import to_table
@@ -42,18 +44,6 @@ from .windows import SlidingWindows, TumblingWindows
 LEFT, RIGHT = 0, 1
 SIDES = ("left", "right")
 RIGHT_SUFFIX = "_right"
-
-
-def pairs(this_ids: np.ndarray, other_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Every (i, j) with ``this_ids[i] == other_ids[j]``, as two index arrays: an equi-join on ints."""
-    order = np.argsort(other_ids, kind="stable")
-    ordered = other_ids[order]
-    starts = np.searchsorted(ordered, this_ids, "left")
-    counts = np.searchsorted(ordered, this_ids, "right") - starts
-    this = np.repeat(np.arange(len(this_ids)), counts)
-    # the j-th partner of row i is at starts[i] + j: a running index minus where row i's run began
-    run_begins = np.repeat(np.cumsum(counts) - counts, counts)
-    return this, order[np.repeat(starts, counts) + np.arange(int(counts.sum())) - run_begins]
 
 
 def runs(ids: np.ndarray) -> list[np.ndarray]:
@@ -202,10 +192,17 @@ class JoinOperator(KeyedOperator):
 
 
 class IntervalJoin(JoinOperator, kind="interval-join"):
-    """params: lower, upper (ms), lower_inclusive, upper_inclusive (default True). State: the rows of
-    each side by key, each kept until the watermark passes the last time a match could come."""
+    """params: lower, upper (ms), lower_inclusive, upper_inclusive (default True).
 
-    BUFFERS = ("left-rows", "right-rows")
+    State: each side's waiting rows in chunks, one per batch and key group (the rows as an Arrow
+    table and their times, under a chunk number), and per key group an index of its chunks with the
+    earliest expiry in each. A batch meets the other side's chunks of its key groups in one
+    vectorised equi-join, so the work per batch is a few calls per key group, none per key or row;
+    a chunk is cut down, or dropped, when the watermark passes its earliest expiry."""
+
+    CHUNKS = ("left-chunks", "right-chunks")
+    INDEX = ("left-index", "right-index")
+    _INDEX_KEY = 0  # one index per key group: the state's only key
 
     def open(self) -> None:
         super().open()
@@ -222,6 +219,7 @@ class IntervalJoin(JoinOperator, kind="interval-join"):
         # the closed range of r.ts - l.ts that joins
         self.lower = int(bounds["lower"]) + (0 if self.params.get("lower_inclusive", True) else 1)
         self.upper = int(bounds["upper"]) - (0 if self.params.get("upper_inclusive", True) else 1)
+        self.next_chunk = 0
 
     def _expiry(self, side: int, ts):
         """The first watermark from which a row of ``side`` at ``ts`` can meet no row to come (those
@@ -233,67 +231,100 @@ class IntervalJoin(JoinOperator, kind="interval-join"):
         table, ts = self._drop_late(table, ts, ts < self.watermark)
         if table.num_rows == 0:
             return []
-        batch = self._by_key(side, table, ts)
-        out = self._match(side, batch)
-        self._keep(side, batch)
+        key = self.keys[side]
+        missing = [k for k in key if k not in table.column_names]
+        if missing:
+            raise KeyError(f"{self.spec.where()}: key column(s) {missing} not in its {SIDES[side]} input "
+                           f"(columns: {table.column_names})")
+        table = table.replace_schema_metadata(None)
+        key_groups = key_groups_of(table, key, self.ctx.max_parallelism)  # as the exchange routed the rows
+        order = np.argsort(key_groups, kind="stable")
+        groups, firsts = np.unique(key_groups[order], return_index=True)
+        parts = list(zip(groups.tolist(), np.split(order, firsts[1:])))
+        out = self._match(side, table, ts, groups.tolist())
+        self._keep(side, table, ts, parts)
         return out
 
-    def _match(self, side: int, batch: SideBatch) -> list[pa.Table]:
+    def _chunks(self, side: int, key_groups: list[int]) -> list[tuple]:
+        """(ts, rows) of every chunk of ``side`` in these key groups."""
+        indexes = self.backend.get_many(self.INDEX[side], key_groups, [self._INDEX_KEY] * len(key_groups))
+        at = [(g, chunk) for g, index in zip(key_groups, indexes) for chunk, _ in index or ()]
+        return self.backend.get_many(self.CHUNKS[side], [g for g, _ in at], [c for _, c in at]) if at else []
+
+    def _match(self, side: int, table: pa.Table, ts: np.ndarray, key_groups: list[int]) -> list[pa.Table]:
         other = 1 - side
-        ids, stamps, rows = [], [], []
-        for kid, waiting in enumerate(self.backend.get_many(self.BUFFERS[other], batch.key_groups, batch.keys)):
-            if waiting:
-                ids.extend([kid] * len(waiting))
-                stamps.extend(map(itemgetter(0), waiting))
-                rows.extend(map(itemgetter(1), waiting))
-        if not rows:
+        chunks = self._chunks(other, key_groups)
+        if not chunks:
             return []
-        mine, theirs = pairs(batch.ids, np.asarray(ids, dtype=np.int64))
-        their_ts = np.asarray(stamps, dtype=np.int64)[theirs]
-        gap = their_ts - batch.ts[mine] if side == LEFT else batch.ts[mine] - their_ts
+        their_ts = np.concatenate([c[0] for c in chunks])
+        theirs = pa.concat_tables([c[1] for c in chunks], promote_options="default")
+        names = [f"__key{i}" for i in range(len(self.key))]  # the two sides' key columns, named alike
+        mine = table.select(self.keys[side]).rename_columns(names).to_pandas()
+        mine["__mine"] = np.arange(len(mine))
+        candidates = theirs.select(self.keys[other]).rename_columns(names).to_pandas()
+        candidates["__theirs"] = np.arange(len(candidates))
+        met = mine.merge(candidates, on=names, how="inner", sort=False)
+        at_mine, at_theirs = met["__mine"].to_numpy(), met["__theirs"].to_numpy()
+        gap = their_ts[at_theirs] - ts[at_mine] if side == LEFT else ts[at_mine] - their_ts[at_theirs]
         joins = (gap >= self.lower) & (gap <= self.upper)
-        mine, theirs = mine[joins], theirs[joins]
-        if not len(mine):
+        if not joins.any():
             return []
-        used, theirs = np.unique(theirs, return_inverse=True)  # rebuild only the rows that join
-        other_rows = table_of(self.schemas[other], [rows[i] for i in used]).take(theirs)
-        this_rows = batch.table.take(mine)
+        this_rows, other_rows = table.take(at_mine[joins]), theirs.take(at_theirs[joins])
         return self._emit(*((this_rows, other_rows) if side == LEFT else (other_rows, this_rows)))
 
-    def _keep(self, side: int, batch: SideBatch) -> None:
-        expiry = self._expiry(side, batch.ts)
-        useful = np.flatnonzero(expiry > self.watermark)
-        if not len(useful):
+    def _keep(self, side: int, table: pa.Table, ts: np.ndarray, parts: list) -> None:
+        expiry = self._expiry(side, ts)
+        groups, numbers, chunks, firsts = [], [], [], []
+        for group, rows in parts:
+            rows = rows[expiry[rows] > self.watermark]  # the others can meet no row to come
+            if len(rows):
+                groups.append(group)
+                numbers.append(self.next_chunk)
+                self.next_chunk += 1
+                chunks.append((ts[rows], table.take(rows)))
+                firsts.append(int(expiry[rows].min()))
+        if not groups:
             return
-        rows = row_tuples(batch.table.take(useful))
-        stamps = batch.ts[useful].tolist()
-        groups = runs(batch.ids[useful])
-        kids = [int(batch.ids[useful[g[0]]]) for g in groups]
-        key_groups, keys = [batch.key_groups[k] for k in kids], [batch.keys[k] for k in kids]
-        old = self.backend.get_many(self.BUFFERS[side], key_groups, keys)
-        self.backend.put_many(self.BUFFERS[side], key_groups, keys,
-                              [(o or ()) + tuple((stamps[i], rows[i]) for i in g) for o, g in zip(old, groups)])
-        self.timers.register_many(EVENT_TIME, key_groups, keys,
-                                  [int(expiry[useful[g]].min()) for g in groups], [side] * len(groups))
+        self.backend.put_many(self.CHUNKS[side], groups, numbers, chunks)
+        index_keys = [self._INDEX_KEY] * len(groups)
+        indexes = self.backend.get_many(self.INDEX[side], groups, index_keys)
+        self.backend.put_many(self.INDEX[side], groups, index_keys,
+                              [(index or ()) + ((n, first),) for index, n, first in zip(indexes, numbers, firsts)])
+        self.timers.register_many(EVENT_TIME, groups, [side] * len(groups), firsts, [None] * len(groups))
 
     def process_watermark(self, watermark: int) -> tuple[list[pa.Table], Optional[int]]:
         self.watermark = max(self.watermark, watermark)
         due = self.timers.pop_due(EVENT_TIME, watermark)
         for side in (LEFT, RIGHT):
-            targets = list(dict.fromkeys((t.key_group, t.key) for t in due if t.namespace == side))
-            if not targets:
-                continue
-            key_groups, keys = [g for g, _ in targets], [k for _, k in targets]
-            kept, again = [], []
-            for waiting in self.backend.get_many(self.BUFFERS[side], key_groups, keys):
-                rest = tuple(row for row in waiting or () if self._expiry(side, row[0]) > watermark)
-                kept.append(rest or None)
-                again.append(min(self._expiry(side, row[0]) for row in rest) if rest else None)
-            self.backend.put_many(self.BUFFERS[side], key_groups, keys, kept)
-            later = [i for i, t in enumerate(again) if t is not None]
-            self.timers.register_many(EVENT_TIME, [key_groups[i] for i in later], [keys[i] for i in later],
-                                      [again[i] for i in later], [side] * len(later))
+            for group in dict.fromkeys(t.key_group for t in due if t.key == side):
+                self._expire(side, group, watermark)
         return [], watermark
+
+    def _expire(self, side: int, group: int, watermark: int) -> None:
+        index = self.backend.get(self.INDEX[side], group, self._INDEX_KEY) or ()
+        stale = [number for number, first in index if first <= watermark]
+        index = {number: first for number, first in index if first > watermark}
+        for number, (ts, rows) in zip(stale, self.backend.get_many(self.CHUNKS[side], [group] * len(stale), stale)):
+            expiry = self._expiry(side, ts)
+            useful = expiry > watermark
+            if useful.any():
+                self.backend.put(self.CHUNKS[side], group, number, (ts[useful], rows.filter(pa.array(useful))))
+                index[number] = int(expiry[useful].min())
+            else:
+                self.backend.delete(self.CHUNKS[side], group, number)
+        self.backend.put(self.INDEX[side], group, self._INDEX_KEY, tuple(sorted(index.items())) or None)
+        if index:
+            self.timers.register(EVENT_TIME, group, side, min(index.values()))
+
+    def snapshot_state(self, checkpoint_id: int) -> OperatorSnapshot:
+        snapshot = super().snapshot_state(checkpoint_id)
+        snapshot.handle["next_chunk"] = self.next_chunk
+        return snapshot
+
+    def restore_state(self, handles: list[dict]) -> None:
+        super().restore_state(handles)
+        # chunk numbers are unique within a key group: new ones come after every restored one
+        self.next_chunk = max((h.get("next_chunk", 0) for h in handles), default=0)
 
 
 def window_assigner(assigner: Optional[dict], where: str):

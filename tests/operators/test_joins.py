@@ -169,6 +169,11 @@ def joined_columns(merged: pd.DataFrame) -> pd.DataFrame:
 
 
 # ---------------------------------------------------------------------- interval join
+def waiting(join: Subtasks, side: str) -> list[int]:
+    """The times of the rows of one side that wait in an interval join's state."""
+    return sorted(int(t) for _, (ts, rows) in join.state(f"{side}-chunks") for t in ts)
+
+
 INTERVALS = [  # lower, upper, lower_inclusive, upper_inclusive
     (-300, 500, True, True),
     (-500, -100, False, True),
@@ -187,10 +192,8 @@ def test_interval_join_equals_pandas_on_out_of_order_input(backend, tmp_path, lo
 
     def only_useful_rows_wait(join, watermark):
         # a row stays only while a row to come (ts >= watermark) could still match it
-        for ts, _ in (entry for _, rows in join.state("left-rows") for entry in rows):
-            assert ts + upper >= watermark
-        for ts, _ in (entry for _, rows in join.state("right-rows") for entry in rows):
-            assert ts - lower >= watermark
+        assert all(ts + upper >= watermark for ts in waiting(join, "left"))
+        assert all(ts - lower >= watermark for ts in waiting(join, "right"))
 
     late = drive(join, left, right, late_ts=lambda wm: wm - 1, check=only_useful_rows_wait)
     assert len(late) > 0 and join.metric("numLateRecordsDropped") == len(late)
@@ -206,7 +209,8 @@ def test_interval_join_equals_pandas_on_out_of_order_input(backend, tmp_path, lo
     last = int(max(left.ts.max(), right.ts.max()))
     assert join.metric("newestEventTimestamp") == last
     join.watermark(last + abs(lower) + abs(upper) + 1)  # no row to come can meet any row seen
-    assert join.state("left-rows") == [] and join.state("right-rows") == []
+    assert waiting(join, "left") == waiting(join, "right") == []
+    assert join.state("left-index") == join.state("right-index") == []
     assert join.pending_timers() == 0
 
 
@@ -215,7 +219,7 @@ def test_interval_join_keeps_a_row_at_the_watermark_and_drops_one_before_it(back
     join = Subtasks("interval-join", params, backend, tmp_path)
     join.side(0, pd.DataFrame({"k": [1, 1], "ts": [100, 200], "v": [1, 2]}))
     join.watermark(105)  # ts 100 can meet a right row up to 110, still to come
-    assert len(join.state("left-rows")) == 1 and len(join.state("left-rows")[0][1]) == 2
+    assert waiting(join, "left") == [100, 200]
     join.side(1, pd.DataFrame({"k": [1, 1], "ts": [104, 105], "w": [7, 8]}))  # 104 is late
     assert join.metric("numLateRecordsDropped") == 1
     join.watermark(110)  # a right row at 110 is not late (Flink: ts < watermark is) and meets the one at 100
@@ -223,7 +227,7 @@ def test_interval_join_keeps_a_row_at_the_watermark_and_drops_one_before_it(back
     assert join.result().to_dict("list") == {"k": [1, 1], "ts": [100, 100], "v": [1, 1], "ts_right": [105, 110],
                                              "w": [8, 9]}
     join.watermark(111)  # the left row at 100 can meet nothing more; the one at 200 still waits
-    assert [entry[0] for _, rows in join.state("left-rows") for entry in rows] == [200]
+    assert waiting(join, "left") == [200]
 
 
 def test_interval_join_applies_the_function_to_the_joined_rows(backend, tmp_path):
@@ -352,7 +356,7 @@ def test_processing_time_temporal_join_takes_the_latest_right_row(backend, tmp_p
 
 
 # ---------------------------------------------------------------------- checkpoints
-STATES = {"interval-join": ("left-rows", "right-rows"), "window-join": ("left-window-rows", "right-window-rows"),
+STATES = {"interval-join": ("left-chunks", "right-chunks"), "window-join": ("left-window-rows", "right-window-rows"),
           "temporal-join": ("versions", "pending-left")}
 CASES = {
     "interval-join": ({"lower": -400, "upper": 300}, {}),
