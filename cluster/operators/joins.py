@@ -30,6 +30,7 @@ from operator import itemgetter
 from typing import NamedTuple, Optional, Sequence
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 
 from cluster.state.key_groups import key_groups_of
@@ -80,6 +81,57 @@ class SideBatch(NamedTuple):
     key_groups: list          # their key groups
 
 
+class Chunks:
+    """One side's rows waiting in keyed state, in chunks: per key group, the rows of a batch there
+    (their times, epoch ms, and an Arrow table) under a chunk number, and an index of the group's
+    chunks, each with the time from which it wants another look (the watermark it waits for)."""
+
+    _INDEX_KEY = 0  # the index is the only key of its state in each key group
+
+    def __init__(self, backend, name: str):
+        self.backend = backend
+        self.state, self.index_state = f"{name}-chunks", f"{name}-index"
+
+    def add(self, groups: list[int], numbers: list[int], chunks: list[tuple], times: list[int]) -> None:
+        self.backend.put_many(self.state, groups, numbers, chunks)
+        index_keys = [self._INDEX_KEY] * len(groups)
+        indexes = self.backend.get_many(self.index_state, groups, index_keys)
+        self.backend.put_many(self.index_state, groups, index_keys,
+                              [(index or ()) + ((n, t),) for index, n, t in zip(indexes, numbers, times)])
+
+    def index(self, group: int) -> dict[int, int]:
+        """Chunk number -> its time, in the order the chunks came."""
+        return dict(self.backend.get(self.index_state, group, self._INDEX_KEY) or ())
+
+    def read(self, groups: list[int], numbers: Optional[list[list[int]]] = None) -> list[tuple[int, tuple]]:
+        """(key group, chunk (ts, rows)) of the chunks of these key groups (all, or those ``numbers``),
+        in the order they came."""
+        if numbers is None:
+            indexes = self.backend.get_many(self.index_state, groups, [self._INDEX_KEY] * len(groups))
+            numbers = [[n for n, _ in index or ()] for index in indexes]
+        at = [(g, n) for g, ns in zip(groups, numbers) for n in ns]
+        if not at:
+            return []
+        return list(zip([g for g, _ in at], self.backend.get_many(self.state, [g for g, _ in at], [n for _, n in at])))
+
+    def rewrite(self, group: int, index: dict[int, int], changed: dict[int, Optional[tuple]]) -> None:
+        """The group's new ``index`` after putting the ``changed`` chunks (None: gone)."""
+        for number, chunk in changed.items():
+            self.backend.put(self.state, group, number, chunk)
+        self.backend.put(self.index_state, group, self._INDEX_KEY, tuple(index.items()) or None)
+
+    def items(self):
+        """(ts, rows) of every chunk here (for tests and views)."""
+        return (chunk for _, chunk in self.backend.items(self.state))
+
+
+def concat(chunks: list[tuple[int, tuple]]) -> tuple[np.ndarray, np.ndarray, pa.Table]:
+    """(key group, ts) of every row of these chunks (as Chunks.read gives them), and the rows."""
+    return (np.repeat([g for g, _ in chunks], [len(ts) for _, (ts, _) in chunks]),
+            np.concatenate([ts for _, (ts, _) in chunks]),
+            pa.concat_tables([rows for _, (_, rows) in chunks], promote_options="default"))
+
+
 class JoinOperator(KeyedOperator):
     """What the three joins share. params: key, right_key (default: key), left_rowtime,
     right_rowtime. udf: fn(joined DataFrame) -> DataFrame."""
@@ -98,6 +150,7 @@ class JoinOperator(KeyedOperator):
         self.watermark = NO_WATERMARK
         self.late_records = 0
         self.newest = NO_WATERMARK
+        self.next_chunk = 0  # the number of the next chunk (Chunks) this subtask writes
 
     def _need_rowtimes(self, what: str) -> None:
         missing = [f"{side}_rowtime" for side, column in zip(SIDES, self.rowtimes) if not column]
@@ -130,6 +183,33 @@ class JoinOperator(KeyedOperator):
     def _by_key(self, side: int, table: pa.Table, ts: Optional[np.ndarray]) -> SideBatch:
         batch = self.group(table, keys_only=True, key=self.keys[side], input_name=f"its {SIDES[side]} input")
         return SideBatch(table, ts, batch.grouped.ngroup().to_numpy(), batch.keys, batch.key_groups)
+
+    def _by_key_group(self, side: int, table: pa.Table) -> list[tuple[int, np.ndarray]]:
+        """(key group, its rows) of a batch, as the exchange routed the rows."""
+        key = self.keys[side]
+        missing = [k for k in key if k not in table.column_names]
+        if missing:
+            raise KeyError(f"{self.spec.where()}: key column(s) {missing} not in its {SIDES[side]} input "
+                           f"(columns: {table.column_names})")
+        key_groups = key_groups_of(table, key, self.ctx.max_parallelism)
+        order = np.argsort(key_groups, kind="stable")
+        groups, firsts = np.unique(key_groups[order], return_index=True)
+        return list(zip(groups.tolist(), np.split(order, firsts[1:])))
+
+    def _key_frame(self, side: int, table: pa.Table, ts: np.ndarray, position: str):
+        """A side's key columns under names both sides share, its times and each row's position."""
+        frame = table.select(self.keys[side]).rename_columns(self._key_names).to_pandas()
+        frame["__ts"] = ts
+        frame[position] = np.arange(len(frame))
+        return frame
+
+    @property
+    def _key_names(self) -> list[str]:
+        return [f"__key{i}" for i in range(len(self.key))]
+
+    def _chunk_numbers(self, n: int) -> list[int]:
+        first, self.next_chunk = self.next_chunk, self.next_chunk + n
+        return list(range(first, first + n))
 
     # ------------------------------------------------------------------ output
     def _right_columns(self) -> list[tuple[int, str]]:
@@ -175,7 +255,8 @@ class JoinOperator(KeyedOperator):
 
     # ------------------------------------------------------------------ checkpoints
     def snapshot_state(self, checkpoint_id: int) -> OperatorSnapshot:
-        handle = {"watermark": self.watermark, "schemas": [_schema_to_text(s) for s in self.schemas]}
+        handle = {"watermark": self.watermark, "schemas": [_schema_to_text(s) for s in self.schemas],
+                  "next_chunk": self.next_chunk}
         return OperatorSnapshot(handle, keyed=self.backend.snapshot())
 
     def restore_state(self, handles: list[dict]) -> None:
@@ -186,6 +267,8 @@ class JoinOperator(KeyedOperator):
         for side in (LEFT, RIGHT):
             texts = [h["schemas"][side] for h in handles if h.get("schemas") and h["schemas"][side]]
             self.schemas[side] = _schema_of_text(texts[0]) if texts else None
+        # chunk numbers are unique within a key group: new ones come after every restored one
+        self.next_chunk = max((h.get("next_chunk", 0) for h in handles), default=0)
 
     def metrics(self) -> dict:
         return {"numLateRecordsDropped": self.late_records, "newestEventTimestamp": self.newest}
@@ -194,15 +277,10 @@ class JoinOperator(KeyedOperator):
 class IntervalJoin(JoinOperator, kind="interval-join"):
     """params: lower, upper (ms), lower_inclusive, upper_inclusive (default True).
 
-    State: each side's waiting rows in chunks, one per batch and key group (the rows as an Arrow
-    table and their times, under a chunk number), and per key group an index of its chunks with the
-    earliest expiry in each. A batch meets the other side's chunks of its key groups in one
-    vectorised equi-join, so the work per batch is a few calls per key group, none per key or row;
-    a chunk is cut down, or dropped, when the watermark passes its earliest expiry."""
-
-    CHUNKS = ("left-chunks", "right-chunks")
-    INDEX = ("left-index", "right-index")
-    _INDEX_KEY = 0  # one index per key group: the state's only key
+    State: each side's waiting rows in Chunks, a chunk's time its earliest expiry. A batch meets the
+    other side's chunks of its key groups in one vectorised equi-join, so the work per batch is a
+    few calls per key group, none per key or row; a chunk is cut down, or dropped, when the
+    watermark passes its time."""
 
     def open(self) -> None:
         super().open()
@@ -219,7 +297,7 @@ class IntervalJoin(JoinOperator, kind="interval-join"):
         # the closed range of r.ts - l.ts that joins
         self.lower = int(bounds["lower"]) + (0 if self.params.get("lower_inclusive", True) else 1)
         self.upper = int(bounds["upper"]) - (0 if self.params.get("upper_inclusive", True) else 1)
-        self.next_chunk = 0
+        self.waiting = (Chunks(self.backend, "left"), Chunks(self.backend, "right"))
 
     def _expiry(self, side: int, ts):
         """The first watermark from which a row of ``side`` at ``ts`` can meet no row to come (those
@@ -231,39 +309,20 @@ class IntervalJoin(JoinOperator, kind="interval-join"):
         table, ts = self._drop_late(table, ts, ts < self.watermark)
         if table.num_rows == 0:
             return []
-        key = self.keys[side]
-        missing = [k for k in key if k not in table.column_names]
-        if missing:
-            raise KeyError(f"{self.spec.where()}: key column(s) {missing} not in its {SIDES[side]} input "
-                           f"(columns: {table.column_names})")
         table = table.replace_schema_metadata(None)
-        key_groups = key_groups_of(table, key, self.ctx.max_parallelism)  # as the exchange routed the rows
-        order = np.argsort(key_groups, kind="stable")
-        groups, firsts = np.unique(key_groups[order], return_index=True)
-        parts = list(zip(groups.tolist(), np.split(order, firsts[1:])))
-        out = self._match(side, table, ts, groups.tolist())
+        parts = self._by_key_group(side, table)
+        out = self._match(side, table, ts, [group for group, _ in parts])
         self._keep(side, table, ts, parts)
         return out
 
-    def _chunks(self, side: int, key_groups: list[int]) -> list[tuple]:
-        """(ts, rows) of every chunk of ``side`` in these key groups."""
-        indexes = self.backend.get_many(self.INDEX[side], key_groups, [self._INDEX_KEY] * len(key_groups))
-        at = [(g, chunk) for g, index in zip(key_groups, indexes) for chunk, _ in index or ()]
-        return self.backend.get_many(self.CHUNKS[side], [g for g, _ in at], [c for _, c in at]) if at else []
-
     def _match(self, side: int, table: pa.Table, ts: np.ndarray, key_groups: list[int]) -> list[pa.Table]:
         other = 1 - side
-        chunks = self._chunks(other, key_groups)
+        chunks = self.waiting[other].read(key_groups)
         if not chunks:
             return []
-        their_ts = np.concatenate([c[0] for c in chunks])
-        theirs = pa.concat_tables([c[1] for c in chunks], promote_options="default")
-        names = [f"__key{i}" for i in range(len(self.key))]  # the two sides' key columns, named alike
-        mine = table.select(self.keys[side]).rename_columns(names).to_pandas()
-        mine["__mine"] = np.arange(len(mine))
-        candidates = theirs.select(self.keys[other]).rename_columns(names).to_pandas()
-        candidates["__theirs"] = np.arange(len(candidates))
-        met = mine.merge(candidates, on=names, how="inner", sort=False)
+        _, their_ts, theirs = concat(chunks)
+        met = self._key_frame(side, table, ts, "__mine").drop(columns="__ts").merge(
+            self._key_frame(other, theirs, their_ts, "__theirs").drop(columns="__ts"), on=self._key_names)
         at_mine, at_theirs = met["__mine"].to_numpy(), met["__theirs"].to_numpy()
         gap = their_ts[at_theirs] - ts[at_mine] if side == LEFT else ts[at_mine] - their_ts[at_theirs]
         joins = (gap >= self.lower) & (gap <= self.upper)
@@ -274,23 +333,16 @@ class IntervalJoin(JoinOperator, kind="interval-join"):
 
     def _keep(self, side: int, table: pa.Table, ts: np.ndarray, parts: list) -> None:
         expiry = self._expiry(side, ts)
-        groups, numbers, chunks, firsts = [], [], [], []
+        groups, chunks, times = [], [], []
         for group, rows in parts:
             rows = rows[expiry[rows] > self.watermark]  # the others can meet no row to come
             if len(rows):
                 groups.append(group)
-                numbers.append(self.next_chunk)
-                self.next_chunk += 1
                 chunks.append((ts[rows], table.take(rows)))
-                firsts.append(int(expiry[rows].min()))
-        if not groups:
-            return
-        self.backend.put_many(self.CHUNKS[side], groups, numbers, chunks)
-        index_keys = [self._INDEX_KEY] * len(groups)
-        indexes = self.backend.get_many(self.INDEX[side], groups, index_keys)
-        self.backend.put_many(self.INDEX[side], groups, index_keys,
-                              [(index or ()) + ((n, first),) for index, n, first in zip(indexes, numbers, firsts)])
-        self.timers.register_many(EVENT_TIME, groups, [side] * len(groups), firsts, [None] * len(groups))
+                times.append(int(expiry[rows].min()))
+        if groups:
+            self.waiting[side].add(groups, self._chunk_numbers(len(groups)), chunks, times)
+            self.timers.register_many(EVENT_TIME, groups, [side] * len(groups), times, [None] * len(groups))
 
     def process_watermark(self, watermark: int) -> tuple[list[pa.Table], Optional[int]]:
         self.watermark = max(self.watermark, watermark)
@@ -301,30 +353,22 @@ class IntervalJoin(JoinOperator, kind="interval-join"):
         return [], watermark
 
     def _expire(self, side: int, group: int, watermark: int) -> None:
-        index = self.backend.get(self.INDEX[side], group, self._INDEX_KEY) or ()
-        stale = [number for number, first in index if first <= watermark]
-        index = {number: first for number, first in index if first > watermark}
-        for number, (ts, rows) in zip(stale, self.backend.get_many(self.CHUNKS[side], [group] * len(stale), stale)):
+        waiting = self.waiting[side]
+        index = waiting.index(group)
+        stale = [number for number, time in index.items() if time <= watermark]
+        changed = {}
+        for number, (_, (ts, rows)) in zip(stale, waiting.read([group], [stale])):
             expiry = self._expiry(side, ts)
             useful = expiry > watermark
             if useful.any():
-                self.backend.put(self.CHUNKS[side], group, number, (ts[useful], rows.filter(pa.array(useful))))
+                changed[number] = (ts[useful], rows.filter(pa.array(useful)))
                 index[number] = int(expiry[useful].min())
             else:
-                self.backend.delete(self.CHUNKS[side], group, number)
-        self.backend.put(self.INDEX[side], group, self._INDEX_KEY, tuple(sorted(index.items())) or None)
+                changed[number] = None
+                del index[number]
+        waiting.rewrite(group, index, changed)
         if index:
             self.timers.register(EVENT_TIME, group, side, min(index.values()))
-
-    def snapshot_state(self, checkpoint_id: int) -> OperatorSnapshot:
-        snapshot = super().snapshot_state(checkpoint_id)
-        snapshot.handle["next_chunk"] = self.next_chunk
-        return snapshot
-
-    def restore_state(self, handles: list[dict]) -> None:
-        super().restore_state(handles)
-        # chunk numbers are unique within a key group: new ones come after every restored one
-        self.next_chunk = max((h.get("next_chunk", 0) for h in handles), default=0)
 
 
 def window_assigner(assigner: Optional[dict], where: str):
@@ -415,11 +459,12 @@ class WindowJoin(JoinOperator, kind="window-join"):
 
 
 class TemporalJoin(JoinOperator, kind="temporal-join"):
-    """params: how "inner"|"left". With left_rowtime and right_rowtime (event time), state per key: the
-    right side's versions by rowtime, the left rows waiting for the watermark; without left_rowtime
-    (processing time): the latest right row per key."""
+    """params: how "inner"|"left". With left_rowtime and right_rowtime (event time), state in Chunks
+    per key group: the right side's versions, the left rows waiting for the watermark; a key
+    group's timer is the earliest time a waiting left row can go, or an old version be dropped.
+    Without left_rowtime (processing time): the latest right row per key."""
 
-    VERSIONS, PENDING, LATEST = "versions", "pending-left", "latest"
+    LATEST = "latest"
 
     def open(self) -> None:
         super().open()
@@ -429,6 +474,7 @@ class TemporalJoin(JoinOperator, kind="temporal-join"):
         self.event_time = self.rowtimes[LEFT] is not None
         if self.event_time:
             self._need_rowtimes("a temporal join with a left rowtime")
+        self.pending, self.versions = Chunks(self.backend, "left-pending"), Chunks(self.backend, "right-versions")
 
     def process_side(self, side: int, table: pa.Table) -> list[pa.Table]:
         ts = self._read(side, table)
@@ -436,79 +482,94 @@ class TemporalJoin(JoinOperator, kind="temporal-join"):
             table, ts = self._drop_late(table, ts, ts < self.watermark)
         if table.num_rows == 0:
             return []
-        batch = self._by_key(side, table, ts)
         if not self.event_time:
+            batch = self._by_key(side, table, ts)
             return self._join_latest(batch) if side == LEFT else self._update_latest(batch)
-        rows, stamps = row_tuples(table), ts.tolist()
-        groups = runs(batch.ids)
-        kids = [int(batch.ids[g[0]]) for g in groups]
-        key_groups, keys = [batch.key_groups[k] for k in kids], [batch.keys[k] for k in kids]
-        state = self.PENDING if side == LEFT else self.VERSIONS
-        new = []
-        for old, g in zip(self.backend.get_many(state, key_groups, keys), groups):
-            entries = (old or ()) + tuple((stamps[i], rows[i]) for i in g)
-            # versions by time, stably: of two versions of one time the later one wins
-            new.append(entries if side == LEFT else self._prune(tuple(sorted(entries, key=itemgetter(0)))))
-        self.backend.put_many(state, key_groups, keys, new)
-        if side == LEFT:
-            wake = [min(stamps[i] for i in g) for g in groups]
-        else:
-            wake = [versions[1][0] if len(versions) > 1 else None for versions in new]
-        self._wake(key_groups, keys, wake)
+        table = table.replace_schema_metadata(None)
+        parts = self._by_key_group(side, table)
+        groups = [group for group, _ in parts]
+        # a left row goes at its time; a version makes older ones of its key droppable from its time
+        times = [int(ts[rows].min()) for _, rows in parts]
+        (self.pending if side == LEFT else self.versions).add(
+            groups, self._chunk_numbers(len(groups)), [(ts[rows], table.take(rows)) for _, rows in parts], times)
+        self.timers.register_many(EVENT_TIME, groups, [0] * len(groups), times, [None] * len(groups))
         return []
 
-    def _prune(self, versions: tuple) -> tuple:
-        """Only the version valid at the watermark and later ones can still be asked for (a left row
-        to come has ts >= the watermark)."""
-        valid = bisect_right([v[0] for v in versions], self.watermark) - 1
-        return versions[valid:] if valid > 0 else versions
-
-    def _wake(self, key_groups: list, keys: list, times: list) -> None:
-        due = [i for i, t in enumerate(times) if t is not None]
-        self.timers.register_many(EVENT_TIME, [key_groups[i] for i in due], [keys[i] for i in due],
-                                  [times[i] for i in due], [None] * len(due))
-
     def process_watermark(self, watermark: int) -> tuple[list[pa.Table], Optional[int]]:
+        """Joins the left rows up to the watermark, of the key groups whose timer is due, with the
+        versions valid at their times; keeps the later left rows, and of the versions each key's
+        last one at or before the watermark and the later ones: all key groups at once."""
         self.watermark = max(self.watermark, watermark)
         if not self.event_time:
             return [], watermark
-        due = self.timers.pop_due(EVENT_TIME, watermark)
-        if not due:
+        groups = list(dict.fromkeys(t.key_group for t in self.timers.pop_due(EVENT_TIME, watermark)))
+        if not groups:
             return [], watermark
-        targets = list(dict.fromkeys((t.key_group, t.key) for t in due))
-        key_groups, keys = [g for g, _ in targets], [k for _, k in targets]
-        pending = self.backend.get_many(self.PENDING, key_groups, keys)
-        versions = self.backend.get_many(self.VERSIONS, key_groups, keys)
-        lefts, rights, right_at, still, kept, wake = [], [], [], [], [], []
-        for waiting, known in zip(pending, versions):
-            known = known or ()
-            times = [v[0] for v in known]
-            rest = []
-            for ts, row in waiting or ():
-                if ts > watermark:
-                    rest.append((ts, row))
-                    continue
-                valid = bisect_right(times, ts) - 1
-                if valid >= 0:
-                    lefts.append(row)
-                    right_at.append(len(rights))
-                    rights.append(known[valid][1])
-                elif self.how == "left":
-                    lefts.append(row)
-                    right_at.append(None)
-            known = self._prune(known)
-            still.append(tuple(rest) or None)
-            kept.append(known or None)
-            next_times = ([min(ts for ts, _ in rest)] if rest else []) + ([known[1][0]] if len(known) > 1 else [])
-            wake.append(min(next_times) if next_times else None)
-        self.backend.put_many(self.PENDING, key_groups, keys, still)
-        self.backend.put_many(self.VERSIONS, key_groups, keys, kept)
-        self._wake(key_groups, keys, wake)
-        if not lefts:
-            return [], watermark
-        right = (table_of(self.schemas[RIGHT], rights).take(pa.array(right_at, type=pa.int64()))
-                 if self.schemas[RIGHT] is not None else None)
-        return self._emit(table_of(self.schemas[LEFT], lefts), right), watermark
+        out, rest, kept = [], None, None
+        pending, versions = self.pending.read(groups), self.versions.read(groups)
+        v_groups, v_ts, v_rows = concat(versions) if versions else (None, np.empty(0, np.int64), None)
+        if pending:
+            l_groups, l_ts, l_rows = concat(pending)
+            due = l_ts <= watermark
+            if due.any():
+                out = self._join_versions(l_rows.filter(pa.array(due)), l_ts[due], v_rows, v_ts)
+            if not due.all():
+                rest = (l_groups[~due], l_ts[~due], l_rows.filter(pa.array(~due)))
+        if versions:
+            # versions by time, stably: of two of one time the later one wins
+            frame = self._key_frame(RIGHT, v_rows, v_ts, "__at").sort_values("__ts", kind="stable")
+            old = frame["__ts"].to_numpy() <= watermark
+            superseded = np.zeros(len(frame), dtype=bool)
+            superseded[old] = frame[old].duplicated(self._key_names, keep="last").to_numpy()
+            keep = np.sort(frame["__at"].to_numpy()[~superseded])
+            kept = (v_groups[keep], v_ts[keep], v_rows.take(keep))
+        left_times = self._replace(self.pending, groups, rest, lambda ts: int(ts.min()))
+        version_times = self._replace(self.versions, groups, kept,
+                                      lambda ts: int(ts[ts > watermark].min()) if (ts > watermark).any() else None)
+        wake = [(g, min(t for t in times if t is not None)) for g, times in
+                zip(groups, zip(left_times, version_times)) if any(t is not None for t in times)]
+        self.timers.register_many(EVENT_TIME, [g for g, _ in wake], [0] * len(wake), [t for _, t in wake],
+                                  [None] * len(wake))
+        return out, watermark
+
+    def _replace(self, chunks: Chunks, groups: list[int], rows: Optional[tuple], time_of) -> list[Optional[int]]:
+        """Each key group's chunks become one of ``rows`` (key groups, ts, table), or none; the
+        time of each group's new chunk."""
+        parts = {}
+        if rows is not None:
+            row_groups, ts, table = rows
+            order = np.argsort(row_groups, kind="stable")
+            present, firsts = np.unique(row_groups[order], return_index=True)
+            parts = dict(zip(present.tolist(), np.split(order, firsts[1:])))
+        times = []
+        for group in groups:
+            changed: dict[int, Optional[tuple]] = dict.fromkeys(chunks.index(group))
+            index: dict[int, Optional[int]] = {}
+            at = parts.get(group)
+            if at is not None:
+                number = self._chunk_numbers(1)[0]
+                changed[number] = (ts[at], table.take(at))
+                index[number] = time_of(ts[at])
+            chunks.rewrite(group, index, changed)
+            times.append(index[number] if at is not None else None)
+        return times
+
+    def _join_versions(self, lefts: pa.Table, l_ts: np.ndarray, versions: Optional[pa.Table],
+                       v_ts: np.ndarray) -> list[pa.Table]:
+        if versions is None:
+            return [] if self.how == "inner" else self._emit(lefts, None)
+        names = self._key_names
+        met = pd.merge_asof(self._key_frame(LEFT, lefts, l_ts, "__left").sort_values("__ts", kind="stable"),
+                            self._key_frame(RIGHT, versions, v_ts, "__right").sort_values("__ts", kind="stable"),
+                            on="__ts", by=names, direction="backward", allow_exact_matches=True)
+        matched = met["__right"].notna().to_numpy()
+        at_left = met["__left"].to_numpy()
+        at_right = met["__right"].fillna(-1).to_numpy().astype(np.int64)
+        if self.how == "inner":
+            at_left, index = at_left[matched], pa.array(at_right[matched])
+        else:
+            index = pa.array(at_right, mask=~matched)
+        return self._emit(lefts.take(at_left), versions.take(index))
 
     def _update_latest(self, batch: SideBatch) -> list[pa.Table]:
         groups = runs(batch.ids)

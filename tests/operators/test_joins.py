@@ -174,6 +174,13 @@ def waiting(join: Subtasks, side: str) -> list[int]:
     return sorted(int(t) for _, (ts, rows) in join.state(f"{side}-chunks") for t in ts)
 
 
+def waiting_rows(join: Subtasks, name: str) -> pd.DataFrame:
+    """The key and time of the rows waiting in the chunks ``name`` of every subtask."""
+    chunks = [chunk for _, chunk in join.state(f"{name}-chunks")]
+    return pd.DataFrame({"k": np.concatenate([rows.column("k").to_numpy() for _, rows in chunks] or [[]]),
+                         "ts": np.concatenate([ts for ts, _ in chunks] or [[]])})
+
+
 INTERVALS = [  # lower, upper, lower_inclusive, upper_inclusive
     (-300, 500, True, True),
     (-500, -100, False, True),
@@ -308,9 +315,10 @@ def test_event_time_temporal_join_equals_merge_asof(backend, tmp_path, how):
     left, right = events(seed=4, n=240, unique_right_times=True)
 
     def old_versions_go(join, watermark):
-        for _, versions in join.state("versions"):
-            assert sum(ts <= watermark for ts, _ in versions) <= 1  # only the one valid at the watermark
-        assert all(ts >= watermark for _, rows in join.state("pending-left") for ts, _ in rows)
+        versions = waiting_rows(join, "right-versions")
+        # of each key's versions at or before the watermark only the one valid at it is left
+        assert (versions[versions.ts <= watermark].groupby("k").size() <= 1).all()
+        assert (waiting_rows(join, "left-pending").ts >= watermark).all()
 
     late = drive(join, left, right, late_ts=lambda wm: wm - 1, check=old_versions_go)
     assert join.metric("numLateRecordsDropped") == len(late) > 0
@@ -325,10 +333,10 @@ def test_event_time_temporal_join_equals_merge_asof(backend, tmp_path, how):
     expected = as_times(joined_columns(expected))
     assert expected.rid.isna().any() == (how == "left")
     pd.testing.assert_frame_equal(canon(join.result(), ["lid"]), canon(expected, ["lid"]))
-    assert join.state("pending-left") == []
+    assert waiting_rows(join, "left-pending").empty
     # of each key's versions only the latest is left: the one valid from now on
-    assert sorted(versions[0][0] for _, versions in join.state("versions") if len(versions) == 1) == \
-        sorted(right.groupby("k").ts.max())
+    versions = waiting_rows(join, "right-versions")
+    assert versions.sort_values("k").ts.tolist() == right.groupby("k").ts.max().sort_index().tolist()
     assert join.pending_timers() == 0
 
 
@@ -357,7 +365,7 @@ def test_processing_time_temporal_join_takes_the_latest_right_row(backend, tmp_p
 
 # ---------------------------------------------------------------------- checkpoints
 STATES = {"interval-join": ("left-chunks", "right-chunks"), "window-join": ("left-window-rows", "right-window-rows"),
-          "temporal-join": ("versions", "pending-left")}
+          "temporal-join": ("right-versions-chunks", "left-pending-chunks")}
 CASES = {
     "interval-join": ({"lower": -400, "upper": 300}, {}),
     "window-join": ({"assigner": {"type": "sliding", "size": 2000, "slide": 1000}}, {}),
