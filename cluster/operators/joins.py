@@ -125,6 +125,13 @@ class Chunks:
         return (chunk for _, chunk in self.backend.items(self.state))
 
 
+def by_key_group(key_groups: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    """(key group, the positions holding it) for every key group in ``key_groups``."""
+    order = np.argsort(key_groups, kind="stable")
+    groups, firsts = np.unique(key_groups[order], return_index=True)
+    return list(zip(groups.tolist(), np.split(order, firsts[1:])))
+
+
 def concat(chunks: list[tuple[int, tuple]]) -> tuple[np.ndarray, np.ndarray, pa.Table]:
     """(key group, ts) of every row of these chunks (as Chunks.read gives them), and the rows."""
     return (np.repeat([g for g, _ in chunks], [len(ts) for _, (ts, _) in chunks]),
@@ -184,17 +191,18 @@ class JoinOperator(KeyedOperator):
         batch = self.group(table, keys_only=True, key=self.keys[side], input_name=f"its {SIDES[side]} input")
         return SideBatch(table, ts, batch.grouped.ngroup().to_numpy(), batch.keys, batch.key_groups)
 
-    def _by_key_group(self, side: int, table: pa.Table) -> list[tuple[int, np.ndarray]]:
-        """(key group, its rows) of a batch, as the exchange routed the rows."""
+    def _key_groups(self, side: int, table: pa.Table) -> np.ndarray:
+        """The key group of each row, as the exchange routed it."""
         key = self.keys[side]
         missing = [k for k in key if k not in table.column_names]
         if missing:
             raise KeyError(f"{self.spec.where()}: key column(s) {missing} not in its {SIDES[side]} input "
                            f"(columns: {table.column_names})")
-        key_groups = key_groups_of(table, key, self.ctx.max_parallelism)
-        order = np.argsort(key_groups, kind="stable")
-        groups, firsts = np.unique(key_groups[order], return_index=True)
-        return list(zip(groups.tolist(), np.split(order, firsts[1:])))
+        return key_groups_of(table, key, self.ctx.max_parallelism)
+
+    def _by_key_group(self, side: int, table: pa.Table) -> list[tuple[int, np.ndarray]]:
+        """(key group, its rows) of a batch."""
+        return by_key_group(self._key_groups(side, table))
 
     def _key_frame(self, side: int, table: pa.Table, ts: np.ndarray, position: str):
         """A side's key columns under names both sides share, its times and each row's position."""
@@ -210,6 +218,26 @@ class JoinOperator(KeyedOperator):
     def _chunk_numbers(self, n: int) -> list[int]:
         first, self.next_chunk = self.next_chunk, self.next_chunk + n
         return list(range(first, first + n))
+
+    def _replace(self, chunks: Chunks, groups: list[int], rows: Optional[tuple], time_of) -> list[Optional[int]]:
+        """Each key group's chunks become one of ``rows`` (key groups, ts, table), or none; the
+        time of each group's new chunk."""
+        parts = {}
+        if rows is not None:
+            row_groups, ts, table = rows
+            parts = dict(by_key_group(row_groups))
+        times = []
+        for group in groups:
+            changed: dict[int, Optional[tuple]] = dict.fromkeys(chunks.index(group))
+            index: dict[int, Optional[int]] = {}
+            at = parts.get(group)
+            if at is not None:
+                number = self._chunk_numbers(1)[0]
+                changed[number] = (ts[at], table.take(at))
+                index[number] = time_of(ts[at])
+            chunks.rewrite(group, index, changed)
+            times.append(index[number] if at is not None else None)
+        return times
 
     # ------------------------------------------------------------------ output
     def _right_columns(self) -> list[tuple[int, str]]:
@@ -386,9 +414,9 @@ def window_assigner(assigner: Optional[dict], where: str):
 
 class WindowJoin(JoinOperator, kind="window-join"):
     """params: assigner {"type": "tumbling"|"sliding", "size", "slide", "offset"} (ms). State: each
-    side's rows per (key, window start, window end), until the window fires."""
-
-    ROWS = ("left-window-rows", "right-window-rows")
+    side's rows in Chunks, once per window they are in (a chunk's times are its rows' window
+    starts, its time the earliest window end - 1), until the window fires; a key group's timer is
+    its earliest window end - 1."""
 
     def open(self) -> None:
         super().open()
@@ -397,6 +425,10 @@ class WindowJoin(JoinOperator, kind="window-join"):
         if self.params.get("time", "event") != "event":
             raise ValueError(f"{where}: a window join is in event time, not {self.params.get('time')!r}")
         self.assigner = window_assigner(self.params.get("assigner"), where)
+        self.windows = (Chunks(self.backend, "left-window"), Chunks(self.backend, "right-window"))
+
+    def _fire_time(self, starts):
+        return starts + self.assigner.size - 1
 
     def process_side(self, side: int, table: pa.Table) -> list[pa.Table]:
         ts = self._read(side, table)
@@ -404,58 +436,58 @@ class WindowJoin(JoinOperator, kind="window-join"):
             return []
         rows_of, starts = self.assigner.assign(ts)
         # Flink's WindowOperator: a window is late once its max timestamp is at or below the watermark
-        live = starts + self.assigner.size - 1 > self.watermark
+        live = self._fire_time(starts) > self.watermark
         alive = np.zeros(table.num_rows, dtype=bool)
         alive[rows_of[live]] = True
         self.late_records += int(table.num_rows - alive.sum())
-        rows_of, starts = rows_of[live], starts[live]
-        if not len(rows_of):
+        if not live.any():
             return []
-        batch = self._by_key(side, table, ts)
-        rows = row_tuples(table)
-        kids = batch.ids[rows_of]
-        order = np.lexsort((starts, kids))  # stable: a window's rows stay in arrival order
-        bounds = np.flatnonzero((np.diff(kids[order]) != 0) | (np.diff(starts[order]) != 0)) + 1
-        groups = np.split(order, bounds)
-        firsts = [int(g[0]) for g in groups]
-        windows = [(int(starts[i]), int(starts[i]) + self.assigner.size) for i in firsts]
-        key_groups = [batch.key_groups[kids[i]] for i in firsts]
-        keys = [batch.keys[kids[i]] for i in firsts]
-        state_keys = [(key, start, end) for key, (start, end) in zip(keys, windows)]
-        old = self.backend.get_many(self.ROWS[side], key_groups, state_keys)
-        self.backend.put_many(self.ROWS[side], key_groups, state_keys,
-                              [(o or ()) + tuple(rows[rows_of[i]] for i in g) for o, g in zip(old, groups)])
-        self.timers.register_many(EVENT_TIME, key_groups, keys, [end - 1 for _, end in windows], windows)
+        rows_of, starts = rows_of[live], starts[live]
+        table = table.replace_schema_metadata(None)
+        parts = by_key_group(self._key_groups(side, table)[rows_of])  # (key group, its rows' windows)
+        times = [int(self._fire_time(starts[at]).min()) for _, at in parts]
+        groups = [group for group, _ in parts]
+        self.windows[side].add(groups, self._chunk_numbers(len(groups)),
+                               [(starts[at], table.take(rows_of[at])) for _, at in parts], times)
+        self.timers.register_many(EVENT_TIME, groups, [0] * len(groups), times, [None] * len(groups))
         return []
 
     def process_watermark(self, watermark: int) -> tuple[list[pa.Table], Optional[int]]:
+        """The cross product of both sides' rows of each key and window that fires, of the key groups
+        whose timer is due, all at once; the rows of windows still open stay."""
         self.watermark = max(self.watermark, watermark)
-        due = self.timers.pop_due(EVENT_TIME, watermark)
-        if not due:
+        groups = list(dict.fromkeys(t.key_group for t in self.timers.pop_due(EVENT_TIME, watermark)))
+        if not groups:
             return [], watermark
-        key_groups = [t.key_group for t in due]
-        state_keys = [(t.key, *t.namespace) for t in due]
-        sides = [self.backend.get_many(self.ROWS[side], key_groups, state_keys) for side in (LEFT, RIGHT)]
+        fired, times = [], []
         for side in (LEFT, RIGHT):
-            self.backend.put_many(self.ROWS[side], key_groups, state_keys, [None] * len(due))
-        left_rows, right_rows, left_at, right_at, starts, ends = [], [], [], [], [], []
-        for timer, lefts, rights in zip(due, *sides):
-            if not lefts or not rights:
-                continue  # an inner join: a window with one side only joins nothing
-            l0, r0, n = len(left_rows), len(right_rows), len(lefts) * len(rights)
-            left_rows.extend(lefts)
-            right_rows.extend(rights)
-            left_at.append(np.repeat(np.arange(l0, l0 + len(lefts)), len(rights)))
-            right_at.append(np.tile(np.arange(r0, r0 + len(rights)), len(lefts)))
-            starts.append(np.full(n, timer.namespace[0], dtype=np.int64))
-            ends.append(np.full(n, timer.namespace[1], dtype=np.int64))
-        if not left_at:
+            chunks = self.windows[side].read(groups)
+            if not chunks:
+                fired.append(None)
+                times.append(self._replace(self.windows[side], groups, None, None))
+                continue
+            row_groups, starts, rows = concat(chunks)
+            due = self._fire_time(starts) <= watermark
+            fired.append((starts[due], rows.filter(pa.array(due))) if due.any() else None)
+            rest = (row_groups[~due], starts[~due], rows.filter(pa.array(~due))) if not due.all() else None
+            times.append(self._replace(self.windows[side], groups, rest,
+                                       lambda starts: int(self._fire_time(starts).min())))
+        wake = [(g, min(t for t in ts if t is not None)) for g, ts in zip(groups, zip(*times))
+                if any(t is not None for t in ts)]
+        self.timers.register_many(EVENT_TIME, [g for g, _ in wake], [0] * len(wake), [t for _, t in wake],
+                                  [None] * len(wake))
+        if fired[LEFT] is None or fired[RIGHT] is None:
+            return [], watermark  # an inner join: windows with one side only join nothing
+        (l_starts, lefts), (r_starts, rights) = fired
+        met = self._key_frame(LEFT, lefts, l_starts, "__left").merge(
+            self._key_frame(RIGHT, rights, r_starts, "__right"), on=self._key_names + ["__ts"])
+        if met.empty:
             return [], watermark
-        window = [(name, pa.array(np.concatenate(values)).cast(pa.timestamp("ms")))
-                  for name, values in (("window_start", starts), ("window_end", ends))]
-        out = self._emit(table_of(self.schemas[LEFT], left_rows).take(np.concatenate(left_at)),
-                         table_of(self.schemas[RIGHT], right_rows).take(np.concatenate(right_at)), window)
-        return out, watermark
+        at_left = met["__left"].to_numpy()
+        starts = l_starts[at_left]
+        window = [("window_start", pa.array(starts).cast(pa.timestamp("ms"))),
+                  ("window_end", pa.array(starts + self.assigner.size).cast(pa.timestamp("ms")))]
+        return self._emit(lefts.take(at_left), rights.take(met["__right"].to_numpy()), window), watermark
 
 
 class TemporalJoin(JoinOperator, kind="temporal-join"):
@@ -531,28 +563,6 @@ class TemporalJoin(JoinOperator, kind="temporal-join"):
         self.timers.register_many(EVENT_TIME, [g for g, _ in wake], [0] * len(wake), [t for _, t in wake],
                                   [None] * len(wake))
         return out, watermark
-
-    def _replace(self, chunks: Chunks, groups: list[int], rows: Optional[tuple], time_of) -> list[Optional[int]]:
-        """Each key group's chunks become one of ``rows`` (key groups, ts, table), or none; the
-        time of each group's new chunk."""
-        parts = {}
-        if rows is not None:
-            row_groups, ts, table = rows
-            order = np.argsort(row_groups, kind="stable")
-            present, firsts = np.unique(row_groups[order], return_index=True)
-            parts = dict(zip(present.tolist(), np.split(order, firsts[1:])))
-        times = []
-        for group in groups:
-            changed: dict[int, Optional[tuple]] = dict.fromkeys(chunks.index(group))
-            index: dict[int, Optional[int]] = {}
-            at = parts.get(group)
-            if at is not None:
-                number = self._chunk_numbers(1)[0]
-                changed[number] = (ts[at], table.take(at))
-                index[number] = time_of(ts[at])
-            chunks.rewrite(group, index, changed)
-            times.append(index[number] if at is not None else None)
-        return times
 
     def _join_versions(self, lefts: pa.Table, l_ts: np.ndarray, versions: Optional[pa.Table],
                        v_ts: np.ndarray) -> list[pa.Table]:

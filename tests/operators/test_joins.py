@@ -269,8 +269,8 @@ def test_window_join_equals_pandas_on_out_of_order_input(backend, tmp_path, assi
     left, right = events(seed=3, n=200, span=10_000, right_key="id")
 
     def nothing_fired_waits(join, watermark):
-        for side in ("left-window-rows", "right-window-rows"):
-            assert all(end - 1 > watermark for (_, _, end), _ in join.state(side))
+        for side in ("left-window-chunks", "right-window-chunks"):
+            assert all(start + size - 1 > watermark for _, (starts, _) in join.state(side) for start in starts)
 
     late = drive(join, left, right, late_ts=lambda wm: wm - size - 1, check=nothing_fired_waits)
     join.watermark(MAX_WATERMARK)  # the end of input fires every window
@@ -285,7 +285,7 @@ def test_window_join_equals_pandas_on_out_of_order_input(backend, tmp_path, assi
     assert len(expected) > 50
     by = ["lid", "rid", "window_start"]
     pd.testing.assert_frame_equal(canon(join.result(), by), canon(expected, by))
-    assert join.state("left-window-rows") == [] and join.state("right-window-rows") == []
+    assert join.state("left-window-chunks") == [] and join.state("right-window-chunks") == []
     assert join.pending_timers() == 0
 
 
@@ -304,7 +304,7 @@ def test_a_window_join_fires_at_the_window_end_and_drops_rows_of_fired_windows(b
     assert join.metric("numLateRecordsDropped") == 1
     join.watermark(1999)
     assert join.result().a.tolist() == [1, 2, 6] and join.result().b.tolist() == [3, 4, 4]
-    assert join.pending_timers() == 0 and join.state("left-window-rows") == []
+    assert join.pending_timers() == 0 and join.state("left-window-chunks") == []
 
 
 # ---------------------------------------------------------------------- temporal join
@@ -364,7 +364,7 @@ def test_processing_time_temporal_join_takes_the_latest_right_row(backend, tmp_p
 
 
 # ---------------------------------------------------------------------- checkpoints
-STATES = {"interval-join": ("left-chunks", "right-chunks"), "window-join": ("left-window-rows", "right-window-rows"),
+STATES = {"interval-join": ("left-chunks", "right-chunks"), "window-join": ("left-window-chunks", "right-window-chunks"),
           "temporal-join": ("right-versions-chunks", "left-pending-chunks")}
 CASES = {
     "interval-join": ({"lower": -400, "upper": 300}, {}),
