@@ -96,23 +96,26 @@ class KeyedOperator(Operator):
     def close(self) -> None:
         self.backend.close()
 
-    def group(self, table: pa.Table, keys_only: bool = False) -> KeyedBatch:
-        """The batch by key; ``keys_only`` converts just the key columns to pandas."""
-        missing = [k for k in self.key if k not in table.column_names]
+    def group(self, table: pa.Table, keys_only: bool = False, key: Optional[list[str]] = None,
+              input_name: str = "the input") -> KeyedBatch:
+        """The batch by key; ``keys_only`` converts just the key columns to pandas. ``key``: other
+        key columns than params["key"] (a join's right input, ``input_name``)."""
+        key = self.key if key is None else key
+        missing = [k for k in key if k not in table.column_names]
         if missing:
-            raise KeyError(f"{self.spec.where()}: key column(s) {missing} not in the input "
+            raise KeyError(f"{self.spec.where()}: key column(s) {missing} not in {input_name} "
                            f"(columns: {table.column_names})")
-        frame = (table.select(self.key) if keys_only else table).to_pandas()
+        frame = (table.select(key) if keys_only else table).to_pandas()
         # the key groups of the rows, exactly as the exchange routed them
-        groups_of_rows = key_groups_of_frame(frame[self.key], self.ctx.max_parallelism)
-        first = ~frame.duplicated(self.key).to_numpy()
-        key_frame = frame.loc[first, self.key].reset_index(drop=True)
-        if len(self.key) == 1:
-            keys = key_frame[self.key[0]].astype(object).tolist()
+        groups_of_rows = key_groups_of_frame(frame[key], self.ctx.max_parallelism)
+        first = ~frame.duplicated(key).to_numpy()
+        key_frame = frame.loc[first, key].reset_index(drop=True)
+        if len(key) == 1:
+            keys = key_frame[key[0]].astype(object).tolist()
         else:
             keys = [tuple(row) for row in key_frame.astype(object).values.tolist()]
         return KeyedBatch(frame, key_frame, keys, groups_of_rows[first].tolist(),
-                          frame.groupby(self.key, sort=False, dropna=False))
+                          frame.groupby(key, sort=False, dropna=False))
 
 
 class KeyedCount(KeyedOperator, kind="keyed-count"):
