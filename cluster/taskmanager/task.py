@@ -411,6 +411,7 @@ class Task:
                 op.open()
                 opened.append(op)
             self._restore(chain)
+            self._start_time(chain)
             self._start_stage(chain)
             self._open_inputs(sender)
             self._set_state(ExecutionState.RUNNING)
@@ -488,18 +489,22 @@ class Task:
                 raise UserFunctionError(f"{members[0].where()} could not be loaded on the TaskManager: "
                                         f"{type(exc).__name__}: {exc}") from exc
         self._producer_address = {c: a for desc in tdd.inputs for c, a in desc.channels}
-        self._time = TaskTime(chain, lambda index, tables: self._push(chain, index, tables), self._emit_watermark,
-                              self._emit_status, self.config.watermark_interval_ms)
         if self._producer_address:
             self._gate = InputGate(list(self._producer_address))
             self.network.register_gate(self._gate)
-            self._time.set_inputs(list(self._producer_address))
         if KINDS[chain[0].spec.kind].two_inputs:
             # the first params["left_inputs"] input edges are the left side (the JobGraph keeps
             # a node's input edges in the order the API gave them)
             left = int(chain[0].params["left_inputs"])
             self._sides = {c: int(i >= left) for i, desc in enumerate(tdd.inputs) for c, _ in desc.channels}
         return chain
+
+    def _start_time(self, chain: list) -> None:
+        """After the operators opened: what they say of time (processing-time windows) is known."""
+        self._time = TaskTime(chain, lambda index, tables: self._push(chain, index, tables), self._emit_watermark,
+                              self._emit_status, self.config.watermark_interval_ms)
+        if self._producer_address:
+            self._time.set_inputs(list(self._producer_address))
 
     def _start_stage(self, chain: list) -> None:
         index = next((i for i, op in enumerate(chain) if isinstance(op, SparkChain)), None)
