@@ -3,10 +3,12 @@
 
 Both inputs arrive hash-partitioned by their key columns (params["key"] on the left,
 params["right_key"] on the right), so rows with equal key values meet in one subtask and one key
-group. Rows that wait for the other side live in the keyed state backend as tuples of python
-values (rebuilt into Arrow with their side's schema when they join), and leave it on event-time
-timers once the watermark makes a match impossible. State, timers, the watermark and the sides'
-schemas are checkpointed; a restore at another parallelism takes its key groups' share.
+group. Rows that wait for the other side live in the keyed state backend in Chunks: per key group
+and batch, an Arrow table of the rows there, so that a batch or a watermark is joined with one
+vectorised merge over all its key groups rather than key by key. Event-time timers per key group
+say when the watermark makes a chunk's rows useless (or fires its windows). State, timers, the
+watermark and the sides' schemas are checkpointed; a restore at another parallelism takes its key
+groups' share.
 
 * interval-join (Flink's IntervalJoinOperator): a left row l and a right row r of one key join when
   ``l.ts + lower <= r.ts <= l.ts + upper``, emitted as soon as both are there. A row with
@@ -25,8 +27,6 @@ transforms them. Thread use: the task thread only.
 from __future__ import annotations
 
 import base64
-from bisect import bisect_right
-from operator import itemgetter
 from typing import NamedTuple, Optional, Sequence
 
 import numpy as np
@@ -47,14 +47,9 @@ SIDES = ("left", "right")
 RIGHT_SUFFIX = "_right"
 
 
-def runs(ids: np.ndarray) -> list[np.ndarray]:
-    """The row indices of each id, ids in ascending order, rows in their order."""
-    order = np.argsort(ids, kind="stable")
-    return np.split(order, np.flatnonzero(np.diff(ids[order])) + 1) if len(ids) else []
-
-
 def row_tuples(table: pa.Table) -> list[tuple]:
-    """The rows as tuples of python values: what waits in keyed state (immutable, picklable)."""
+    """The rows as tuples of python values (immutable, picklable): a processing-time temporal
+    join's latest right row per key."""
     return list(zip(*(column.to_pylist() for column in table.columns)))
 
 
@@ -119,10 +114,6 @@ class Chunks:
         for number, chunk in changed.items():
             self.backend.put(self.state, group, number, chunk)
         self.backend.put(self.index_state, group, self._INDEX_KEY, tuple(index.items()) or None)
-
-    def items(self):
-        """(ts, rows) of every chunk here (for tests and views)."""
-        return (chunk for _, chunk in self.backend.items(self.state))
 
 
 def by_key_group(key_groups: np.ndarray) -> list[tuple[int, np.ndarray]]:
@@ -582,8 +573,8 @@ class TemporalJoin(JoinOperator, kind="temporal-join"):
         return self._emit(lefts.take(at_left), versions.take(index))
 
     def _update_latest(self, batch: SideBatch) -> list[pa.Table]:
-        groups = runs(batch.ids)
-        last = [int(g[-1]) for g in groups]  # of several rows of a key in one batch, the last one is the latest
+        # of several rows of a key in one batch, the last one is the latest
+        last = [int(rows[-1]) for _, rows in by_key_group(batch.ids)]
         rows = row_tuples(batch.table.take(last))
         kids = [int(batch.ids[i]) for i in last]
         self.backend.put_many(self.LATEST, [batch.key_groups[k] for k in kids], [batch.keys[k] for k in kids], rows)
