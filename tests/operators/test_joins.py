@@ -237,6 +237,28 @@ def test_interval_join_keeps_a_row_at_the_watermark_and_drops_one_before_it(back
     assert waiting(join, "left") == [200]
 
 
+def test_a_join_on_two_key_columns_named_differently_on_the_right(backend, tmp_path):
+    params = {"key": ["a", "b"], "right_key": ["a", "c"], "left_rowtime": "ts", "right_rowtime": "ts",
+              "lower": -1000, "upper": 1000}
+    join = Subtasks("interval-join", params, backend, tmp_path, parallelism=2)
+    rng = np.random.default_rng(8)
+    left = pd.DataFrame({"a": rng.integers(0, 3, 200), "b": rng.choice(["x", "y"], 200),
+                         "ts": np.sort(rng.integers(0, 20_000, 200)), "lid": np.arange(200)})
+    right = pd.DataFrame({"a": rng.integers(0, 3, 200), "c": rng.choice(["x", "y"], 200),
+                          "ts": np.sort(rng.integers(0, 20_000, 200)), "rid": np.arange(200)})
+    for start in range(0, 200, 40):
+        join.side(0, left.iloc[start:start + 40])
+        join.side(1, right.iloc[start:start + 40])
+        join.watermark(int(min(left.ts.iloc[start + 39], right.ts.iloc[start + 39])))
+    merged = left.merge(right.drop(columns="a").assign(a_=right.a), left_on=["a", "b"], right_on=["a_", "c"],
+                        suffixes=("", "_right")).drop(columns="a_")
+    merged = merged[(merged.ts_right - merged.ts).abs() <= 1000]
+    # the right's "a" is the left's "a" (same name, same place in the key); its "c" stays
+    expected = merged[["a", "b", "ts", "lid", "c", "ts_right", "rid"]]
+    assert len(expected) > 50
+    pd.testing.assert_frame_equal(canon(join.result(), ["lid", "rid"]), canon(expected, ["lid", "rid"]))
+
+
 def test_interval_join_applies_the_function_to_the_joined_rows(backend, tmp_path):
     params = {"key": ["k"], "left_rowtime": "ts", "right_rowtime": "ts", "lower": -200, "upper": 200}
 
