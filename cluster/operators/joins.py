@@ -87,12 +87,30 @@ class Chunks:
         self.backend = backend
         self.state, self.index_state = f"{name}-chunks", f"{name}-index"
 
-    def add(self, groups: list[int], numbers: list[int], chunks: list[tuple], times: list[int]) -> None:
-        self.backend.put_many(self.state, groups, numbers, chunks)
+    MERGE_AT = 8  # a key group's chunks are merged into one when a new one would make this many
+
+    def add(self, groups: list[int], numbers: list[int], chunks: list[tuple], times: list[Optional[int]]) -> None:
+        """A new chunk for each key group (each group once). Small batches make small chunks, and a
+        join reads every chunk of the key groups it looks at: so a group's chunks are merged when
+        there are MERGE_AT of them, which keeps their count, and the cost per chunk, bounded."""
         index_keys = [self._INDEX_KEY] * len(groups)
-        indexes = self.backend.get_many(self.index_state, groups, index_keys)
+        indexes = [index or () for index in self.backend.get_many(self.index_state, groups, index_keys)]
+        full = [i for i, index in enumerate(indexes) if len(index) + 1 >= self.MERGE_AT]
+        if full:
+            chunks, times = list(chunks), list(times)
+            old = self.read([groups[i] for i in full], [[n for n, _ in indexes[i]] for i in full])
+            for i in full:
+                parts = [chunk for g, chunk in old if g == groups[i]] + [chunks[i]]
+                chunks[i] = (np.concatenate([ts for ts, _ in parts]),
+                             pa.concat_tables([rows for _, rows in parts], promote_options="default"))
+                known = [t for _, t in indexes[i] if t is not None] + ([times[i]] if times[i] is not None else [])
+                times[i] = min(known) if known else None
+                self.backend.put_many(self.state, [groups[i]] * len(indexes[i]), [n for n, _ in indexes[i]],
+                                      [None] * len(indexes[i]))
+                indexes[i] = ()
+        self.backend.put_many(self.state, groups, numbers, chunks)
         self.backend.put_many(self.index_state, groups, index_keys,
-                              [(index or ()) + ((n, t),) for index, n, t in zip(indexes, numbers, times)])
+                              [index + ((n, t),) for index, n, t in zip(indexes, numbers, times)])
 
     def index(self, group: int) -> dict[int, int]:
         """Chunk number -> its time, in the order the chunks came."""
@@ -125,9 +143,10 @@ def by_key_group(key_groups: np.ndarray) -> list[tuple[int, np.ndarray]]:
 
 def concat(chunks: list[tuple[int, tuple]]) -> tuple[np.ndarray, np.ndarray, pa.Table]:
     """(key group, ts) of every row of these chunks (as Chunks.read gives them), and the rows."""
+    rows = pa.concat_tables([rows for _, (_, rows) in chunks], promote_options="default")
     return (np.repeat([g for g, _ in chunks], [len(ts) for _, (ts, _) in chunks]),
             np.concatenate([ts for _, (ts, _) in chunks]),
-            pa.concat_tables([rows for _, (_, rows) in chunks], promote_options="default"))
+            rows.combine_chunks() if len(chunks) > 1 else rows)  # a take from many chunks is slow
 
 
 class JoinOperator(KeyedOperator):

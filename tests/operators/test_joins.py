@@ -18,6 +18,7 @@ from cluster.conf import TaskConfig
 from cluster.graph.job_graph import OperatorSpec
 from cluster.operators import OPERATORS
 from cluster.operators.base import OperatorContext
+from cluster.operators.joins import Chunks
 from cluster.operators.timers import EVENT_TIME
 from cluster.operators.watermarks import MAX_WATERMARK, NO_WATERMARK, TimestampError
 from cluster.state.key_groups import key_groups_of, operator_index_for_key_group
@@ -29,6 +30,13 @@ KEYS = 6
 
 @pytest.fixture(params=["hashmap", "rocksdb"])
 def backend(request):
+    return request.param
+
+
+@pytest.fixture(params=[2, Chunks.MERGE_AT], ids=lambda n: f"merge-at-{n}")
+def merge_at(request, monkeypatch):
+    """How many chunks of a key group make them merge: 2 merges at nearly every batch."""
+    monkeypatch.setattr(Chunks, "MERGE_AT", request.param)
     return request.param
 
 
@@ -190,8 +198,8 @@ INTERVALS = [  # lower, upper, lower_inclusive, upper_inclusive
 
 
 @pytest.mark.parametrize("lower, upper, lower_inclusive, upper_inclusive", INTERVALS)
-def test_interval_join_equals_pandas_on_out_of_order_input(backend, tmp_path, lower, upper, lower_inclusive,
-                                                           upper_inclusive):
+def test_interval_join_equals_pandas_on_out_of_order_input(backend, merge_at, tmp_path, lower, upper,
+                                                           lower_inclusive, upper_inclusive):
     params = {"key": ["k"], "right_key": ["k"], "left_rowtime": "ts", "right_rowtime": "ts", "lower": lower,
               "upper": upper, "lower_inclusive": lower_inclusive, "upper_inclusive": upper_inclusive}
     join = Subtasks("interval-join", params, backend, tmp_path)
@@ -284,7 +292,7 @@ def windows_of(frame: pd.DataFrame, size: int, slide: int) -> pd.DataFrame:
 
 @pytest.mark.parametrize("assigner", [{"type": "tumbling", "size": 1000},
                                       {"type": "sliding", "size": 1500, "slide": 500}])
-def test_window_join_equals_pandas_on_out_of_order_input(backend, tmp_path, assigner):
+def test_window_join_equals_pandas_on_out_of_order_input(backend, merge_at, tmp_path, assigner):
     size, slide = assigner["size"], assigner.get("slide", assigner["size"])
     params = {"key": ["k"], "right_key": ["id"], "left_rowtime": "ts", "right_rowtime": "ts", "assigner": assigner}
     join = Subtasks("window-join", params, backend, tmp_path)
@@ -331,7 +339,7 @@ def test_a_window_join_fires_at_the_window_end_and_drops_rows_of_fired_windows(b
 
 # ---------------------------------------------------------------------- temporal join
 @pytest.mark.parametrize("how", ["inner", "left"])
-def test_event_time_temporal_join_equals_merge_asof(backend, tmp_path, how):
+def test_event_time_temporal_join_equals_merge_asof(backend, merge_at, tmp_path, how):
     params = {"key": ["k"], "right_key": ["k"], "left_rowtime": "ts", "right_rowtime": "ts", "how": how}
     join = Subtasks("temporal-join", params, backend, tmp_path)
     left, right = events(seed=4, n=240, unique_right_times=True)
@@ -397,7 +405,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("kind", sorted(CASES))
-def test_a_checkpoint_restores_into_two_subtasks_with_the_same_output(backend, tmp_path, kind):
+def test_a_checkpoint_restores_into_two_subtasks_with_the_same_output(backend, merge_at, tmp_path, kind):
     extra, shape = CASES[kind]
     params = {"key": ["k"], "right_key": ["k"], "left_rowtime": "ts", "right_rowtime": "ts", **extra}
     left, right = events(seed=6, n=240, **shape)
