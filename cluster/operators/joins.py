@@ -3,10 +3,12 @@
 
 Both inputs arrive hash-partitioned by their key columns (params["key"] on the left,
 params["right_key"] on the right), so rows with equal key values meet in one subtask and one key
-group. Rows that wait for the other side live in the keyed state backend as tuples of python
-values (rebuilt into Arrow with their side's schema when they join), and leave it on event-time
-timers once the watermark makes a match impossible. State, timers, the watermark and the sides'
-schemas are checkpointed; a restore at another parallelism takes its key groups' share.
+group. Rows that wait for the other side live in the keyed state backend in Chunks: per key group
+and batch, an Arrow table of the rows there, so that a batch or a watermark is joined with one
+vectorised merge over all its key groups rather than key by key. Event-time timers per key group
+say when the watermark makes a chunk's rows useless (or fires its windows). State, timers, the
+watermark and the sides' schemas are checkpointed; a restore at another parallelism takes its key
+groups' share.
 
 * interval-join (Flink's IntervalJoinOperator): a left row l and a right row r of one key join when
   ``l.ts + lower <= r.ts <= l.ts + upper``, emitted as soon as both are there. A row with
@@ -25,8 +27,6 @@ transforms them. Thread use: the task thread only.
 from __future__ import annotations
 
 import base64
-from bisect import bisect_right
-from operator import itemgetter
 from typing import NamedTuple, Optional, Sequence
 
 import numpy as np
@@ -47,14 +47,9 @@ SIDES = ("left", "right")
 RIGHT_SUFFIX = "_right"
 
 
-def runs(ids: np.ndarray) -> list[np.ndarray]:
-    """The row indices of each id, ids in ascending order, rows in their order."""
-    order = np.argsort(ids, kind="stable")
-    return np.split(order, np.flatnonzero(np.diff(ids[order])) + 1) if len(ids) else []
-
-
 def row_tuples(table: pa.Table) -> list[tuple]:
-    """The rows as tuples of python values: what waits in keyed state (immutable, picklable)."""
+    """The rows as tuples of python values (immutable, picklable): a processing-time temporal
+    join's latest right row per key."""
     return list(zip(*(column.to_pylist() for column in table.columns)))
 
 
@@ -92,12 +87,30 @@ class Chunks:
         self.backend = backend
         self.state, self.index_state = f"{name}-chunks", f"{name}-index"
 
-    def add(self, groups: list[int], numbers: list[int], chunks: list[tuple], times: list[int]) -> None:
-        self.backend.put_many(self.state, groups, numbers, chunks)
+    MERGE_AT = 8  # a key group's chunks are merged into one when a new one would make this many
+
+    def add(self, groups: list[int], numbers: list[int], chunks: list[tuple], times: list[Optional[int]]) -> None:
+        """A new chunk for each key group (each group once). Small batches make small chunks, and a
+        join reads every chunk of the key groups it looks at: so a group's chunks are merged when
+        there are MERGE_AT of them, which keeps their count, and the cost per chunk, bounded."""
         index_keys = [self._INDEX_KEY] * len(groups)
-        indexes = self.backend.get_many(self.index_state, groups, index_keys)
+        indexes = [index or () for index in self.backend.get_many(self.index_state, groups, index_keys)]
+        full = [i for i, index in enumerate(indexes) if len(index) + 1 >= self.MERGE_AT]
+        if full:
+            chunks, times = list(chunks), list(times)
+            old = self.read([groups[i] for i in full], [[n for n, _ in indexes[i]] for i in full])
+            for i in full:
+                parts = [chunk for g, chunk in old if g == groups[i]] + [chunks[i]]
+                chunks[i] = (np.concatenate([ts for ts, _ in parts]),
+                             pa.concat_tables([rows for _, rows in parts], promote_options="default"))
+                known = [t for _, t in indexes[i] if t is not None] + ([times[i]] if times[i] is not None else [])
+                times[i] = min(known) if known else None
+                self.backend.put_many(self.state, [groups[i]] * len(indexes[i]), [n for n, _ in indexes[i]],
+                                      [None] * len(indexes[i]))
+                indexes[i] = ()
+        self.backend.put_many(self.state, groups, numbers, chunks)
         self.backend.put_many(self.index_state, groups, index_keys,
-                              [(index or ()) + ((n, t),) for index, n, t in zip(indexes, numbers, times)])
+                              [index + ((n, t),) for index, n, t in zip(indexes, numbers, times)])
 
     def index(self, group: int) -> dict[int, int]:
         """Chunk number -> its time, in the order the chunks came."""
@@ -120,10 +133,6 @@ class Chunks:
             self.backend.put(self.state, group, number, chunk)
         self.backend.put(self.index_state, group, self._INDEX_KEY, tuple(index.items()) or None)
 
-    def items(self):
-        """(ts, rows) of every chunk here (for tests and views)."""
-        return (chunk for _, chunk in self.backend.items(self.state))
-
 
 def by_key_group(key_groups: np.ndarray) -> list[tuple[int, np.ndarray]]:
     """(key group, the positions holding it) for every key group in ``key_groups``."""
@@ -134,9 +143,10 @@ def by_key_group(key_groups: np.ndarray) -> list[tuple[int, np.ndarray]]:
 
 def concat(chunks: list[tuple[int, tuple]]) -> tuple[np.ndarray, np.ndarray, pa.Table]:
     """(key group, ts) of every row of these chunks (as Chunks.read gives them), and the rows."""
+    rows = pa.concat_tables([rows for _, (_, rows) in chunks], promote_options="default")
     return (np.repeat([g for g, _ in chunks], [len(ts) for _, (ts, _) in chunks]),
             np.concatenate([ts for _, (ts, _) in chunks]),
-            pa.concat_tables([rows for _, (_, rows) in chunks], promote_options="default"))
+            rows.combine_chunks() if len(chunks) > 1 else rows)  # a take from many chunks is slow
 
 
 class JoinOperator(KeyedOperator):
@@ -582,8 +592,8 @@ class TemporalJoin(JoinOperator, kind="temporal-join"):
         return self._emit(lefts.take(at_left), versions.take(index))
 
     def _update_latest(self, batch: SideBatch) -> list[pa.Table]:
-        groups = runs(batch.ids)
-        last = [int(g[-1]) for g in groups]  # of several rows of a key in one batch, the last one is the latest
+        # of several rows of a key in one batch, the last one is the latest
+        last = [int(rows[-1]) for _, rows in by_key_group(batch.ids)]
         rows = row_tuples(batch.table.take(last))
         kids = [int(batch.ids[i]) for i in last]
         self.backend.put_many(self.LATEST, [batch.key_groups[k] for k in kids], [batch.keys[k] for k in kids], rows)

@@ -18,6 +18,7 @@ from cluster.conf import TaskConfig
 from cluster.graph.job_graph import OperatorSpec
 from cluster.operators import OPERATORS
 from cluster.operators.base import OperatorContext
+from cluster.operators.joins import Chunks
 from cluster.operators.timers import EVENT_TIME
 from cluster.operators.watermarks import MAX_WATERMARK, NO_WATERMARK, TimestampError
 from cluster.state.key_groups import key_groups_of, operator_index_for_key_group
@@ -29,6 +30,13 @@ KEYS = 6
 
 @pytest.fixture(params=["hashmap", "rocksdb"])
 def backend(request):
+    return request.param
+
+
+@pytest.fixture(params=[2, Chunks.MERGE_AT], ids=lambda n: f"merge-at-{n}")
+def merge_at(request, monkeypatch):
+    """How many chunks of a key group make them merge: 2 merges at nearly every batch."""
+    monkeypatch.setattr(Chunks, "MERGE_AT", request.param)
     return request.param
 
 
@@ -190,8 +198,8 @@ INTERVALS = [  # lower, upper, lower_inclusive, upper_inclusive
 
 
 @pytest.mark.parametrize("lower, upper, lower_inclusive, upper_inclusive", INTERVALS)
-def test_interval_join_equals_pandas_on_out_of_order_input(backend, tmp_path, lower, upper, lower_inclusive,
-                                                           upper_inclusive):
+def test_interval_join_equals_pandas_on_out_of_order_input(backend, merge_at, tmp_path, lower, upper,
+                                                           lower_inclusive, upper_inclusive):
     params = {"key": ["k"], "right_key": ["k"], "left_rowtime": "ts", "right_rowtime": "ts", "lower": lower,
               "upper": upper, "lower_inclusive": lower_inclusive, "upper_inclusive": upper_inclusive}
     join = Subtasks("interval-join", params, backend, tmp_path)
@@ -237,6 +245,28 @@ def test_interval_join_keeps_a_row_at_the_watermark_and_drops_one_before_it(back
     assert waiting(join, "left") == [200]
 
 
+def test_a_join_on_two_key_columns_named_differently_on_the_right(backend, tmp_path):
+    params = {"key": ["a", "b"], "right_key": ["a", "c"], "left_rowtime": "ts", "right_rowtime": "ts",
+              "lower": -1000, "upper": 1000}
+    join = Subtasks("interval-join", params, backend, tmp_path, parallelism=2)
+    rng = np.random.default_rng(8)
+    left = pd.DataFrame({"a": rng.integers(0, 3, 200), "b": rng.choice(["x", "y"], 200),
+                         "ts": np.sort(rng.integers(0, 20_000, 200)), "lid": np.arange(200)})
+    right = pd.DataFrame({"a": rng.integers(0, 3, 200), "c": rng.choice(["x", "y"], 200),
+                          "ts": np.sort(rng.integers(0, 20_000, 200)), "rid": np.arange(200)})
+    for start in range(0, 200, 40):
+        join.side(0, left.iloc[start:start + 40])
+        join.side(1, right.iloc[start:start + 40])
+        join.watermark(int(min(left.ts.iloc[start + 39], right.ts.iloc[start + 39])))
+    merged = left.merge(right.drop(columns="a").assign(a_=right.a), left_on=["a", "b"], right_on=["a_", "c"],
+                        suffixes=("", "_right")).drop(columns="a_")
+    merged = merged[(merged.ts_right - merged.ts).abs() <= 1000]
+    # the right's "a" is the left's "a" (same name, same place in the key); its "c" stays
+    expected = merged[["a", "b", "ts", "lid", "c", "ts_right", "rid"]]
+    assert len(expected) > 50
+    pd.testing.assert_frame_equal(canon(join.result(), ["lid", "rid"]), canon(expected, ["lid", "rid"]))
+
+
 def test_interval_join_applies_the_function_to_the_joined_rows(backend, tmp_path):
     params = {"key": ["k"], "left_rowtime": "ts", "right_rowtime": "ts", "lower": -200, "upper": 200}
 
@@ -262,7 +292,7 @@ def windows_of(frame: pd.DataFrame, size: int, slide: int) -> pd.DataFrame:
 
 @pytest.mark.parametrize("assigner", [{"type": "tumbling", "size": 1000},
                                       {"type": "sliding", "size": 1500, "slide": 500}])
-def test_window_join_equals_pandas_on_out_of_order_input(backend, tmp_path, assigner):
+def test_window_join_equals_pandas_on_out_of_order_input(backend, merge_at, tmp_path, assigner):
     size, slide = assigner["size"], assigner.get("slide", assigner["size"])
     params = {"key": ["k"], "right_key": ["id"], "left_rowtime": "ts", "right_rowtime": "ts", "assigner": assigner}
     join = Subtasks("window-join", params, backend, tmp_path)
@@ -309,7 +339,7 @@ def test_a_window_join_fires_at_the_window_end_and_drops_rows_of_fired_windows(b
 
 # ---------------------------------------------------------------------- temporal join
 @pytest.mark.parametrize("how", ["inner", "left"])
-def test_event_time_temporal_join_equals_merge_asof(backend, tmp_path, how):
+def test_event_time_temporal_join_equals_merge_asof(backend, merge_at, tmp_path, how):
     params = {"key": ["k"], "right_key": ["k"], "left_rowtime": "ts", "right_rowtime": "ts", "how": how}
     join = Subtasks("temporal-join", params, backend, tmp_path)
     left, right = events(seed=4, n=240, unique_right_times=True)
@@ -359,12 +389,13 @@ def test_processing_time_temporal_join_takes_the_latest_right_row(backend, tmp_p
     if how == "inner":
         expected = expected.dropna(subset=["rid"]).astype({"v_right": "int64", "rid": "int64"})
     assert expected.rid.isna().any() == (how == "left")
-    pd.testing.assert_frame_equal(canon(join.result(), ["lid"]), canon(expected[["k", "v", "lid", "v_right", "rid"]],
-                                                                       ["lid"]))
+    expected = expected[["k", "v", "lid", "v_right", "rid"]]
+    pd.testing.assert_frame_equal(canon(join.result(), ["lid"]), canon(expected, ["lid"]))
 
 
 # ---------------------------------------------------------------------- checkpoints
-STATES = {"interval-join": ("left-chunks", "right-chunks"), "window-join": ("left-window-chunks", "right-window-chunks"),
+STATES = {"interval-join": ("left-chunks", "right-chunks"),
+          "window-join": ("left-window-chunks", "right-window-chunks"),
           "temporal-join": ("right-versions-chunks", "left-pending-chunks")}
 CASES = {
     "interval-join": ({"lower": -400, "upper": 300}, {}),
@@ -374,7 +405,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("kind", sorted(CASES))
-def test_a_checkpoint_restores_into_two_subtasks_with_the_same_output(backend, tmp_path, kind):
+def test_a_checkpoint_restores_into_two_subtasks_with_the_same_output(backend, merge_at, tmp_path, kind):
     extra, shape = CASES[kind]
     params = {"key": ["k"], "right_key": ["k"], "left_rowtime": "ts", "right_rowtime": "ts", **extra}
     left, right = events(seed=6, n=240, **shape)
@@ -393,6 +424,8 @@ def test_a_checkpoint_restores_into_two_subtasks_with_the_same_output(backend, t
     after = Subtasks(kind, params, other, tmp_path / "after", parallelism=2)
     after.restore(handles)
     assert [op.watermark for op in after.ops] == [watermark, watermark]
+    # new chunks are numbered after every restored one: none overwrites one of its key group
+    assert [op.next_chunk for op in after.ops] == [before.ops[0].next_chunk] * 2
     # each subtask got its own key groups' share of what waited
     assert all(any(True for name in STATES[kind] for _ in op.backend.items(name)) for op in after.ops)
     drive(after, left, right, start=5)
