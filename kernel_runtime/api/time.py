@@ -141,37 +141,46 @@ def _assigner(kind: str, time: str, **lengths) -> WindowAssigner:
     return WindowAssigner({"type": kind, **ms}, time)
 
 
-class TumblingEventTimeWindows:
-    @staticmethod
+def _tumbling(time: str):
     def of(size, offset=0) -> WindowAssigner:
-        return _assigner("tumbling", "event", size=size, offset=offset)
+        """Windows of ``size`` one after the other, aligned to the epoch (plus ``offset``)."""
+        return _assigner("tumbling", time, size=size, offset=offset)
+    return staticmethod(of)
+
+
+def _sliding(time: str):
+    def of(size, slide, offset=0) -> WindowAssigner:
+        """Windows of ``size`` starting every ``slide``."""
+        return _assigner("sliding", time, size=size, slide=slide, offset=offset)
+    return staticmethod(of)
+
+
+def _sessions(time: str):
+    def with_gap(gap) -> WindowAssigner:
+        """A window per burst of a key's rows: rows closer than ``gap`` to each other."""
+        return _assigner("session", time, gap=gap)
+    return staticmethod(with_gap)
+
+
+class TumblingEventTimeWindows:
+    of = _tumbling("event")
 
 
 class SlidingEventTimeWindows:
-    @staticmethod
-    def of(size, slide, offset=0) -> WindowAssigner:
-        return _assigner("sliding", "event", size=size, slide=slide, offset=offset)
+    of = _sliding("event")
 
 
 class EventTimeSessionWindows:
-    @staticmethod
-    def with_gap(gap) -> WindowAssigner:
-        return _assigner("session", "event", gap=gap)
+    with_gap = _sessions("event")
 
 
 class TumblingProcessingTimeWindows:
-    @staticmethod
-    def of(size, offset=0) -> WindowAssigner:
-        return _assigner("tumbling", "processing", size=size, offset=offset)
+    of = _tumbling("processing")
 
 
 class SlidingProcessingTimeWindows:
-    @staticmethod
-    def of(size, slide, offset=0) -> WindowAssigner:
-        return _assigner("sliding", "processing", size=size, slide=slide, offset=offset)
+    of = _sliding("processing")
 
 
 class ProcessingTimeSessionWindows:
-    @staticmethod
-    def with_gap(gap) -> WindowAssigner:
-        return _assigner("session", "processing", gap=gap)
+    with_gap = _sessions("processing")

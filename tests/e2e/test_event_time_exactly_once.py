@@ -12,7 +12,6 @@ from __future__ import annotations
 import glob
 import os
 import random
-import time
 
 import numpy as np
 import pandas as pd
@@ -22,7 +21,7 @@ import pytest
 from kernel_runtime import JobClient, StreamEnvironment
 from kernel_runtime.api import Duration, FileSink, Time, TumblingEventTimeWindows, WatermarkStrategy
 from tests.conftest import rest, wait_for
-from tests.e2e.test_exactly_once import fault_cluster, kill_a_busy_taskmanager  # noqa: F401 (a fixture)
+from tests.e2e.test_exactly_once import fault_cluster, kill_repeatedly  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.slow
 
@@ -110,15 +109,7 @@ def test_windows_and_joins_are_exactly_once_through_taskmanager_kills(fault_clus
     random.seed(f"event-time-kills-{backend}")
     windows_out, joins_out = str(tmp_path / "windows"), str(tmp_path / "joins")
     client, handle = run_job(fault_cluster, backend, windows_out, joins_out)
-    kills = 0
-    while kills < KILLS:
-        wait_for(lambda: (s := handle.job_status()).state == "RUNNING" and s.attempt == kills + 1 and all(
-            t["status"] == "RUNNING" for t in client.job_details(handle.job_id)["subtasks"]), 60,
-            f"attempt {kills + 1} running")
-        time.sleep(random.uniform(0.3, 1.2))
-        assert handle.status == "RUNNING", f"the job ended after only {kills} kills; make it longer"
-        kill_a_busy_taskmanager(fault_cluster, handle.job_id, client)
-        kills += 1
+    kill_repeatedly(fault_cluster, handle, client, KILLS, longest_pause=1.2)
     handle.wait(240)
     status = handle.job_status()
     assert status.state == "FINISHED" and status.attempt >= KILLS + 1

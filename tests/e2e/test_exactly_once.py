@@ -76,6 +76,19 @@ def kill_a_busy_taskmanager(local, job_id: str, client) -> None:
     local.start_taskmanager()  # the replacement
 
 
+def kill_repeatedly(local, handle, client, kills: int, longest_pause: float = 1.5) -> None:
+    """SIGKILL a busy TaskManager ``kills`` times, each at a random moment of a running attempt."""
+    for killed in range(kills):
+        # the attempt after the last kill, restored and running (the kill itself is noticed only
+        # after heartbeat.timeout)
+        wait_for(lambda: (s := handle.job_status()).state == "RUNNING" and s.attempt == killed + 1 and all(
+            t["status"] == "RUNNING" for t in client.job_details(handle.job_id)["subtasks"]), 60,
+            f"attempt {killed + 1} running")
+        time.sleep(random.uniform(0.3, longest_pause))  # a random moment of processing
+        assert handle.status == "RUNNING", f"the job ended after only {killed} kills; make it longer"
+        kill_a_busy_taskmanager(local, handle.job_id, client)
+
+
 @pytest.fixture(scope="module")
 def fault_cluster(tmp_path_factory):
     local = start_cluster(tmp_path_factory.mktemp("faults"), **{
@@ -100,17 +113,7 @@ def test_committed_output_is_exactly_once_through_taskmanager_kills(fault_cluste
     random.seed(f"kills-{backend}")
     out = str(tmp_path / "out")
     client, handle = run_job(fault_cluster, backend, out)
-    kills = 0
-    while kills < KILLS:
-        # the attempt after the last kill, restored and running (the kill itself is noticed only
-        # after heartbeat.timeout)
-        wait_for(lambda: (s := handle.job_status()).state == "RUNNING" and s.attempt == kills + 1 and all(
-            t["status"] == "RUNNING" for t in client.job_details(handle.job_id)["subtasks"]), 60,
-            f"attempt {kills + 1} running")
-        time.sleep(random.uniform(0.3, 1.5))  # a random moment of processing
-        assert handle.status == "RUNNING", f"the job ended after only {kills} kills; make it longer"
-        kill_a_busy_taskmanager(fault_cluster, handle.job_id, client)
-        kills += 1
+    kill_repeatedly(fault_cluster, handle, client, KILLS)
     handle.wait(180)
     status = handle.job_status()
     assert status.state == "FINISHED" and status.attempt >= KILLS + 1
