@@ -27,7 +27,7 @@ transforms them. Thread use: the task thread only.
 from __future__ import annotations
 
 import base64
-from typing import NamedTuple, Optional, Sequence
+from typing import Callable, Mapping, NamedTuple, Optional, Sequence, Union
 
 import numpy as np
 import pandas as pd
@@ -40,7 +40,7 @@ from .keyed import KeyedOperator
 from .sources import to_table
 from .timers import EVENT_TIME, TimerService
 from .watermarks import NO_WATERMARK, rowtime_ms
-from .windows import SlidingWindows, TumblingWindows
+from .windows import SessionWindows, SlidingWindows, TumblingWindows, assigner_of
 
 LEFT, RIGHT = 0, 1
 SIDES = ("left", "right")
@@ -89,31 +89,32 @@ class Chunks:
 
     MERGE_AT = 8  # a key group's chunks are merged into one when a new one would make this many
 
-    def add(self, groups: list[int], numbers: list[int], chunks: list[tuple], times: list[Optional[int]]) -> None:
+    def add(self, groups: Sequence[int], numbers: Sequence[int], chunks: Sequence[tuple],
+            times: Sequence[Optional[int]]) -> None:
         """A new chunk for each key group (each group once). Small batches make small chunks, and a
         join reads every chunk of the key groups it looks at: so a group's chunks are merged when
         there are MERGE_AT of them, which keeps their count, and the cost per chunk, bounded."""
         index_keys = [self._INDEX_KEY] * len(groups)
         indexes = [index or () for index in self.backend.get_many(self.index_state, groups, index_keys)]
         full = [i for i, index in enumerate(indexes) if len(index) + 1 >= self.MERGE_AT]
+        new_chunks, new_times = list(chunks), list(times)
         if full:
-            chunks, times = list(chunks), list(times)
             old = self.read([groups[i] for i in full], [[n for n, _ in indexes[i]] for i in full])
             for i in full:
-                parts = [chunk for g, chunk in old if g == groups[i]] + [chunks[i]]
-                chunks[i] = (np.concatenate([ts for ts, _ in parts]),
-                             pa.concat_tables([rows for _, rows in parts], promote_options="default"))
-                known = [t for _, t in indexes[i] if t is not None] + ([times[i]] if times[i] is not None else [])
-                times[i] = min(known) if known else None
+                parts = [chunk for g, chunk in old if g == groups[i]] + [new_chunks[i]]
+                new_chunks[i] = (np.concatenate([ts for ts, _ in parts]),
+                                 pa.concat_tables([rows for _, rows in parts], promote_options="default"))
+                known = [t for _, t in indexes[i] if t is not None] + ([t] if (t := new_times[i]) is not None else [])
+                new_times[i] = min(known) if known else None
                 self.backend.put_many(self.state, [groups[i]] * len(indexes[i]), [n for n, _ in indexes[i]],
                                       [None] * len(indexes[i]))
                 indexes[i] = ()
-        self.backend.put_many(self.state, groups, numbers, chunks)
+        self.backend.put_many(self.state, groups, numbers, new_chunks)
         self.backend.put_many(self.index_state, groups, index_keys,
-                              [index + ((n, t),) for index, n, t in zip(indexes, numbers, times)])
+                              [index + ((n, t),) for index, n, t in zip(indexes, numbers, new_times)])
 
-    def index(self, group: int) -> dict[int, int]:
-        """Chunk number -> its time, in the order the chunks came."""
+    def index(self, group: int) -> dict[int, Optional[int]]:
+        """Chunk number -> its time (None: it wants no look), in the order the chunks came."""
         return dict(self.backend.get(self.index_state, group, self._INDEX_KEY) or ())
 
     def read(self, groups: list[int], numbers: Optional[list[list[int]]] = None) -> list[tuple[int, tuple]]:
@@ -127,7 +128,7 @@ class Chunks:
             return []
         return list(zip([g for g, _ in at], self.backend.get_many(self.state, [g for g, _ in at], [n for _, n in at])))
 
-    def rewrite(self, group: int, index: dict[int, int], changed: dict[int, Optional[tuple]]) -> None:
+    def rewrite(self, group: int, index: Mapping[int, Optional[int]], changed: Mapping[int, Optional[tuple]]) -> None:
         """The group's new ``index`` after putting the ``changed`` chunks (None: gone)."""
         for number, chunk in changed.items():
             self.backend.put(self.state, group, number, chunk)
@@ -190,6 +191,12 @@ class JoinOperator(KeyedOperator):
             self.newest = max(self.newest, int(ts.max()))
         return ts
 
+    def _event_times(self, side: int, table: pa.Table) -> np.ndarray:
+        """_read, for a side whose rowtime column open() made sure of."""
+        ts = self._read(side, table)
+        assert ts is not None, "open() checks that both rowtimes are given"
+        return ts
+
     def _drop_late(self, table: pa.Table, ts: np.ndarray, late: np.ndarray) -> tuple[pa.Table, np.ndarray]:
         if not late.any():
             return table, ts
@@ -229,19 +236,21 @@ class JoinOperator(KeyedOperator):
         first, self.next_chunk = self.next_chunk, self.next_chunk + n
         return list(range(first, first + n))
 
-    def _replace(self, chunks: Chunks, groups: list[int], rows: Optional[tuple], time_of) -> list[Optional[int]]:
+    def _replace(self, chunks: Chunks, groups: list[int], rows: Optional[tuple],
+                 time_of: Optional[Callable[[np.ndarray], Optional[int]]]) -> list[Optional[int]]:
         """Each key group's chunks become one of ``rows`` (key groups, ts, table), or none; the
         time of each group's new chunk."""
-        parts = {}
+        parts: dict[int, np.ndarray] = {}
         if rows is not None:
             row_groups, ts, table = rows
             parts = dict(by_key_group(row_groups))
-        times = []
+        times: list[Optional[int]] = []
         for group in groups:
             changed: dict[int, Optional[tuple]] = dict.fromkeys(chunks.index(group))
             index: dict[int, Optional[int]] = {}
             at = parts.get(group)
             if at is not None:
+                assert time_of is not None  # given with rows
                 number = self._chunk_numbers(1)[0]
                 changed[number] = (ts[at], table.take(at))
                 index[number] = time_of(ts[at])
@@ -253,6 +262,7 @@ class JoinOperator(KeyedOperator):
     def _right_columns(self) -> list[tuple[int, str]]:
         """(position in the right schema, name in the joined rows) of the right columns kept."""
         left, right = self.schemas
+        assert left is not None and right is not None  # both sides have sent rows to join
         same_key = {r for l, r in zip(self.key, self.right_key) if l == r}
         kept = []
         for i, name in enumerate(right.names):
@@ -274,11 +284,12 @@ class JoinOperator(KeyedOperator):
         if left.num_rows == 0:
             return []
         names, columns = list(left.column_names), list(left.columns)
-        if self.schemas[RIGHT] is not None:  # else no right row was ever seen: nothing to say of its columns
+        right_schema = self.schemas[RIGHT]
+        if right_schema is not None:  # else no right row was ever seen: nothing to say of its columns
             for i, name in self._right_columns():
                 names.append(name)
                 columns.append(right.column(i) if right is not None else
-                               pa.nulls(left.num_rows, self.schemas[RIGHT].field(i).type))
+                               pa.nulls(left.num_rows, right_schema.field(i).type))
         for name, column in extra:
             names.append(name)
             columns.append(column)
@@ -324,26 +335,28 @@ class IntervalJoin(JoinOperator, kind="interval-join"):
         super().open()
         self._need_rowtimes("an interval join")
         where = self.spec.where()
-        bounds = {name: self.params.get(name) for name in ("lower", "upper")}
-        for name, value in bounds.items():
+        bounds: dict[str, int] = {}
+        for name in ("lower", "upper"):
+            value = self.params.get(name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
                 raise ValueError(f"{where}: the interval join's {name} bound must be a number of milliseconds, "
                                  f"got {value!r}")
+            bounds[name] = int(value)
         if bounds["lower"] > bounds["upper"]:
             raise ValueError(f"{where}: the interval join's lower bound ({bounds['lower']} ms) is above its upper "
                              f"bound ({bounds['upper']} ms)")
         # the closed range of r.ts - l.ts that joins
-        self.lower = int(bounds["lower"]) + (0 if self.params.get("lower_inclusive", True) else 1)
-        self.upper = int(bounds["upper"]) - (0 if self.params.get("upper_inclusive", True) else 1)
+        self.lower = bounds["lower"] + (0 if self.params.get("lower_inclusive", True) else 1)
+        self.upper = bounds["upper"] - (0 if self.params.get("upper_inclusive", True) else 1)
         self.waiting = (Chunks(self.backend, "left"), Chunks(self.backend, "right"))
 
-    def _expiry(self, side: int, ts):
+    def _expiry(self, side: int, ts: np.ndarray) -> np.ndarray:
         """The first watermark from which a row of ``side`` at ``ts`` can meet no row to come (those
         have ts >= the watermark)."""
         return ts + self.upper + 1 if side == LEFT else ts - self.lower + 1
 
     def process_side(self, side: int, table: pa.Table) -> list[pa.Table]:
-        ts = self._read(side, table)
+        ts = self._event_times(side, table)
         table, ts = self._drop_late(table, ts, ts < self.watermark)
         if table.num_rows == 0:
             return []
@@ -393,8 +406,8 @@ class IntervalJoin(JoinOperator, kind="interval-join"):
     def _expire(self, side: int, group: int, watermark: int) -> None:
         waiting = self.waiting[side]
         index = waiting.index(group)
-        stale = [number for number, time in index.items() if time <= watermark]
-        changed = {}
+        stale = [number for number, time in index.items() if time is not None and time <= watermark]
+        changed: dict[int, Optional[tuple]] = {}
         for number, (_, (ts, rows)) in zip(stale, waiting.read([group], [stale])):
             expiry = self._expiry(side, ts)
             useful = expiry > watermark
@@ -405,21 +418,9 @@ class IntervalJoin(JoinOperator, kind="interval-join"):
                 changed[number] = None
                 del index[number]
         waiting.rewrite(group, index, changed)
-        if index:
-            self.timers.register(EVENT_TIME, group, side, min(index.values()))
-
-
-def window_assigner(assigner: Optional[dict], where: str):
-    """The windows.py assigner of a params["assigner"] (ms); a window join takes tumbling and sliding."""
-    kind = (assigner or {}).get("type")
-    try:
-        if kind == "tumbling":
-            return TumblingWindows(assigner.get("size"), assigner.get("offset", 0) or 0)
-        if kind == "sliding":
-            return SlidingWindows(assigner.get("size"), assigner.get("slide"), assigner.get("offset", 0) or 0)
-    except ValueError as exc:
-        raise ValueError(f"{where}: {exc}") from None
-    raise ValueError(f"{where}: a window join takes tumbling or sliding windows, not {assigner!r}")
+        times = [time for time in index.values() if time is not None]
+        if times:
+            self.timers.register(EVENT_TIME, group, side, min(times))
 
 
 class WindowJoin(JoinOperator, kind="window-join"):
@@ -434,14 +435,18 @@ class WindowJoin(JoinOperator, kind="window-join"):
         where = self.spec.where()
         if self.params.get("time", "event") != "event":
             raise ValueError(f"{where}: a window join is in event time, not {self.params.get('time')!r}")
-        self.assigner = window_assigner(self.params.get("assigner"), where)
+        assigner = assigner_of(self.params.get("assigner"), where)
+        if isinstance(assigner, SessionWindows):
+            raise ValueError(f"{where}: a window join takes tumbling or sliding windows, not session windows "
+                             "(they merge)")
+        self.assigner: Union[TumblingWindows, SlidingWindows] = assigner
         self.windows = (Chunks(self.backend, "left-window"), Chunks(self.backend, "right-window"))
 
-    def _fire_time(self, starts):
+    def _fire_time(self, starts: np.ndarray) -> np.ndarray:
         return starts + self.assigner.size - 1
 
     def process_side(self, side: int, table: pa.Table) -> list[pa.Table]:
-        ts = self._read(side, table)
+        ts = self._event_times(side, table)
         if table.num_rows == 0:
             return []
         rows_of, starts = self.assigner.assign(ts)
@@ -469,7 +474,8 @@ class WindowJoin(JoinOperator, kind="window-join"):
         groups = list(dict.fromkeys(t.key_group for t in self.timers.pop_due(EVENT_TIME, watermark)))
         if not groups:
             return [], watermark
-        fired, times = [], []
+        fired: list[Optional[tuple[np.ndarray, pa.Table]]] = []
+        times: list[list[Optional[int]]] = []
         for side in (LEFT, RIGHT):
             chunks = self.windows[side].read(groups)
             if not chunks:
@@ -486,9 +492,10 @@ class WindowJoin(JoinOperator, kind="window-join"):
                 if any(t is not None for t in ts)]
         self.timers.register_many(EVENT_TIME, [g for g, _ in wake], [0] * len(wake), [t for _, t in wake],
                                   [None] * len(wake))
-        if fired[LEFT] is None or fired[RIGHT] is None:
+        left_fired, right_fired = fired
+        if left_fired is None or right_fired is None:
             return [], watermark  # an inner join: windows with one side only join nothing
-        (l_starts, lefts), (r_starts, rights) = fired
+        (l_starts, lefts), (r_starts, rights) = left_fired, right_fired
         met = self._key_frame(LEFT, lefts, l_starts, "__left").merge(
             self._key_frame(RIGHT, rights, r_starts, "__right"), on=self._key_names + ["__ts"])
         if met.empty:
@@ -519,14 +526,17 @@ class TemporalJoin(JoinOperator, kind="temporal-join"):
         self.pending, self.versions = Chunks(self.backend, "left-pending"), Chunks(self.backend, "right-versions")
 
     def process_side(self, side: int, table: pa.Table) -> list[pa.Table]:
-        ts = self._read(side, table)
-        if side == LEFT and self.event_time:
+        if not self.event_time:
+            ts = self._read(side, table)
+            if table.num_rows == 0:
+                return []
+            batch = self._by_key(side, table, ts)
+            return self._join_latest(batch) if side == LEFT else self._update_latest(batch)
+        ts = self._event_times(side, table)
+        if side == LEFT:
             table, ts = self._drop_late(table, ts, ts < self.watermark)
         if table.num_rows == 0:
             return []
-        if not self.event_time:
-            batch = self._by_key(side, table, ts)
-            return self._join_latest(batch) if side == LEFT else self._update_latest(batch)
         table = table.replace_schema_metadata(None)
         parts = self._by_key_group(side, table)
         groups = [group for group, _ in parts]
@@ -547,17 +557,14 @@ class TemporalJoin(JoinOperator, kind="temporal-join"):
         groups = list(dict.fromkeys(t.key_group for t in self.timers.pop_due(EVENT_TIME, watermark)))
         if not groups:
             return [], watermark
-        out, rest, kept = [], None, None
+        out: list[pa.Table] = []
+        rest: Optional[tuple] = None
+        kept: Optional[tuple] = None
+        v_rows: Optional[pa.Table] = None
+        v_ts = np.empty(0, np.int64)
         pending, versions = self.pending.read(groups), self.versions.read(groups)
-        v_groups, v_ts, v_rows = concat(versions) if versions else (None, np.empty(0, np.int64), None)
-        if pending:
-            l_groups, l_ts, l_rows = concat(pending)
-            due = l_ts <= watermark
-            if due.any():
-                out = self._join_versions(l_rows.filter(pa.array(due)), l_ts[due], v_rows, v_ts)
-            if not due.all():
-                rest = (l_groups[~due], l_ts[~due], l_rows.filter(pa.array(~due)))
         if versions:
+            v_groups, v_ts, v_rows = concat(versions)
             # versions by time, stably: of two of one time the later one wins
             frame = self._key_frame(RIGHT, v_rows, v_ts, "__at").sort_values("__ts", kind="stable")
             old = frame["__ts"].to_numpy() <= watermark
@@ -565,6 +572,13 @@ class TemporalJoin(JoinOperator, kind="temporal-join"):
             superseded[old] = frame[old].duplicated(self._key_names, keep="last").to_numpy()
             keep = np.sort(frame["__at"].to_numpy()[~superseded])
             kept = (v_groups[keep], v_ts[keep], v_rows.take(keep))
+        if pending:
+            l_groups, l_ts, l_rows = concat(pending)
+            due = l_ts <= watermark
+            if due.any():
+                out = self._join_versions(l_rows.filter(pa.array(due)), l_ts[due], v_rows, v_ts)
+            if not due.all():
+                rest = (l_groups[~due], l_ts[~due], l_rows.filter(pa.array(~due)))
         left_times = self._replace(self.pending, groups, rest, lambda ts: int(ts.min()))
         version_times = self._replace(self.versions, groups, kept,
                                       lambda ts: int(ts[ts > watermark].min()) if (ts > watermark).any() else None)

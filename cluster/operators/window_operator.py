@@ -38,7 +38,7 @@ from .keyed import MERGE, MERGE_IN_BATCH, PARTIALS, KeyedOperator, fold_rows, pa
 from .sources import to_table
 from .timers import EVENT_TIME, PROCESSING_TIME, TimerService
 from .watermarks import NO_WATERMARK, rowtime_ms
-from .windows import SessionWindows, SlidingWindows, TimeWindow, TumblingWindows, merge_windows
+from .windows import SessionWindows, SlidingWindows, TimeWindow, TumblingWindows, assigner_of, merge_windows
 
 WINDOW_STATE = "window"
 SESSION_STATE = "window-sessions"
@@ -63,23 +63,6 @@ def _merged(kind: str, column: np.ndarray, at: np.ndarray, before: list) -> np.n
     merged = column.astype(np.result_type(column, old), copy=True)
     merged[at] = MERGE_ARRAYS[kind](merged[at], old)
     return merged
-
-
-def assigner_of(spec: dict, where: str):
-    """The window assigner of params["assigner"] ({"type", "size", "slide", "gap", "offset"}, ms)."""
-    kind = spec.get("type")
-    try:
-        if kind == "tumbling":
-            return TumblingWindows(spec["size"], spec.get("offset", 0) or 0)
-        if kind == "sliding":
-            return SlidingWindows(spec["size"], spec["slide"], spec.get("offset", 0) or 0)
-        if kind == "session":
-            return SessionWindows(spec["gap"])
-    except ValueError as exc:
-        raise ValueError(f"{where}: {exc}") from None
-    except KeyError as exc:
-        raise ValueError(f"{where}: a {kind} window needs its {exc.args[0]!r} (ms)") from None
-    raise ValueError(f"{where}: unknown window assigner {kind!r} (tumbling, sliding or session)")
 
 
 def assign(assigner, timestamps: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -117,9 +100,10 @@ class WindowPartial(Operator, kind="window-partial"):
     params: key, rowtime, assigner, aggregations ({} for count)."""
 
     def open(self) -> None:
-        self.assigner = assigner_of(self.params["assigner"], self.spec.where())
-        if isinstance(self.assigner, SessionWindows):
+        assigner = assigner_of(self.params["assigner"], self.spec.where())
+        if isinstance(assigner, SessionWindows):
             raise ValueError(f"{self.spec.where()}: session windows cannot be pre-aggregated (they merge)")
+        self.assigner = assigner
 
     def process(self, table: pa.Table) -> list[pa.Table]:
         if table.num_rows == 0:
@@ -256,7 +240,7 @@ class WindowOperator(KeyedOperator, kind="window"):
         else:
             frame = table.to_pandas()
             self.columns = list(frame.columns)
-        if self.sessions:
+        if isinstance(self.assigner, SessionWindows):
             rows, starts, ends, skipped = self._merge_sessions(frame, ts)
         else:
             rows, starts, _ = assign(self.assigner, ts)
@@ -391,6 +375,7 @@ class WindowOperator(KeyedOperator, kind="window"):
         """Flink's MergingWindowSet per key, row by row in arrival order: (row index, window start,
         window end) of every row placed, and which rows were skipped (their window is late). The
         windows merged away move their contents into the covering window and lose their timers."""
+        assert isinstance(self.assigner, SessionWindows)  # only session windows merge
         gap = self.assigner.gap
         if self.key:
             grouped = frame.groupby(self.key, sort=False, dropna=False)

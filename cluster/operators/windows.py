@@ -11,7 +11,7 @@ The window operator (the runtime of ``key_by(...).window(...)``) builds on these
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, NamedTuple
+from typing import Iterable, NamedTuple, Union
 
 import numpy as np
 
@@ -115,3 +115,26 @@ def merge_windows(windows: Iterable[TimeWindow]) -> list[tuple[TimeWindow, list[
         else:
             merged.append((window, [window]))
     return merged
+
+
+Assigner = Union[TumblingWindows, SlidingWindows, SessionWindows]
+
+
+def assigner_of(spec: object, where: str) -> Assigner:
+    """The window assigner of a params["assigner"] ({"type", "size", "slide", "gap", "offset"}, ms)."""
+    if not isinstance(spec, dict):
+        raise ValueError(f"{where}: the window assigner must be a dict with a \"type\" "
+                         f"(tumbling, sliding or session), got {spec!r}")
+    kind = spec.get("type")
+    try:
+        if kind == "tumbling":
+            return TumblingWindows(spec["size"], spec.get("offset", 0) or 0)
+        if kind == "sliding":
+            return SlidingWindows(spec["size"], spec["slide"], spec.get("offset", 0) or 0)
+        if kind == "session":
+            return SessionWindows(spec["gap"])
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+    except KeyError as exc:
+        raise ValueError(f"{where}: a {kind} window needs its {exc.args[0]!r} (ms)") from None
+    raise ValueError(f"{where}: unknown window assigner {kind!r} (tumbling, sliding or session)")

@@ -483,7 +483,10 @@ def test_a_missing_key_column_names_the_input(tmp_path):
     ("interval-join", {"lower": "1s", "upper": 10}, r"lower bound must be a number of milliseconds"),
     ("interval-join", {"lower": 0, "upper": 1, "right_rowtime": None}, r"needs the rowtime column of both inputs: "
                                                                         r"right_rowtime not given"),
-    ("window-join", {"assigner": {"type": "session", "gap": 100}}, r"takes tumbling or sliding windows"),
+    ("window-join", {"assigner": {"type": "session", "gap": 100}}, r"takes tumbling or sliding windows, not "
+                                                                   r"session windows"),
+    ("window-join", {}, r"the window assigner must be a dict"),
+    ("window-join", {"assigner": {"type": "sliding", "size": 100}}, r"a sliding window needs its 'slide'"),
     ("window-join", {"assigner": {"type": "tumbling", "size": 0}}, r"size must be a positive number"),
     ("temporal-join", {"how": "outer"}, r"a temporal join is \"inner\" or \"left\", not 'outer'"),
     ("temporal-join", {"right_key": ["a", "b"]}, r"must name as many columns"),

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from cluster.operators.windows import (SessionWindows, SlidingWindows, TimeWindow, TumblingWindows,
-                                       merge_windows, window_start)
+                                       assigner_of, merge_windows, window_start)
 
 
 def flink_sliding(ts: int, size: int, slide: int, offset: int = 0) -> list[int]:
@@ -61,6 +61,26 @@ def test_bad_sizes_are_refused_naming_what_is_wrong():
         SlidingWindows(1000, -5)
     with pytest.raises(ValueError, match="offset .1000 ms. must be smaller than the size"):
         TumblingWindows(1000, offset=1000)
+
+
+def test_assigner_of_builds_each_kind_from_its_params():
+    assert assigner_of({"type": "tumbling", "size": 1000}, "here") == TumblingWindows(1000)
+    assert assigner_of({"type": "tumbling", "size": 1000, "offset": None}, "here") == TumblingWindows(1000)
+    assert assigner_of({"type": "sliding", "size": 1000, "slide": 250, "offset": 100}, "here") == \
+        SlidingWindows(1000, 250, 100)
+    assert assigner_of({"type": "session", "gap": 300}, "here") == SessionWindows(300)
+
+
+@pytest.mark.parametrize("spec, message", [
+    (None, r"op x: the window assigner must be a dict with a \"type\" \(tumbling, sliding or session\), got None"),
+    ({"type": "hopping", "size": 10}, r"op x: unknown window assigner 'hopping' \(tumbling, sliding or session\)"),
+    ({"type": "sliding", "size": 10}, r"op x: a sliding window needs its 'slide' \(ms\)"),
+    ({"type": "session"}, r"op x: a session window needs its 'gap' \(ms\)"),
+    ({"type": "tumbling", "size": -1}, r"op x: a tumbling window: size must be a positive number"),
+])
+def test_assigner_of_says_what_is_wrong_and_where(spec, message):
+    with pytest.raises(ValueError, match=message):
+        assigner_of(spec, "op x")
 
 
 def test_window_start_is_vectorised_flink_arithmetic():
