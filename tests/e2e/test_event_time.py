@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import time
 import zlib
 
@@ -268,3 +269,19 @@ def test_a_window_savepoint_restores_at_another_parallelism_with_identical_resul
     expected["window_end"] = pd.to_datetime(expected.start + 2_000, unit="ms")
     # every window once: fired before the stop, or by the restored job from the savepoint's state
     pd.testing.assert_frame_equal(sorted_windows(result), sorted_windows(expected), check_dtype=False)
+
+
+def test_a_timestamp_column_lost_on_the_way_fails_the_job_naming_the_window(cluster, client):
+    """The client cannot know a Spark step's output: the window finds the column missing at run
+    time, and the job's failure says which operator, where, and what the input has."""
+    env = StreamEnvironment(parallelism=1, cluster=cluster.cluster_dir)
+    (env.from_generator(bursts, count=100, watermark_strategy=strategy(200))
+        .sql("SELECT k, v FROM input")
+        .key_by("k").window(EventTimeSessionWindows.with_gap(Time.seconds(1))).count().collect())
+    handle = env.execute_async("lost timestamps", client=client)
+    with pytest.raises(Exception) as failure:
+        handle.wait(120)
+    assert handle.job_status().state == "FAILED"
+    message = str(failure.value)
+    assert re.search(r"operator 'window' \(test_event_time\.py:\d+\): the timestamp column 'ts' is not in its "
+                     r"input \(columns: \['k', 'v'\]\)", message), message
