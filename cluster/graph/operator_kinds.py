@@ -28,6 +28,7 @@ class Output(Enum):
     FUNCTION = "function"    # whatever the user's function returns for the input sample
     INPUT = "input"          # the input's columns (rows dropped, none changed)
     KEY_COUNT = "key-count"  # the key columns and "count"
+    ROWTIME = "rowtime"      # the input's columns, and params["column"] computed by a timestamp assigner
     UNKNOWN = "unknown"      # known only when it runs (Spark, connectors, keyed state), or no output
 
 
@@ -76,6 +77,8 @@ KINDS: dict[str, OperatorKind] = declare([
     OperatorKind("keyed-reduce", _TRANSFORM, keyed=True, stateful=True, upsert=True),
     # a process function emits whatever it likes, so its output is no upsert stream
     OperatorKind("keyed-process", _TRANSFORM, keyed=True, stateful=True),
+    # event time (../shared/design/ARCHITECTURE.md section 9)
+    OperatorKind("timestamps-watermarks", _TRANSFORM, Output.ROWTIME, stateful=True),
     OperatorKind("collect-sink", _SINK),
     OperatorKind("print-sink", _SINK),
     OperatorKind("file-sink", _SINK, stateful=True),

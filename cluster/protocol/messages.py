@@ -358,6 +358,20 @@ class CheckpointBarrier(Message, op="checkpoint-barrier"):
     directory: str
 
 
+@dataclass(frozen=True)
+class Watermark(Message, op="watermark"):
+    """In-band event time, after every row before it (cluster.operators.watermarks)."""
+    channel: str
+    timestamp: int
+
+
+@dataclass(frozen=True)
+class WatermarkStatus(Message, op="watermark-status"):
+    """The producer became idle (its watermark holds nobody back) or active again."""
+    channel: str
+    idle: bool
+
+
 # --------------------------------------------------------------------------- collect sink -> client
 @dataclass(frozen=True)
 class CollectBatch(Message, op="collect-batch"):

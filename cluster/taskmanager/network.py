@@ -26,7 +26,7 @@ from cluster.protocol.droplog import DropLog, drop_kind
 from cluster.protocol.endpoint import bound_address, make_socket
 from cluster.checkpoint.barriers import Barrier
 from cluster.protocol.messages import (AddCredit, BufferResponse, CheckpointBarrier, EndOfPartition, MalformedMessage,
-                                       Message)
+                                       Message, Watermark, WatermarkStatus)
 
 from cluster.operators.base import TaskCancelled
 
@@ -254,7 +254,7 @@ class NetworkEnvironment:
             if msg.credit > 0:
                 self.credit_account(msg.channel).add(msg.credit)
             return
-        if isinstance(msg, (BufferResponse, EndOfPartition, CheckpointBarrier)):
+        if isinstance(msg, (BufferResponse, EndOfPartition, CheckpointBarrier, Watermark, WatermarkStatus)):
             with self._lock:
                 gate = self._gates.get(msg.channel)
             if gate is None:
@@ -263,6 +263,10 @@ class NetworkEnvironment:
                 gate.push(msg.channel, END)
             elif isinstance(msg, CheckpointBarrier):
                 gate.push(msg.channel, ("barrier", Barrier.of(msg)))
+            elif isinstance(msg, Watermark):
+                gate.push(msg.channel, ("watermark", msg.timestamp))
+            elif isinstance(msg, WatermarkStatus):
+                gate.push(msg.channel, ("status", msg.idle))
             elif len(payload) == 1:
                 gate.push(msg.channel, ("ipc", payload[0].buffer))
             else:

@@ -89,8 +89,11 @@ class SparkStage:
         self._cond = threading.Condition()
         self._waiting = BatchAccumulator(max_rows, max_bytes)
         self._taken = 0       # batches taken by the workers, in order: their sequence numbers
-        self._done: dict[int, list[pa.Table]] = {}
+        self._done: dict[int, tuple[list[pa.Table], int]] = {}  # sequence -> (outputs, input rows)
         self._handed_on = 0   # the sequence number of the next result to hand on
+        # rows given to submit, and rows whose outputs were handed on: a watermark that came after
+        # the first n rows goes on once n rows are through (the task holds it till then)
+        self.rows_submitted = self.rows_through = 0
         self._running = 0
         self._error: Optional[BaseException] = None
         self._closing = False
@@ -107,6 +110,7 @@ class SparkStage:
         with self._cond:
             for table in tables:
                 self._waiting.add(table)
+                self.rows_submitted += table.num_rows
             self._cond.notify_all()
             while self._waiting.full and self._error is None:
                 self._wait()
@@ -119,7 +123,9 @@ class SparkStage:
                 raise self._error
             out: list[pa.Table] = []
             while self._handed_on in self._done:
-                out += self._done.pop(self._handed_on)
+                outputs, rows = self._done.pop(self._handed_on)
+                out += outputs
+                self.rows_through += rows
                 self._handed_on += 1
             return out
 
@@ -177,6 +183,6 @@ class SparkStage:
                 return
             with self._cond:
                 self._running -= 1
-                self._done[sequence] = out
+                self._done[sequence] = (out, table.num_rows)
                 self._cond.notify_all()
             self._wake()

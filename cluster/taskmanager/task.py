@@ -37,13 +37,15 @@ from cluster.graph.operator_kinds import KINDS
 from cluster.operators import OPERATORS
 from cluster.operators.base import Operator, OperatorContext, SourceOperator, TaskCancelled, UserFunctionError
 from cluster.operators.spark import SparkChain
-from cluster.protocol.messages import AddCredit, BufferResponse, EndOfPartition, Message
+from cluster.operators.watermarks import MAX_WATERMARK
+from cluster.protocol.messages import AddCredit, BufferResponse, EndOfPartition, Message, Watermark, WatermarkStatus
 from cluster.protocol.metrics import CHECKPOINTED_COUNTERS, restored_counters
 from cluster.protocol.serde import ipc_to_table, table_to_ipc
 from cluster.state.key_groups import key_groups_of, operator_index_for_key_group
 
 from .network import END, WAIT_SLICE, ChannelSender, InputGate, NetworkEnvironment
 from .spark_stage import SparkStage
+from .task_time import TaskTime
 
 log = logging.getLogger(__name__)
 IDLE, BACKPRESSURED = "idle", "backpressured"
@@ -281,6 +283,13 @@ class RecordWriter:
     def end(self) -> None:
         self._event(END, EndOfPartition)
 
+    def emit_watermark(self, watermark: int) -> None:
+        """In-band on every channel (whatever the ship strategy), after every row before it."""
+        self._event(("watermark", watermark), lambda channel: Watermark(channel, watermark))
+
+    def emit_status(self, idle: bool) -> None:
+        self._event(("status", idle), lambda channel: WatermarkStatus(channel, idle))
+
     def emit_barrier(self, barrier: Barrier) -> None:
         """In-band, after every row before it (the buffers are flushed first)."""
         self._event(("barrier", barrier), barrier.on_channel)
@@ -329,6 +338,8 @@ class Task:
         self._chain: list = []
         self._stage: Optional[SparkStage] = None  # the chain's (first) Spark chain, run on threads of its own
         self._stage_at = -1                         # its index in the chain
+        self._time: Optional[TaskTime] = None       # watermarks and processing time (task_time)
+        self._sides: dict[str, int] = {}            # channel -> input side, for a two-input head (joins)
 
     def start(self) -> None:
         self._thread.start()
@@ -368,9 +379,12 @@ class Task:
         operator_metrics: dict = {}
         for op in self._chain:
             operator_metrics.update(op.metrics())
+        time_metrics = {} if self._time is None else {"currentInputWatermark": self._time.input_watermark,
+                                                      "currentOutputWatermark": self._time.output_watermark}
         return {"execution_id": self.execution_id, "job_id": self.tdd.job_id,
                 "vertex_id": self.tdd.vertex["id"], "subtask": self.tdd.subtask, "detail": self.detail,
-                "input-queue": self._gate.queued() if self._gate else 0} | self.metrics.snapshot() | operator_metrics
+                "input-queue": self._gate.queued() if self._gate else 0} | self.metrics.snapshot() \
+            | time_metrics | operator_metrics
 
     # ------------------------------------------------------------------ the thread
     def _set_state(self, state: str, error: Optional[str] = None) -> None:
@@ -467,9 +481,17 @@ class Task:
                 raise UserFunctionError(f"{members[0].where()} could not be loaded on the TaskManager: "
                                         f"{type(exc).__name__}: {exc}") from exc
         self._producer_address = {c: a for desc in tdd.inputs for c, a in desc.channels}
+        self._time = TaskTime(chain, lambda index, tables: self._push(chain, index, tables), self._emit_watermark,
+                              self._emit_status, self.config.watermark_interval_ms)
         if self._producer_address:
             self._gate = InputGate(list(self._producer_address))
             self.network.register_gate(self._gate)
+            self._time.set_inputs(list(self._producer_address))
+        if KINDS[chain[0].spec.kind].two_inputs:
+            # the first params["left_inputs"] input edges are the left side (the JobGraph keeps
+            # a node's input edges in the order the API gave them)
+            left = int(chain[0].params["left_inputs"])
+            self._sides = {c: int(i >= left) for i, desc in enumerate(tdd.inputs) for c, _ in desc.channels}
         return chain
 
     def _start_stage(self, chain: list) -> None:
@@ -482,6 +504,8 @@ class Task:
         self._stage = SparkStage(spark.process, spark.cancel_jobs, spark.spec.where(),
                                  self.config.spark_max_batch_rows, self.config.spark_max_batch_bytes,
                                  self.config.spark_max_concurrent_batches, self.cancelled, wake)
+        if self._time is not None:
+            self._time.set_stage(self._stage, index)
 
     def _hand_on(self, results: Optional[list[pa.Table]] = None) -> None:
         """Push what the Spark stage has finished through the rest of the chain."""
@@ -495,6 +519,8 @@ class Task:
             # waiting out the buffer timeout for rows to join it
             for writer in self._all_writers():
                 writer.flush_all()
+        if self._time is not None:
+            self._time.release_held()
 
     def _flush_stage(self) -> None:
         """Every row handed to Spark through it and on (before a barrier, at the end)."""
@@ -529,14 +555,24 @@ class Task:
                 deadline = due if deadline is None else min(deadline, due)
         return deadline
 
+    def _emit_watermark(self, watermark: int) -> None:
+        for writer in self._all_writers():
+            writer.emit_watermark(watermark)
+
+    def _emit_status(self, idle: bool) -> None:
+        for writer in self._all_writers():
+            writer.emit_status(idle)
+
     def _run_source(self, chain: list) -> None:
         source = chain[0]
+        clock = self._task_time()
         exhausted = False
         while True:
             if self.cancelled.is_set():
                 raise TaskCancelled()
             self._process_control()
             self._hand_on()
+            clock.tick()
             if self._end_confirmed:
                 return
             started = time.monotonic()
@@ -547,6 +583,9 @@ class Task:
                 continue
             table = source.poll()
             if table is None:
+                # the end of input: every event-time window downstream may fire (not at a stop,
+                # whose savepoint keeps them for the job that resumes from it)
+                clock.advance(0, MAX_WATERMARK)
                 if not self.config.checkpointing:
                     return
                 # With checkpoints a source ends only after a final checkpoint covers everything
@@ -558,7 +597,9 @@ class Task:
             else:
                 self.metrics.records_in += table.num_rows
                 self.metrics.publish()  # rows taken in show at once, not after a long first (Spark) batch
+                clock.before_rows()
                 self._push(chain, 1, [table])
+            clock.periodic(read_rows=table is not None and table.num_rows > 0)
             self._flush_due()
             self.metrics.publish()
 
@@ -567,9 +608,12 @@ class Task:
         if gate is None:
             raise RuntimeError(f"task {self.name}: _run_inputs called before _build_chain made its input gate")
         aligner = BarrierAligner(list(self._producer_address), self.config.exactly_once)
+        clock = self._task_time()
         while not gate.finished:
             self._process_control()
             self._hand_on()
+            clock.tick()
+            clock.periodic(read_rows=False)
             deadline = self._flush_due()
             timeout = WAIT_SLICE if deadline is None else max(0.0, min(WAIT_SLICE, deadline - time.monotonic()))
             self.metrics.wait_begin(IDLE)
@@ -580,27 +624,31 @@ class Task:
                     raise TaskCancelled()
                 continue
             # a busy task takes everything already waiting, up to one batch: batches grow under
-            # load; a barrier or an end of partition closes the batch
-            tables, rows = [], 0
+            # load; a barrier, a watermark or an end of partition closes the batch
+            tables: dict[int, list[pa.Table]] = {}  # by input side (only joins have two)
+            rows = 0
             while got is not None and got[1][0] in ("ipc", "table"):
                 channel, (kind, data) = got
                 if kind == "ipc":
                     self.metrics.bytes_in += len(data)
                     data = ipc_to_table(data)
-                tables.append(data)
+                tables.setdefault(self._sides.get(channel, 0), []).append(data)
                 rows += data.num_rows
                 self._grant(sender, channel, self._producer_address[channel], 1)
                 got = gate.poll(0, aligner.blocked) if rows < self.config.batch_size else None
             if tables:
                 self.metrics.records_in += rows
                 self.metrics.publish()
-                try:
-                    batches = [concat(tables)]
-                except pa.ArrowInvalid:  # inputs of a union with schemas that do not merge
-                    batches = tables
-                self._push(chain, 0, batches)
+                clock.periodic(read_rows=True)
+                self._push_input(chain, tables)
             if got is not None:
                 channel, (kind, data) = got
+                if kind == "watermark":
+                    clock.on_watermark(channel, data)
+                    continue
+                if kind == "status":
+                    clock.on_status(channel, data)
+                    continue
                 result = aligner.on_barrier(channel, data) if kind == "barrier" else aligner.on_end_of_partition(channel)
                 if result.aborted is not None:
                     self.responder.decline_checkpoint(self, result.aborted, "a newer barrier came before it aligned")
@@ -678,6 +726,23 @@ class Task:
             handles = restore["operators"].get(op.spec.uid)
             if handles is not None:
                 op.restore_state([dict(h, directory=restore["directory"]) for h in handles])
+
+    def _task_time(self) -> TaskTime:
+        if self._time is None:
+            raise RuntimeError(f"task {self.name}: run before _build_chain made its TaskTime")
+        return self._time
+
+    def _push_input(self, chain: list, tables: dict[int, list[pa.Table]]) -> None:
+        """What came on the inputs, into the chain: one batch, or one per side of a join."""
+        if self._sides:
+            for side in sorted(tables):
+                self._push(chain, 1, chain[0].process_side(side, concat(tables[side])))
+            return
+        try:
+            batches = [concat(tables[0])]
+        except pa.ArrowInvalid:  # inputs of a union with schemas that do not merge
+            batches = tables[0]
+        self._push(chain, 0, batches)
 
     def _push(self, chain: list, start: int, tables: list[pa.Table]) -> None:
         for index in range(start, len(chain)):

@@ -20,6 +20,8 @@ from cluster.graph.operator_kinds import KINDS, Role
 if TYPE_CHECKING:
     from .connectors import Connector
     from .environment import StreamEnvironment
+    from .time import WatermarkStrategy, WindowAssigner
+    from .windowed import IntervalJoin, JoinedStreams, WindowedStream
 
 _API_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -84,6 +86,9 @@ class DataStream:
         else:
             raise ValueError("a DataStream needs its operator's node or, for a union, its upstreams")
         self._partitioning = partitioning  # (ship strategy, key) set by rebalance()/broadcast()/key_by
+        # the column holding the rows' event time, set by a watermark strategy; kept through the
+        # operators that keep the rows' columns (a keyed aggregate's rows have none)
+        self.rowtime: Optional[str] = None
 
     # ------------------------------------------------------------------ building
     def _edges(self, partitioning: Optional[tuple[str, list[str]]] = None) -> list[StreamEdge]:
@@ -102,7 +107,40 @@ class DataStream:
         return node
 
     def _then(self, kind: str, name: str, fn=None, params=None, parallelism=None, partitioning=None) -> "DataStream":
-        return DataStream(self.env, self._add(kind, name, fn, params, parallelism, partitioning))
+        out = DataStream(self.env, self._add(kind, name, fn, params, parallelism, partitioning))
+        if not KINDS[kind].keyed:
+            out.rowtime = self.rowtime
+        return out
+
+    # ------------------------------------------------------------------ time
+    def assign_timestamps_and_watermarks(self, strategy: "WatermarkStrategy") -> "DataStream":
+        """Event time from a WatermarkStrategy (Flink's assignTimestampsAndWatermarks), chained
+        to this operator, so the watermarks are made per subtask of it (per source split)."""
+        from .time import WatermarkStrategy
+        site = call_site()
+        if not isinstance(strategy, WatermarkStrategy):
+            raise GraphValidationError(f"assign_timestamps_and_watermarks ({site}): expected a WatermarkStrategy, "
+                                       f"got {type(strategy).__name__}")
+        name = "Timestamps/Watermarks"
+        params = strategy.params(f"operator '{name}' ({site})")
+        parallelism = self.node.parallelism if self.node is not None and len(self._upstreams) == 1 else None
+        out = self._then("timestamps-watermarks", name, strategy.assigner, params, parallelism)
+        out.rowtime = strategy.column
+        return out
+
+    def window_all(self, assigner: "WindowAssigner") -> "WindowedStream":
+        """Windows over all rows, in one subtask (Flink's windowAll)."""
+        from .windowed import WindowedStream
+        return WindowedStream(self, [], assigner, call_site())
+
+    def window(self, assigner: "WindowAssigner") -> "WindowedStream":
+        raise GraphValidationError(f"window ({call_site()}): window() needs a keyed stream: "
+                                   "key_by(...).window(...); for all rows in one window use window_all(...)")
+
+    def join(self, other: "DataStream") -> "JoinedStreams":
+        """A window join (Flink's join(...).where(...).equal_to(...).window(...).apply())."""
+        from .windowed import JoinedStreams
+        return JoinedStreams(self, other, call_site())
 
     def map_batches(self, fn: Callable, name: str = "map_batches", parallelism: Optional[int] = None) -> "DataStream":
         """fn(pandas.DataFrame) -> pandas.DataFrame, applied to every batch."""
@@ -135,11 +173,11 @@ class DataStream:
 
     def rebalance(self) -> "DataStream":
         """Spread batches round-robin over the next operator's subtasks."""
-        return DataStream(self.env, self.node, self._upstreams, (ShipStrategy.REBALANCE, []))
+        return self._view(DataStream(self.env, self.node, self._upstreams, (ShipStrategy.REBALANCE, [])))
 
     def broadcast(self) -> "DataStream":
         """Send every batch to every subtask of the next operator."""
-        return DataStream(self.env, self.node, self._upstreams, (ShipStrategy.BROADCAST, []))
+        return self._view(DataStream(self.env, self.node, self._upstreams, (ShipStrategy.BROADCAST, [])))
 
     def union(self, *others: "DataStream") -> "DataStream":
         """One stream of the rows of all of them (their schemas should match)."""
@@ -148,13 +186,18 @@ class DataStream:
             raise GraphValidationError(f"union ({call_site()}): only streams of the same environment can be united")
         if any(o._partitioning for o in streams):
             raise GraphValidationError(f"union ({call_site()}): unite first, then rebalance()/broadcast()/key_by()")
-        return DataStream(self.env, None, [u for o in streams for u in o._upstreams])
+        united = DataStream(self.env, None, [u for o in streams for u in o._upstreams])
+        if len({o.rowtime for o in streams}) == 1:
+            united.rowtime = self.rowtime
+        return united
 
     def get_side_output(self, tag: str) -> "DataStream":
         """The rows this operator set aside under ``tag`` (e.g. "malformed", with their reason)."""
         if self.node is None or len(self._upstreams) != 1 or self._upstreams[0][1] is not None:
             raise GraphValidationError(f"get_side_output ({call_site()}): take side outputs of an operator's stream")
-        return DataStream(self.env, self.node, [(self.node.uid, tag)])
+        side = DataStream(self.env, self.node, [(self.node.uid, tag)])
+        side.rowtime = self._side_rowtimes.get(tag)
+        return side
 
     def set_parallelism(self, parallelism: int) -> "DataStream":
         if self.node is None:
@@ -169,9 +212,18 @@ class DataStream:
         every row, each update of a key included, where over an upsert stream (count, aggregate,
         reduce) it keeps by default the table: the latest row per key. Those operators only insert
         and update keys (no retractions, no deletes), so the changelog is their rows as emitted."""
-        view = DataStream(self.env, self.node, self._upstreams, self._partitioning)
+        view = self._view(DataStream(self.env, self.node, self._upstreams, self._partitioning))
         view._changelog = True
         return view
+
+    def _view(self, view: "DataStream") -> "DataStream":
+        """Another view of this stream's rows: their event time is the same."""
+        view.rowtime = self.rowtime
+        view._side_rowtimes = self._side_rowtimes
+        return view
+
+    # the event time of side outputs that carry input rows (a window's late rows), by tag
+    _side_rowtimes: dict[str, Optional[str]] = {}
 
     # ------------------------------------------------------------------ sinks
     def collect(self, name: str = "collect") -> "DataStream":
@@ -194,6 +246,20 @@ class DataStream:
         return self._then(sink.kind, name or sink.name, sink.fn, dict(sink.params), parallelism)
 
 
+def aggregation_spec(aggregations: dict, where: str) -> dict:
+    """Named aggregations as pandas names them, checked: {out: [column, function]}."""
+    if not aggregations:
+        raise GraphValidationError(f"{where}: name at least one aggregation, e.g. aggregate(total=('amount', 'sum'))")
+    spec = {}
+    for out, agg in aggregations.items():
+        if (not isinstance(agg, tuple) or len(agg) != 2 or not isinstance(agg[0], str)
+                or agg[1] not in ("sum", "count", "min", "max", "mean")):
+            raise GraphValidationError(f"{where}: {out}={agg!r} must be (column, function) with "
+                                       "function one of sum, count, min, max, mean")
+        spec[out] = [agg[0], agg[1]]
+    return spec
+
+
 class KeyedStream:
     def __init__(self, stream: DataStream, key: list[str]):
         self.stream = stream
@@ -203,6 +269,23 @@ class KeyedStream:
         """fn(pandas.DataFrame) -> pandas.DataFrame on hash-partitioned batches: all rows of a key
         reach the same subtask."""
         return self.stream._then("map-batches", name, fn, parallelism=parallelism, partitioning=(ShipStrategy.HASH, self.key))
+
+    def window(self, assigner: "WindowAssigner") -> "WindowedStream":
+        """Windows per key: ``window(TumblingEventTimeWindows.of(Time.seconds(10)))``."""
+        from .windowed import WindowedStream
+        return WindowedStream(self.stream, self.key, assigner, call_site())
+
+    def interval_join(self, other: "KeyedStream") -> "IntervalJoin":
+        """Rows of both streams with the same key and times within ``between(lower, upper)``."""
+        from .windowed import IntervalJoin
+        return IntervalJoin(self, other, call_site())
+
+    def temporal_join(self, other: "KeyedStream", how: str = "inner", name: str = "temporal join",
+                      parallelism: Optional[int] = None) -> DataStream:
+        """Each row with the row of ``other`` valid for its key at its time (Flink's temporal
+        join): as of its event time when both streams have one, else the latest row now."""
+        from .windowed import temporal_join
+        return temporal_join(self, other, how, name, parallelism, call_site())
 
     def count(self, name: str = "count", parallelism: Optional[int] = None) -> DataStream:
         """A running count per key: each batch emits the new count of every key it holds."""
@@ -216,17 +299,7 @@ class KeyedStream:
 
         Partial aggregates are computed per batch before the exchange, inside the upstream Spark
         plan when the upstream is a Spark step, and merged into keyed state after it."""
-        site = call_site()
-        if not aggregations:
-            raise GraphValidationError(f"aggregate ({site}): name at least one aggregation, "
-                                       "e.g. aggregate(total=('amount', 'sum'))")
-        spec = {}
-        for out, agg in aggregations.items():
-            if (not isinstance(agg, tuple) or len(agg) != 2 or not isinstance(agg[0], str)
-                    or agg[1] not in ("sum", "count", "min", "max", "mean")):
-                raise GraphValidationError(f"aggregate ({site}): {out}={agg!r} must be (column, function) with "
-                                           "function one of sum, count, min, max, mean")
-            spec[out] = [agg[0], agg[1]]
+        spec = aggregation_spec(aggregations, f"aggregate ({call_site()})")
         upstream = self.stream.node
         pre = None
         if upstream is not None and self.stream._partitioning is None and len(self.stream._upstreams) == 1 \

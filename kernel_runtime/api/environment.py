@@ -22,6 +22,7 @@ from ..local_cluster import ClusterInfo, LocalCluster
 from .connectors import Connector
 from .datastream import DataStream, call_site, check_parallelism, pickle_udf, plays, require_parallelism
 from .schema import check_columns
+from .time import WatermarkStrategy
 
 # Set by `streamlab run`: the cluster to submit to and how.
 CONTEXT_CLUSTER_DIR = "STREAMLAB_CONTEXT_CLUSTER_DIR"
@@ -55,7 +56,8 @@ class StreamEnvironment:
     # ------------------------------------------------------------------ sources
     def from_generator(self, fn: Optional[Callable] = None, *, count: Optional[int] = None,
                        rate: Optional[float] = None, batch_size: Optional[int] = None, name: str = "generator",
-                       parallelism: Optional[int] = None, split_size: Optional[int] = None) -> DataStream:
+                       parallelism: Optional[int] = None, split_size: Optional[int] = None,
+                       watermark_strategy: Optional[WatermarkStrategy] = None) -> DataStream:
         """Deterministic rows from sequence numbers 0, 1, 2, ... (``count`` of them, or unbounded).
 
         ``fn(seq)`` turns a numpy array of sequence numbers into a DataFrame with one row each;
@@ -63,7 +65,8 @@ class StreamEnvironment:
         subtasks together). ``batch_size`` fixes the rows per call of ``fn``; without it each call
         takes what is due (large batches as fast as possible, the rows due at a rate). The sequence
         is cut into splits of ``split_size`` numbers (default 16 batches, of 1,000 rows when no
-        batch_size is given), which the subtasks take in turn: subtask i of p reads splits i, i+p, ..."""
+        batch_size is given), which the subtasks take in turn: subtask i of p reads splits i, i+p, ...
+        ``watermark_strategy`` gives the rows event time (see assign_timestamps_and_watermarks)."""
         site = call_site()
         where = f"operator '{name}' ({site})"
         for label, value, low in (("count", count, 0), ("batch_size", batch_size, 1), ("split_size", split_size, 1)):
@@ -71,16 +74,21 @@ class StreamEnvironment:
                 raise GraphValidationError(f"{where}: {label} must be an integer >= {low}, got {value!r}")
         if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float)) or rate <= 0):
             raise GraphValidationError(f"{where}: rate must be a positive number of rows per second, got {rate!r}")
-        return self._source("generator-source", name, site, {"count": count, "rate": rate, "batch_size": batch_size,
-                                                             "split_size": split_size}, fn, parallelism)
+        stream = self._source("generator-source", name, site, {"count": count, "rate": rate, "batch_size": batch_size,
+                                                               "split_size": split_size}, fn, parallelism)
+        return stream if watermark_strategy is None else stream.assign_timestamps_and_watermarks(watermark_strategy)
 
-    def from_source(self, source: "Connector", name: Optional[str] = None,
-                    parallelism: Optional[int] = None) -> DataStream:
-        """Read from a source connector (Flink's fromSource), e.g. a FileSource or RedisStreamSource."""
+    def from_source(self, source: "Connector", watermark_strategy: Optional[WatermarkStrategy] = None,
+                    name: Optional[str] = None, parallelism: Optional[int] = None) -> DataStream:
+        """Read from a source connector (Flink's fromSource(source, watermarkStrategy, name)), e.g.
+        a FileSource or RedisStreamSource; the strategy, if any, makes watermarks per source subtask."""
         site = call_site()
         if not plays(source, Role.SOURCE):
             raise GraphValidationError(f"from_source ({site}): {source!r} is not a source connector")
-        return self._source(source.kind, name or source.name, site, dict(source.params), source.fn, parallelism)
+        if isinstance(watermark_strategy, str) and name is None:  # from_source(source, "name"), as before
+            watermark_strategy, name = None, watermark_strategy
+        stream = self._source(source.kind, name or source.name, site, dict(source.params), source.fn, parallelism)
+        return stream if watermark_strategy is None else stream.assign_timestamps_and_watermarks(watermark_strategy)
 
     def _operator_uid(self, kind: str, name: str, inputs: list[StreamEdge]) -> str:
         """Where the operator stands in the pipeline, hashed (as Flink's generated uids): the same

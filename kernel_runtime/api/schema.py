@@ -166,6 +166,19 @@ def _key_count(spec: OperatorSpec, fn: Optional[Callable], table: Optional[pa.Ta
     return table.select(spec.params["key"]).append_column("count", pa.array([1] * table.num_rows, pa.int64()))
 
 
+def _rowtime(spec: OperatorSpec, fn: Optional[Callable], table: Optional[pa.Table]) -> Optional[pa.Table]:
+    if table is None or not spec.params.get("assigner"):
+        return table
+    if fn is None or table.num_rows == 0:
+        return None
+    from cluster.operators.timestamps import timestamps_from
+    stamps = timestamps_from(fn(table.to_pandas()), table.num_rows, spec.where())
+    column = spec.params["column"]
+    if column in table.column_names:
+        return table.set_column(table.column_names.index(column), column, stamps)
+    return table.append_column(column, stamps)
+
+
 # How the sample of a kind's output is made from its input's, by its declared Output (a source
 # has no input). Output.UNKNOWN has none: its sample is unknown.
 SAMPLERS: dict[Output, Callable[[OperatorSpec, Optional[Callable], Optional[pa.Table]], Optional[pa.Table]]] = {
@@ -174,6 +187,7 @@ SAMPLERS: dict[Output, Callable[[OperatorSpec, Optional[Callable], Optional[pa.T
     Output.FUNCTION: _function,
     Output.INPUT: lambda spec, fn, table: table,
     Output.KEY_COUNT: _key_count,
+    Output.ROWTIME: _rowtime,
 }
 
 
@@ -221,7 +235,24 @@ def needed_columns(node: StreamNode) -> list[tuple[str, str]]:
         (params.get("aggregations") if not params.get("pre_aggregated") else None)
     for out, (column, func) in (aggregations or {}).items():
         needed.append((column, "column {} of " + f"{out}=({column!r}, {func!r})"))
+    needed += [(column, "timestamp column {}") for column in rowtime_columns(node.spec)]
     return list(dict.fromkeys(needed))
+
+
+def rowtime_columns(spec: OperatorSpec) -> list[str]:
+    """The event-time columns an operator reads (a window's, a join's two, a watermark strategy's)."""
+    params = spec.params
+    if spec.kind == "timestamps-watermarks":
+        return [] if params.get("assigner") else [params["column"]]
+    return [c for c in (params.get("rowtime"), params.get("left_rowtime"), params.get("right_rowtime")) if c]
+
+
+def check_rowtime_types(spec: OperatorSpec, table: pa.Table) -> None:
+    for column in rowtime_columns(spec):
+        kind = table.schema.field(column).type if column in table.column_names else None
+        if kind is not None and not (pa.types.is_timestamp(kind) or pa.types.is_integer(kind) or pa.types.is_date(kind)):
+            raise GraphValidationError(f"{spec.where()}: the timestamp column {column!r} is {kind}, not a time: "
+                                       "give a timestamp column or integer epoch milliseconds")
 
 
 def check_columns(nodes: list[StreamNode]) -> None:
@@ -242,6 +273,7 @@ def check_columns(nodes: list[StreamNode]) -> None:
             for column, what in needs[node.uid]:
                 if column not in table.column_names:
                     raise GraphValidationError(missing_column(node.spec.where(), column, what, table.column_names))
+            check_rowtime_types(node.spec, table)
             if KINDS[node.spec.kind].spark:
                 node.spec.params["input_schema"] = table.schema.serialize().to_pybytes()
         for edge in node.inputs:
