@@ -79,6 +79,13 @@ KINDS: dict[str, OperatorKind] = declare([
     OperatorKind("keyed-process", _TRANSFORM, keyed=True, stateful=True),
     # event time (../shared/design/ARCHITECTURE.md section 9)
     OperatorKind("timestamps-watermarks", _TRANSFORM, Output.ROWTIME, stateful=True),
+    # a window's row is its key and window: params["upsert_key"] = key + window_start, window_end
+    OperatorKind("window", _TRANSFORM, keyed=True, stateful=True, upsert=True),
+    OperatorKind("window-partial", _TRANSFORM),  # partial aggregates per key and window, no state
+    # joins of two keyed inputs (params key / right_key): rows wait in keyed state for the other side
+    OperatorKind("interval-join", _TRANSFORM, keyed=True, stateful=True, two_inputs=True),
+    OperatorKind("window-join", _TRANSFORM, keyed=True, stateful=True, two_inputs=True),
+    OperatorKind("temporal-join", _TRANSFORM, keyed=True, stateful=True, two_inputs=True),
     OperatorKind("collect-sink", _SINK),
     OperatorKind("print-sink", _SINK),
     OperatorKind("file-sink", _SINK, stateful=True),

@@ -33,6 +33,7 @@ from cluster.graph.execution_graph import ExecutionGraph
 from cluster.protocol import messages as m
 from cluster.protocol.codec import Codec
 from cluster.protocol.endpoint import Peer, RpcEndpoint, bound_address, make_socket
+from cluster.protocol.metrics import EVENT_TIME_METRICS
 
 from .views import job_json, overview_json, plan_json, subtasks_json, taskmanagers_json
 
@@ -45,7 +46,7 @@ log = logging.getLogger(__name__)
 CLUSTER_TOPIC = b"cluster/"
 # the metrics of a subtask a dashboard shows; the rest stay in the full job details
 SUBTASK_METRICS = ("records-in", "records-out", "bytes-in", "bytes-out", "busyTimeMsPerSecond",
-                   "backPressuredTimeMsPerSecond", "idleTimeMsPerSecond")
+                   "backPressuredTimeMsPerSecond", "idleTimeMsPerSecond", *EVENT_TIME_METRICS)
 SUMMARY_FIELDS = ("jid", "name", "state", "attempt", "start-time", "end-time", "duration", "now", "status-reason",
                   "failure-cause")
 VOLATILE_FIELDS = ("duration", "now")  # move with the clock: not a change worth an event

@@ -46,7 +46,7 @@ from cluster.protocol.endpoint import RpcError
 
 from .views import (NotFound, backpressure_json, checkpoint_config_json, checkpoint_details_json, checkpoints_json,
                     config_json, exceptions_json, job_json, job_master, jobs_overview_json, overview_json, plan_json,
-                    savepoint_status_json, taskmanagers_json, vertex_json)
+                    savepoint_status_json, taskmanagers_json, vertex_json, vertex_metrics_json, watermarks_json)
 
 if TYPE_CHECKING:
     from .dispatcher import Dispatcher
@@ -480,6 +480,19 @@ class BackpressureHandler(FlinkHandler):
         await self.view(backpressure_json, self.hex_id(job_id, "job id"), self.hex_id(vertex_id, "vertex id"))
 
 
+class WatermarksHandler(FlinkHandler):
+    async def get(self, job_id: str, vertex_id: str) -> None:
+        await self.view(watermarks_json, self.hex_id(job_id, "job id"), self.hex_id(vertex_id, "vertex id"))
+
+
+class VertexMetricsHandler(FlinkHandler):
+    async def get(self, job_id: str, vertex_id: str) -> None:
+        given = self.get_query_argument("get", None)
+        names = None if given is None else [n.strip() for n in given.split(",") if n.strip()]
+        await self.view(vertex_metrics_json, self.hex_id(job_id, "job id"), self.hex_id(vertex_id, "vertex id"),
+                        names or None)
+
+
 # ---------------------------------------------------------------------- the server
 _JOB = r"/jobs/(?P<job_id>[^/]+)"
 
@@ -504,6 +517,8 @@ def route_table(server: "RestServer") -> list:
         (_JOB + r"/stop", StopWithSavepointHandler),
         (_JOB + r"/vertices/(?P<vertex_id>[^/]+)", VertexHandler),
         (_JOB + r"/vertices/(?P<vertex_id>[^/]+)/backpressure", BackpressureHandler),
+        (_JOB + r"/vertices/(?P<vertex_id>[^/]+)/watermarks", WatermarksHandler),
+        (_JOB + r"/vertices/(?P<vertex_id>[^/]+)/metrics", VertexMetricsHandler),
     ]
     return [(rf"(?:/v1)?{path}/?", handler, {"server": server}) for path, handler in routes]
 

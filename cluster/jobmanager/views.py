@@ -8,11 +8,11 @@ out of a view is a bug and answered as one.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Optional
 
 from cluster.clock import now_ms
 from cluster.graph.execution_graph import ExecutionState, JobState
-from cluster.protocol.metrics import backpressure_level
+from cluster.protocol.metrics import CURRENT_INPUT_WATERMARK, EVENT_TIME_METRICS, backpressure_level
 
 if TYPE_CHECKING:
     from .dispatcher import Dispatcher
@@ -179,6 +179,41 @@ def backpressure_json(d: "Dispatcher", job_id: str, vertex_id: str) -> dict:
     level = backpressure_level(worst)
     return {"status": "ok", "backpressureLevel": level, "backpressure-level": level, "end-timestamp": now_ms(),
             "subtasks": subtasks}
+
+
+def watermarks_json(d: "Dispatcher", job_id: str, vertex_id: str) -> list[dict]:
+    """GET /jobs/<id>/vertices/<vid>/watermarks, as Flink's JobVertexWatermarksHandler: each
+    subtask's input watermark, ``{"id": "<subtask>.currentInputWatermark", "value": "<ms>"}``, the
+    value a string as Flink's metric store keeps it (NO_WATERMARK is "-9223372036854775808"), a
+    subtask that has reported none yet left out. A bare list: Flink's MetricCollectionResponseBody
+    serialises as its list of metrics."""
+    job = job_master(d, job_id)
+    job_vertex(job, vertex_id)
+    return [{"id": f"{e.subtask}.{CURRENT_INPUT_WATERMARK}", "value": str(e.metrics[CURRENT_INPUT_WATERMARK])}
+            for e in sorted(job.graph.executions_of(vertex_id), key=lambda e: e.subtask)
+            if CURRENT_INPUT_WATERMARK in e.metrics]
+
+
+# A task's metrics under Flink's names (MetricNames), as its metric store lists them for a vertex
+FLINK_TASK_METRICS = {"numRecordsIn": "records-in", "numRecordsOut": "records-out", "numBytesIn": "bytes-in",
+                      "numBytesOut": "bytes-out", "busyTimeMsPerSecond": "busyTimeMsPerSecond",
+                      "backPressuredTimeMsPerSecond": "backPressuredTimeMsPerSecond",
+                      "idleTimeMsPerSecond": "idleTimeMsPerSecond"} | {name: name for name in EVENT_TIME_METRICS}
+
+
+def vertex_metrics_json(d: "Dispatcher", job_id: str, vertex_id: str, get: Optional[list[str]]) -> list[dict]:
+    """GET /jobs/<id>/vertices/<vid>/metrics[?get=a,b], as Flink's JobVertexMetricsHandler: the
+    vertex's metrics, "<subtask>.<name>"; without ``get`` the names there are (ids only), with it
+    the values (strings) of those asked for that exist. streamlab's operator metrics are the task's
+    (Flink scopes them "<subtask>.<operator>.<name>")."""
+    job = job_master(d, job_id)
+    job_vertex(job, vertex_id)
+    store = {f"{e.subtask}.{flink}": e.metrics[ours]
+             for e in sorted(job.graph.executions_of(vertex_id), key=lambda e: e.subtask)
+             for flink, ours in FLINK_TASK_METRICS.items() if ours in e.metrics}
+    if get is None:
+        return [{"id": name} for name in store]
+    return [{"id": name, "value": str(store[name])} for name in dict.fromkeys(get) if name in store]
 
 
 def vertex_json(d: "Dispatcher", job_id: str, vertex_id: str) -> dict:

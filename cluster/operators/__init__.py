@@ -2,7 +2,8 @@
 (``class Filter(Operator, kind="filter")``); importing this package imports them all."""
 from cluster.graph.operator_kinds import KINDS
 
-from . import files, keyed, redis_streams, sinks, sources, spark, stateless, timestamps  # noqa: F401 (they register)
+from . import (files, joins, keyed, redis_streams, sinks, sources, spark, stateless,  # noqa: F401 (they register)
+               timestamps, window_operator)
 from .base import OPERATORS
 
 _missing = sorted(set(KINDS) - set(OPERATORS))

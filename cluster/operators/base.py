@@ -143,8 +143,12 @@ class Operator:
         """Call the user's function; its exception is re-raised naming this operator."""
         if self.udf is None:
             raise TypeError(f"operator '{self.spec.name}' ({self.spec.kind}) has no user function to call")
+        return self.call(self.udf, *args)
+
+    def call(self, fn: Callable, *args):
+        """Call one of the user's functions (the task's interrupt looks for this frame)."""
         try:
-            return self.udf(*args)
+            return fn(*args)
         except TaskCancelled:
             raise
         except Exception as exc:

@@ -14,9 +14,11 @@ of every key the batch touched: an upsert stream whose latest row per key is the
 from __future__ import annotations
 
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, Optional
 
+import cloudpickle
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -26,6 +28,8 @@ from cluster.state.key_groups import key_group_range, key_groups_of_frame
 
 from .base import Operator, OperatorSnapshot, UserFunctionError
 from .sources import to_table
+from .timers import EVENT_TIME, PROCESSING_TIME, TimerService
+from .watermarks import NO_WATERMARK
 
 # partial aggregates: how each function is computed from a batch and merged into state
 PARTIALS = {"sum": ("s",), "count": ("c",), "min": ("min",), "max": ("max",), "mean": ("s", "c")}
@@ -92,23 +96,26 @@ class KeyedOperator(Operator):
     def close(self) -> None:
         self.backend.close()
 
-    def group(self, table: pa.Table, keys_only: bool = False) -> KeyedBatch:
-        """The batch by key; ``keys_only`` converts just the key columns to pandas."""
-        missing = [k for k in self.key if k not in table.column_names]
+    def group(self, table: pa.Table, keys_only: bool = False, key: Optional[list[str]] = None,
+              input_name: str = "the input") -> KeyedBatch:
+        """The batch by key; ``keys_only`` converts just the key columns to pandas. ``key``: other
+        key columns than params["key"] (a join's right input, ``input_name``)."""
+        key = self.key if key is None else key
+        missing = [k for k in key if k not in table.column_names]
         if missing:
-            raise KeyError(f"{self.spec.where()}: key column(s) {missing} not in the input "
+            raise KeyError(f"{self.spec.where()}: key column(s) {missing} not in {input_name} "
                            f"(columns: {table.column_names})")
-        frame = (table.select(self.key) if keys_only else table).to_pandas()
+        frame = (table.select(key) if keys_only else table).to_pandas()
         # the key groups of the rows, exactly as the exchange routed them
-        groups_of_rows = key_groups_of_frame(frame[self.key], self.ctx.max_parallelism)
-        first = ~frame.duplicated(self.key).to_numpy()
-        key_frame = frame.loc[first, self.key].reset_index(drop=True)
-        if len(self.key) == 1:
-            keys = key_frame[self.key[0]].astype(object).tolist()
+        groups_of_rows = key_groups_of_frame(frame[key], self.ctx.max_parallelism)
+        first = ~frame.duplicated(key).to_numpy()
+        key_frame = frame.loc[first, key].reset_index(drop=True)
+        if len(key) == 1:
+            keys = key_frame[key[0]].astype(object).tolist()
         else:
             keys = [tuple(row) for row in key_frame.astype(object).values.tolist()]
         return KeyedBatch(frame, key_frame, keys, groups_of_rows[first].tolist(),
-                          frame.groupby(self.key, sort=False, dropna=False))
+                          frame.groupby(key, sort=False, dropna=False))
 
 
 class KeyedCount(KeyedOperator, kind="keyed-count"):
@@ -174,6 +181,35 @@ class KeyedAggregate(KeyedOperator, kind="keyed-aggregate"):
         return [pa.Table.from_pandas(out, preserve_index=False)]
 
 
+def fold_rows(frame: pd.DataFrame, slots: np.ndarray, acc: list, reduce: Callable, where: str) -> None:
+    """Folds the rows of ``frame`` into ``acc`` in row order, as a reduce function over aligned rows:
+    row i goes into ``acc[slots[i]]`` (a row tuple, None before its first row). The function is
+    called once per rank of rows within their slot, for every slot at once, with the accumulated
+    rows and the new ones as DataFrames of the frame's columns."""
+    columns = list(frame.columns)
+    slots = np.asarray(slots)
+    rank = pd.Series(slots).groupby(slots, sort=False).cumcount().to_numpy()
+    for r in range(int(rank.max()) + 1 if len(rank) else 0):
+        at = np.flatnonzero(rank == r)
+        rows = frame.iloc[at].reset_index(drop=True)
+        values = rows.astype(object).values.tolist()  # column-wise: ints stay ints (a row-wise iloc upcasts)
+        row_slots = slots[at].tolist()
+        have = [j for j, slot in enumerate(row_slots) if acc[slot] is not None]
+        for j, slot in enumerate(row_slots):
+            if acc[slot] is None:
+                acc[slot] = tuple(values[j])
+        if have:
+            previous = pd.DataFrame([acc[row_slots[j]] for j in have], columns=columns)
+            combined = reduce(previous, rows.iloc[have].reset_index(drop=True))
+            combined = to_table(combined, f"{where}: the reduce function").to_pandas()
+            if list(combined.columns) != columns or len(combined) != len(have):
+                raise UserFunctionError(f"{where}: the reduce function must return one row per "
+                                        f"input row with the columns {columns}, got {list(combined.columns)} "
+                                        f"and {len(combined)} rows for {len(have)}")
+            for j, row in zip(have, combined.astype(object).values.tolist()):
+                acc[row_slots[j]] = tuple(row)
+
+
 class KeyedReduce(KeyedOperator, kind="keyed-reduce"):
     """udf: fn(accumulated: DataFrame, new: DataFrame) -> DataFrame, over aligned rows (one per
     key, the same columns, the key columns included); folds each key's rows in arrival order."""
@@ -182,33 +218,10 @@ class KeyedReduce(KeyedOperator, kind="keyed-reduce"):
         if table.num_rows == 0:
             return []
         frame, _, keys, groups, grouped = self.group(table)
-        columns = list(frame.columns)
-        rank = grouped.cumcount().to_numpy()
-        position = dict(zip(keys, range(len(keys))))
-        old = self.backend.get_many("reduced", groups, keys)
-        acc: list[Optional[tuple]] = list(old)
-        key_of_row = (frame[self.key[0]].astype(object).tolist() if len(self.key) == 1
-                      else [tuple(r) for r in frame[self.key].astype(object).values.tolist()])
-        for r in range(int(rank.max()) + 1):
-            rows = frame[rank == r].reset_index(drop=True)
-            values = rows.astype(object).values.tolist()  # column-wise: ints stay ints (a row-wise iloc upcasts)
-            slots = [position[key_of_row[i]] for i in np.flatnonzero(rank == r)]
-            have = [j for j, slot in enumerate(slots) if acc[slot] is not None]
-            for j, slot in enumerate(slots):
-                if acc[slot] is None:
-                    acc[slot] = tuple(values[j])
-            if have:
-                previous = pd.DataFrame([acc[slots[j]] for j in have], columns=columns)
-                combined = self.call_user(previous, rows.iloc[have].reset_index(drop=True))
-                combined = to_table(combined, f"{self.spec.where()}: the reduce function").to_pandas()
-                if list(combined.columns) != columns or len(combined) != len(have):
-                    raise UserFunctionError(f"{self.spec.where()}: the reduce function must return one row per "
-                                            f"input row with the columns {columns}, got {list(combined.columns)} "
-                                            f"and {len(combined)} rows for {len(have)}")
-                for j, row in zip(have, combined.astype(object).values.tolist()):
-                    acc[slots[j]] = tuple(row)
+        acc = self.backend.get_many("reduced", groups, keys)
+        fold_rows(frame, grouped.ngroup().to_numpy(), acc, self.call_user, self.spec.where())
         self.backend.put_many("reduced", groups, keys, acc)
-        return [pa.Table.from_pandas(pd.DataFrame(acc, columns=columns), preserve_index=False)]
+        return [pa.Table.from_pandas(pd.DataFrame(acc, columns=list(frame.columns)), preserve_index=False)]
 
 
 class ValueState:
@@ -283,13 +296,44 @@ class MapState:
         self._access._put(self._name, None)
 
 
-class KeyedStateAccess:
-    """What a process function gets: the state of the current key, by name, as Flink's handles."""
+class TimerAccess:
+    """Flink's TimerService as a process function sees it: timers of the current key."""
 
-    def __init__(self, backend):
+    def __init__(self, access: "KeyedStateAccess", timers: TimerService):
+        self._access, self._timers = access, timers
+        self.watermark = NO_WATERMARK  # the operator's current event time
+
+    def current_watermark(self) -> int:
+        return self.watermark
+
+    def current_processing_time(self) -> int:
+        return int(time.time() * 1000)
+
+    def register_event_time_timer(self, timestamp: int) -> None:
+        self._timers.register(EVENT_TIME, self._access._group, self._access.key, int(timestamp))
+
+    def register_processing_time_timer(self, timestamp: int) -> None:
+        self._timers.register(PROCESSING_TIME, self._access._group, self._access.key, int(timestamp))
+
+    def delete_event_time_timer(self, timestamp: int) -> None:
+        self._timers.delete(EVENT_TIME, self._access._group, self._access.key, int(timestamp))
+
+    def delete_processing_time_timer(self, timestamp: int) -> None:
+        self._timers.delete(PROCESSING_TIME, self._access._group, self._access.key, int(timestamp))
+
+
+class KeyedStateAccess:
+    """What a process function gets: the state of the current key, by name, as Flink's handles,
+    and its timers (``timer_service()``)."""
+
+    def __init__(self, backend, timers: Optional[TimerService] = None):
         self._backend = backend
         self.key: Any = None
         self._group = 0
+        self._timer_access = TimerAccess(self, timers or TimerService(backend))
+
+    def timer_service(self) -> TimerAccess:
+        return self._timer_access
 
     def _at(self, key, key_group: int) -> "KeyedStateAccess":
         self.key, self._group = key, key_group
@@ -313,11 +357,52 @@ class KeyedStateAccess:
 
 class KeyedProcess(KeyedOperator, kind="keyed-process"):
     """udf: fn(key, rows: DataFrame, state: KeyedStateAccess) -> DataFrame or None, per key and
-    batch."""
+    batch; params["on_timer"] (pickled): on_timer(key, timestamp, state) -> DataFrame or None, for
+    each timer the function registered (``state.timer_service()``), event-time ones once the
+    watermark reaches them, processing-time ones once the clock does."""
+
+    uses_processing_time = True
 
     def open(self) -> None:
         super().open()
-        self.access = KeyedStateAccess(self.backend)
+        self.timers = TimerService(self.backend)
+        self.access = KeyedStateAccess(self.backend, self.timers)
+        pickled = self.params.get("on_timer")
+        self.on_timer: Optional[Callable] = cloudpickle.loads(pickled) if pickled else None
+
+    def process_watermark(self, watermark: int) -> tuple[list[pa.Table], Optional[int]]:
+        self.access.timer_service().watermark = watermark
+        return self._fire(self.timers.pop_due(EVENT_TIME, watermark)), watermark
+
+    def on_processing_time(self, now_ms: int) -> list[pa.Table]:
+        next_time = self.timers.next_time(PROCESSING_TIME)
+        if next_time is None or next_time > now_ms:
+            return []
+        return self._fire(self.timers.pop_due(PROCESSING_TIME, now_ms))
+
+    def _fire(self, due: list) -> list[pa.Table]:
+        if not due:
+            return []
+        if self.on_timer is None:
+            raise UserFunctionError(f"{self.spec.where()}: a timer fired and the process function has no "
+                                    "on_timer to call: process(fn, on_timer=...)", self.spec.name, self.spec.call_site)
+        out = []
+        for timer in due:
+            result = self.call(self.on_timer, timer.key, timer.timestamp, self.access._at(timer.key, timer.key_group))
+            if result is not None:
+                out.append(to_table(result, f"{self.spec.where()}: the on_timer function"))
+        return [pa.concat_tables(out, promote_options="default")] if out else []
+
+    def snapshot_state(self, checkpoint_id: int) -> OperatorSnapshot:
+        snapshot = super().snapshot_state(checkpoint_id)
+        snapshot.handle["watermark"] = self.access.timer_service().watermark
+        return snapshot
+
+    def restore_state(self, handles: list[dict]) -> None:
+        super().restore_state(handles)
+        self.timers.restore()
+        self.access.timer_service().watermark = min((h.get("watermark", NO_WATERMARK) for h in handles),
+                                                    default=NO_WATERMARK)
 
     def process(self, table: pa.Table) -> list[pa.Table]:
         if table.num_rows == 0:

@@ -302,6 +302,9 @@ def _step(spec: OperatorSpec) -> Union[str, Callable]:
     if "partial_aggregate" in spec.params:
         from .keyed import spark_partial_aggregate
         return spark_partial_aggregate(spec.params["key"], spec.params["partial_aggregate"])
+    if "window_partial" in spec.params:
+        from .window_operator import spark_window_partials
+        return spark_window_partials(spec.params["window_partial"])
     if spec.udf is None:
         raise TypeError(f"Spark step '{spec.name}' has neither SQL nor a function")
     return cloudpickle.loads(spec.udf)

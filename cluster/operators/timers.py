@@ -44,6 +44,14 @@ class _Index:
             heapq.heappush(self.times, timestamp)
         pending.add(entry)
 
+    def add_many(self, timestamp: int, entries: set) -> None:
+        pending = self.at.get(timestamp)
+        if pending is None:
+            self.at[timestamp] = set(entries)
+            heapq.heappush(self.times, timestamp)
+        else:
+            pending.update(entries)
+
     def remove(self, timestamp: int, entry: tuple[int, Any, Any]) -> bool:
         pending = self.at.get(timestamp)
         if pending is None or entry not in pending:
@@ -53,12 +61,13 @@ class _Index:
             del self.at[timestamp]  # its time stays in the heap until popped: skipped then
         return True
 
-    def pop_until(self, until: int) -> list[Timer]:
-        due: list[Timer] = []
+    def pop_until(self, until: int) -> list[tuple[int, list[tuple[int, Any, Any]]]]:
+        due = []
         while self.times and self.times[0] <= until:
             timestamp = heapq.heappop(self.times)
-            for key_group, key, namespace in sorted(self.at.pop(timestamp, ()), key=repr):
-                due.append(Timer(timestamp, key_group, key, namespace))
+            entries = self.at.pop(timestamp, None)
+            if entries:
+                due.append((timestamp, _in_order(entries)))
         return due
 
     def next_time(self) -> Optional[int]:
@@ -68,6 +77,15 @@ class _Index:
 
     def __len__(self) -> int:
         return sum(len(p) for p in self.at.values())
+
+
+def _in_order(entries: set) -> list:
+    """Timers of one time in a fixed order (key group, key, namespace); by their repr where keys of
+    several types do not compare."""
+    try:
+        return sorted(entries)
+    except TypeError:
+        return sorted(entries, key=repr)
 
 
 class TimerService:
@@ -82,17 +100,26 @@ class TimerService:
     def register_many(self, domain: str, key_groups: Sequence[int], keys: Sequence,
                       timestamps: Sequence[int], namespaces: Sequence) -> None:
         index = self._index[domain]
-        groups, entries = [], []
-        for key_group, key, timestamp, namespace in zip(key_groups, keys, timestamps, namespaces, strict=True):
-            timestamp = int(timestamp)
+        timestamps = [int(t) for t in timestamps]
+        if len({len(key_groups), len(keys), len(timestamps), len(namespaces)}) != 1:
+            raise ValueError("register_many: key groups, keys, timestamps and namespaces differ in length")
+        by_time: dict[int, list] = {}
+        if len(set(timestamps)) == 1:  # the usual: the keys of one window
+            by_time[timestamps[0]] = list(zip(key_groups, keys, namespaces))
+        else:
+            for key_group, key, timestamp, namespace in zip(key_groups, keys, timestamps, namespaces):
+                by_time.setdefault(timestamp, []).append((key_group, key, namespace))
+        for timestamp, entries in by_time.items():
+            # many timers share a time (a window's keys): the new ones by set difference, in C
             pending = index.at.get(timestamp)
-            if pending is not None and (key_group, key, namespace) in pending:
+            new = set(entries) - pending if pending is not None else set(entries)
+            if not new:
                 continue
-            index.add(timestamp, (key_group, key, namespace))
-            groups.append(key_group)
-            entries.append((key, timestamp, namespace))
-        if entries:
-            self.backend.put_many(self._states[domain], groups, entries, groups)  # the value: its key group
+            index.add_many(timestamp, new)
+            added = list(new)
+            groups = [group for group, _, _ in added]
+            self.backend.put_many(self._states[domain], groups,
+                                  [(key, timestamp, namespace) for _, key, namespace in added], groups)  # the value: its key group
 
     def delete(self, domain: str, key_group: int, key, timestamp: int, namespace=None) -> None:
         if self._index[domain].remove(int(timestamp), (key_group, key, namespace)):
@@ -100,10 +127,16 @@ class TimerService:
 
     def pop_due(self, domain: str, until: int) -> list[Timer]:
         """The timers with timestamp <= ``until``, in timestamp order, removed."""
+        return [Timer(timestamp, *entry) for timestamp, entries in self.pop_due_by_time(domain, until)
+                for entry in entries]
+
+    def pop_due_by_time(self, domain: str, until: int) -> list[tuple[int, list[tuple[int, Any, Any]]]]:
+        """The same, as (timestamp, [(key group, key, namespace), ...]) per time: no Timer per
+        timer, for an operator firing many at once (a window's keys)."""
         due = self._index[domain].pop_until(until)
-        if due:
-            self.backend.put_many(self._states[domain], [t.key_group for t in due],
-                                  [(t.key, t.timestamp, t.namespace) for t in due], [None] * len(due))
+        for timestamp, entries in due:
+            self.backend.put_many(self._states[domain], [group for group, _, _ in entries],
+                                  [(key, timestamp, namespace) for _, key, namespace in entries], [None] * len(entries))
         return due
 
     def next_time(self, domain: str) -> Optional[int]:

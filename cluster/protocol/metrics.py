@@ -27,3 +27,15 @@ def restored_counters(entries: list[dict], subtask: int, parallelism: int) -> di
             for name in COUNTERS:
                 restored[name] += int(entry.get(name, 0))
     return restored
+
+
+# Event time, with Flink's metric names (MetricNames.IO_CURRENT_INPUT_WATERMARK, ...): every
+# task reports its input and output watermark (int epoch ms, NO_WATERMARK before the first);
+# window, join and timestamp operators add the records they dropped as late and the largest
+# event time they saw.
+CURRENT_INPUT_WATERMARK = "currentInputWatermark"
+CURRENT_OUTPUT_WATERMARK = "currentOutputWatermark"
+NUM_LATE_RECORDS_DROPPED = "numLateRecordsDropped"
+NEWEST_EVENT_TIMESTAMP = "newestEventTimestamp"
+EVENT_TIME_METRICS = (CURRENT_INPUT_WATERMARK, CURRENT_OUTPUT_WATERMARK, NUM_LATE_RECORDS_DROPPED,
+                      NEWEST_EVENT_TIMESTAMP)

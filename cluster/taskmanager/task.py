@@ -39,7 +39,8 @@ from cluster.operators.base import Operator, OperatorContext, SourceOperator, Ta
 from cluster.operators.spark import SparkChain
 from cluster.operators.watermarks import MAX_WATERMARK
 from cluster.protocol.messages import AddCredit, BufferResponse, EndOfPartition, Message, Watermark, WatermarkStatus
-from cluster.protocol.metrics import CHECKPOINTED_COUNTERS, restored_counters
+from cluster.protocol.metrics import (CHECKPOINTED_COUNTERS, CURRENT_INPUT_WATERMARK, CURRENT_OUTPUT_WATERMARK,
+                                      NEWEST_EVENT_TIMESTAMP, NUM_LATE_RECORDS_DROPPED, restored_counters)
 from cluster.protocol.serde import ipc_to_table, table_to_ipc
 from cluster.state.key_groups import key_groups_of, operator_index_for_key_group
 
@@ -60,7 +61,7 @@ class CheckpointResponder(Protocol):
     def end_of_input(self, task: "Task") -> None: ...
 
 
-_CALL_USER = Operator.call_user.__code__  # the frame a task runs a user's function in
+_CALL_USER = Operator.call.__code__  # the frame a task runs a user's function in
 
 WINDOW_S = 1.0  # Flink's *TimeMsPerSecond: the shares of time in the last window, in ms per second
 
@@ -378,9 +379,15 @@ class Task:
     def metrics_snapshot(self) -> dict:
         operator_metrics: dict = {}
         for op in self._chain:
-            operator_metrics.update(op.metrics())
-        time_metrics = {} if self._time is None else {"currentInputWatermark": self._time.input_watermark,
-                                                      "currentOutputWatermark": self._time.output_watermark}
+            for name, value in op.metrics().items():
+                # several operators of a chain may report one of these: the task's is their max / sum
+                if name == NEWEST_EVENT_TIMESTAMP and name in operator_metrics:
+                    value = max(value, operator_metrics[name])
+                elif name == NUM_LATE_RECORDS_DROPPED and name in operator_metrics:
+                    value += operator_metrics[name]
+                operator_metrics[name] = value
+        time_metrics = {} if self._time is None else {CURRENT_INPUT_WATERMARK: self._time.input_watermark,
+                                                      CURRENT_OUTPUT_WATERMARK: self._time.output_watermark}
         return {"execution_id": self.execution_id, "job_id": self.tdd.job_id,
                 "vertex_id": self.tdd.vertex["id"], "subtask": self.tdd.subtask, "detail": self.detail,
                 "input-queue": self._gate.queued() if self._gate else 0} | self.metrics.snapshot() \
@@ -404,6 +411,7 @@ class Task:
                 op.open()
                 opened.append(op)
             self._restore(chain)
+            self._start_time(chain)
             self._start_stage(chain)
             self._open_inputs(sender)
             self._set_state(ExecutionState.RUNNING)
@@ -481,18 +489,22 @@ class Task:
                 raise UserFunctionError(f"{members[0].where()} could not be loaded on the TaskManager: "
                                         f"{type(exc).__name__}: {exc}") from exc
         self._producer_address = {c: a for desc in tdd.inputs for c, a in desc.channels}
-        self._time = TaskTime(chain, lambda index, tables: self._push(chain, index, tables), self._emit_watermark,
-                              self._emit_status, self.config.watermark_interval_ms)
         if self._producer_address:
             self._gate = InputGate(list(self._producer_address))
             self.network.register_gate(self._gate)
-            self._time.set_inputs(list(self._producer_address))
         if KINDS[chain[0].spec.kind].two_inputs:
             # the first params["left_inputs"] input edges are the left side (the JobGraph keeps
             # a node's input edges in the order the API gave them)
             left = int(chain[0].params["left_inputs"])
             self._sides = {c: int(i >= left) for i, desc in enumerate(tdd.inputs) for c, _ in desc.channels}
         return chain
+
+    def _start_time(self, chain: list) -> None:
+        """After the operators opened: what they say of time (processing-time windows) is known."""
+        self._time = TaskTime(chain, lambda index, tables: self._push(chain, index, tables), self._emit_watermark,
+                              self._emit_status, self.config.watermark_interval_ms)
+        if self._producer_address:
+            self._time.set_inputs(list(self._producer_address))
 
     def _start_stage(self, chain: list) -> None:
         index = next((i for i, op in enumerate(chain) if isinstance(op, SparkChain)), None)

@@ -319,8 +319,14 @@ class KeyedStream:
         return self.stream._then("keyed-reduce", name, fn, params={"key": self.key}, parallelism=parallelism,
                                  partitioning=(ShipStrategy.HASH, self.key))
 
-    def process(self, fn: Callable, name: str = "process", parallelism: Optional[int] = None) -> DataStream:
+    def process(self, fn: Callable, name: str = "process", parallelism: Optional[int] = None,
+                on_timer: Optional[Callable] = None) -> DataStream:
         """fn(key, rows, state) -> DataFrame or None, per key and batch, with Flink's keyed state:
-        ``state.value_state("n")`` (.value()/.update()), ``state.list_state(..)``, ``state.map_state(..)``."""
-        return self.stream._then("keyed-process", name, fn, params={"key": self.key}, parallelism=parallelism,
+        ``state.value_state("n")`` (.value()/.update()), ``state.list_state(..)``, ``state.map_state(..)``,
+        and timers: ``state.timer_service().register_event_time_timer(ms)`` (or processing time);
+        each calls on_timer(key, timestamp, state) -> DataFrame or None when it fires."""
+        params: dict = {"key": self.key}
+        if on_timer is not None:
+            params["on_timer"] = pickle_udf(on_timer, f"process ({call_site()}): on_timer")
+        return self.stream._then("keyed-process", name, fn, params=params, parallelism=parallelism,
                                  partitioning=(ShipStrategy.HASH, self.key))

@@ -20,6 +20,7 @@ from .progress import ProgressView
 from .result_table import ResultTableView
 from .slots import SlotsView
 from .status import StatusView
+from .watermarks import WatermarksView
 
 
 class Dashboard:
@@ -33,11 +34,12 @@ class Dashboard:
         self.graph = JobGraphView()
         self.backpressure = BackpressureView(vertices)
         self.throughput = ThroughputView(vertices)
+        self.watermarks = WatermarksView()
         self.checkpoints = CheckpointsView()
         self.results = None if handle.detached or not handle.sinks else ResultTableView(handle, rows)
         self.components: list[Component] = [c for c in (
             self.status, self.progress, self.slots, self.graph, self.backpressure, self.throughput,
-            self.checkpoints, self.results) if c is not None]
+            self.watermarks, self.checkpoints, self.results) if c is not None]
         # each view of a row is a column of its own, however little it shows (after a cancel the
         # slots and the graph are small): their headings never run together on one line
         for view in (self.slots, self.graph):
@@ -45,7 +47,7 @@ class Dashboard:
         row = lambda *children: widgets.HBox(list(children), layout=widgets.Layout(flex_flow="row wrap"))
         self.root = widgets.VBox([
             self.status.root, self.progress.root, row(self.slots.root, self.graph.root),
-            row(self.backpressure.root, self.throughput.root), self.checkpoints.root,
+            row(self.backpressure.root, self.throughput.root), self.watermarks.root, self.checkpoints.root,
             *([self.results.root] if self.results else [])])
         self.root.add_class("streamlab-dashboard")
         self.metrics = JobMetrics()

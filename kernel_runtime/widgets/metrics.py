@@ -14,7 +14,9 @@ from typing import NamedTuple, Optional
 
 from cluster.operators import OPERATORS
 from cluster.operators.base import SourceOperator
-from cluster.protocol.metrics import backpressure_level as rest_backpressure_level
+from cluster.operators.watermarks import MAX_WATERMARK, NO_WATERMARK
+from cluster.protocol.metrics import (CURRENT_OUTPUT_WATERMARK, NEWEST_EVENT_TIMESTAMP, NUM_LATE_RECORDS_DROPPED,
+                                      backpressure_level as rest_backpressure_level)
 
 PER_SECOND = {"busy": "busyTimeMsPerSecond", "backpressured": "backPressuredTimeMsPerSecond",
               "idle": "idleTimeMsPerSecond"}
@@ -151,3 +153,51 @@ def source_progress(job_graph, stats: list[VertexStats]) -> Optional[SourceProgr
                                    for op in sources.values()]
     total = None if any(c is None for c in counts) else sum(c for c in counts if c is not None)
     return SourceProgress(done, total, bounded)
+
+
+@dataclass(frozen=True)
+class VertexEventTime:
+    vertex_id: str
+    name: str
+    # the vertex's low watermark, as Flink's web UI shows it: the minimum over its subtasks'
+    # currentOutputWatermark (NO_WATERMARK while one has none yet, MAX_WATERMARK at the end of input)
+    watermark: int
+    # how far the watermark trails the newest event time of the job, ms; None when either is unknown
+    # or the vertex's input has ended
+    lag_ms: Optional[int]
+    late_dropped: int  # numLateRecordsDropped, over its subtasks
+
+
+@dataclass(frozen=True)
+class JobEventTime:
+    newest: Optional[int]  # the newest event time seen in the job (epoch ms), None before any
+    vertices: list[VertexEventTime]
+
+
+def event_time(details: dict) -> Optional[JobEventTime]:
+    """Watermarks, lag and late records per vertex, from job_details() (or the events' summary of
+    it); None for a job without event time: no watermark of any task has moved and no operator saw
+    an event time (the end of input alone, MAX_WATERMARK, is no sign of event time: every bounded
+    job's sources send it)."""
+    by_vertex: dict[str, list[dict]] = {}
+    for subtask in details.get("subtasks", []):
+        by_vertex.setdefault(subtask["vertex_id"], []).append(subtask.get("metrics") or {})
+    every = [metrics for subtasks in by_vertex.values() for metrics in subtasks]
+    newest = max((t for ms in every if (t := ms.get(NEWEST_EVENT_TIMESTAMP, NO_WATERMARK)) > NO_WATERMARK),
+                 default=None)
+    if newest is None and not any(NO_WATERMARK < ms.get(CURRENT_OUTPUT_WATERMARK, NO_WATERMARK) < MAX_WATERMARK
+                                  for ms in every):
+        return None
+    vertices = []
+    for vertex in details.get("vertices", []):
+        subtasks = by_vertex.get(vertex["id"], [])
+        # a subtask that has not reported yet has no watermark yet either
+        watermark = min((ms.get(CURRENT_OUTPUT_WATERMARK, NO_WATERMARK) for ms in subtasks), default=NO_WATERMARK)
+        lag = None
+        if newest is not None and NO_WATERMARK < watermark < MAX_WATERMARK:
+            # never below 0: the newest event time and the watermark come in heartbeats of
+            # different TaskManagers, a newer watermark may meet an older newest event time
+            lag = max(0, newest - watermark)
+        vertices.append(VertexEventTime(vertex["id"], vertex["name"], watermark, lag,
+                                        sum(ms.get(NUM_LATE_RECORDS_DROPPED, 0) for ms in subtasks)))
+    return JobEventTime(newest, vertices)

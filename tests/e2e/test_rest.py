@@ -4,9 +4,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
+from cluster.operators.watermarks import NO_WATERMARK
 from kernel_runtime import StreamEnvironment
+from kernel_runtime.api import Duration, WatermarkStrategy
+from kernel_runtime.events import ClusterEvents
+from kernel_runtime.widgets.metrics import event_time
 from tests.conftest import assert_at_rest, rest, wait_for
 
 FLINK = Path(__file__).resolve().parent.parent / "fixtures" / "flink-rest"
@@ -89,6 +94,10 @@ class TestWhileAJobRuns:
             assert status == 200 and not missing_fields(flink("jobs_ID_vertices_ID_backpressure.json"), body)
             assert body["backpressureLevel"] in ("ok", "low", "high")
             assert len(body["subtasks"]) == vertex["parallelism"]
+            # no event time: every subtask is listed, without a watermark (Flink's Long.MIN_VALUE)
+            status, body = rest(cluster, base + "/watermarks")
+            assert status == 200 and body == [{"id": f"{i}.currentInputWatermark", "value": str(NO_WATERMARK)}
+                                              for i in range(vertex["parallelism"])]
 
     def test_values_are_right_not_only_names(self, cluster, running_job):
         _, o = rest(cluster, "/overview")
@@ -107,6 +116,51 @@ class TestWhileAJobRuns:
         # metrics arrive with heartbeats: records written by the source are read by the counter
         wait_for(lambda: rest(cluster, f"/jobs/{running_job.job_id}")[1]["vertices"][0]["metrics"]["write-records"] > 0,
                  10, "vertex metrics")
+
+
+T0 = 1_700_000_000_000  # event time of the first row, epoch ms
+
+
+def test_every_subtasks_watermark_advances_through_rest_and_reaches_the_dashboard(cluster, client):
+    strategy = WatermarkStrategy.for_bounded_out_of_orderness(Duration.of_millis(200)).with_timestamp_column("ts")
+    env = StreamEnvironment(parallelism=2, cluster=cluster.cluster_dir)
+    (env.from_generator(lambda seq: pd.DataFrame({"k": seq % 10, "ts": T0 + seq * 10}), rate=2_000, batch_size=50,
+                        watermark_strategy=strategy, name="events")
+        .key_by("k").count(name="per key").collect())
+    handle = env.execute_async("watermarks", client=client)
+    watch = ClusterEvents.follow(cluster.info, handle.job_id)
+    try:
+        wait_for(lambda: handle.status == "RUNNING", 20, "running")
+        source, counter = sorted(rest(cluster, f"/jobs/{handle.job_id}")[1]["vertices"],
+                                 key=lambda v: v["name"] != "Source: events")
+
+        def watermarks(vertex: dict, path: str = "watermarks") -> dict[str, int]:
+            return {m["id"]: int(m["value"]) for m in rest(cluster, f"/jobs/{handle.job_id}/vertices/{vertex['id']}/"
+                                                                  f"{path}")[1]}
+
+        # the keyed count's input watermark is the minimum over both sources' watermarks, which
+        # trail their event time by the bound; a source has no input, so no input watermark (as Flink's)
+        inputs = [f"{i}.currentInputWatermark" for i in range(2)]
+        first = wait_for(lambda: (w := watermarks(counter)) and sorted(w) == inputs and
+                         min(w.values()) >= T0 and w, 20, "every counter subtask's input watermark")
+        wait_for(lambda: all(w > first[i] for i, w in watermarks(counter).items()), 20, "the watermarks advancing")
+        assert watermarks(source) == dict.fromkeys(inputs, NO_WATERMARK)
+        outputs = [f"{i}.currentOutputWatermark" for i in range(2)]
+        emitted = watermarks(source, "metrics?get=" + ",".join(outputs))
+        assert sorted(emitted) == outputs and min(emitted.values()) >= T0
+
+        # the dashboard's view, from the job's events: each vertex's watermark, its lag, no late records
+        def dashboard():
+            job = event_time(watch.view.summary)
+            return job if job is not None and all(v.lag_ms is not None for v in job.vertices) else None
+        job = wait_for(dashboard, 20, "event time in the job's events")
+        names = [v["name"] for v in rest(cluster, f"/jobs/{handle.job_id}")[1]["vertices"]]
+        assert [v.name for v in job.vertices] == names
+        assert job.newest >= T0 and all(v.watermark >= T0 and v.late_dropped == 0 for v in job.vertices)
+    finally:
+        watch.close()
+        handle.cancel()
+        wait_for(lambda: handle.status == "CANCELED", 20, "cancelled")
 
 
 def test_cancel_through_rest(cluster, client):

@@ -5,11 +5,13 @@ from kernel_runtime import StreamEnvironment
 from kernel_runtime.api import FileSource
 from kernel_runtime.widgets.job_graph import layout, operator_names
 from cluster.protocol.metrics import backpressure_level
-from kernel_runtime.widgets.metrics import JobMetrics, RateMeter, source_progress
+from cluster.operators.watermarks import MAX_WATERMARK, NO_WATERMARK
+from kernel_runtime.widgets.metrics import JobMetrics, RateMeter, event_time, source_progress
 from kernel_runtime.widgets.base import Update
 from kernel_runtime.widgets.feed import Snapshot
 from kernel_runtime.widgets.progress import ProgressView
 from kernel_runtime.widgets.slots import slot_table
+from kernel_runtime.widgets.watermarks import WatermarksView, duration_text, time_text
 
 
 @pytest.mark.parametrize("ratio, level", [(0.0, "ok"), (0.10, "ok"), (0.11, "low"), (0.5, "low"), (0.51, "high"),
@@ -136,3 +138,101 @@ def test_job_graph_layout_puts_each_vertex_one_column_after_its_inputs():
         {"id": "src", "description": "events [generator-source] (a.py:1)", "parallelism": 1}]}
     assert layout(plan) == {"src": (0, 0), "map": (1, 0), "sink": (2, 0)}
     assert operator_names(plan["nodes"][0]["description"]) == ["count", "collect"]
+
+
+# event time: each vertex's watermark, its lag behind the newest event time, late records dropped
+T = 1_700_000_000_000  # 2023-11-14 22:13:20 UTC
+
+
+def timed(vertex, index, watermark, newest=None, late=None, status="RUNNING"):
+    metrics = {"currentInputWatermark": watermark, "currentOutputWatermark": watermark}
+    if newest is not None:
+        metrics["newestEventTimestamp"] = newest
+    if late is not None:
+        metrics["numLateRecordsDropped"] = late
+    return subtask(vertex, index, status, **metrics)
+
+
+def test_a_vertex_shows_its_lowest_subtask_watermark_its_lag_behind_the_newest_event_time_and_late_records():
+    job = event_time(details(timed("src", 0, T + 9_799, newest=T + 10_000),
+                             timed("src", 1, T + 11_799, newest=T + 12_000),
+                             timed("cnt", 0, T + 8_999, newest=T + 11_500, late=3)))
+    assert job.newest == T + 12_000  # the newest of the whole job, whichever vertex saw it
+    src, cnt = job.vertices
+    assert (src.vertex_id, src.watermark, src.lag_ms, src.late_dropped) == ("src", T + 9_799, 2_201, 0)
+    assert (cnt.vertex_id, cnt.watermark, cnt.lag_ms, cnt.late_dropped) == ("cnt", T + 8_999, 3_001, 3)
+
+
+def test_late_records_add_up_over_a_vertexs_subtasks():
+    details_ = {"vertices": [{"id": "win", "name": "window", "parallelism": 3, "status": "RUNNING"}],
+                "subtasks": [timed("win", i, T, newest=T + 500, late=late) for i, late in enumerate((2, 0, 5))]}
+    (win,) = event_time(details_).vertices
+    assert win.late_dropped == 7 and win.lag_ms == 500
+
+
+@pytest.mark.parametrize("second", [timed("src", 1, NO_WATERMARK), subtask("src", 1, status="DEPLOYING")],
+                         ids=["no watermark yet", "not reported yet"])
+def test_a_subtask_without_a_watermark_holds_its_vertex_back_and_it_has_no_lag(second):
+    job = event_time(details(timed("src", 0, T + 800, newest=T + 1_000), second,
+                             timed("cnt", 0, NO_WATERMARK)))
+    src, cnt = job.vertices
+    assert (src.watermark, src.lag_ms) == (NO_WATERMARK, None)
+    assert (cnt.watermark, cnt.lag_ms) == (NO_WATERMARK, None)
+
+
+def test_before_any_event_time_is_seen_a_moving_watermark_still_shows_event_time():
+    job = event_time(details(timed("src", 0, T), timed("src", 1, T + 5), timed("cnt", 0, T)))
+    assert job.newest is None and [(v.watermark, v.lag_ms) for v in job.vertices] == [(T, None), (T, None)]
+
+
+def test_at_the_end_of_input_the_watermark_is_the_end_and_there_is_no_lag():
+    job = event_time(details(timed("src", 0, MAX_WATERMARK, newest=T, status="FINISHED"),
+                             timed("src", 1, MAX_WATERMARK, newest=T + 1, status="FINISHED"),
+                             timed("cnt", 0, T - 200, newest=T + 1)))
+    src, cnt = job.vertices
+    assert (src.watermark, src.lag_ms) == (MAX_WATERMARK, None) and (cnt.watermark, cnt.lag_ms) == (T - 200, 201)
+
+
+def test_a_lag_is_never_negative_when_the_newest_event_time_is_an_older_report():
+    (src, cnt) = event_time(details(timed("src", 0, T + 5_000, newest=T + 4_000),
+                                    timed("cnt", 0, T + 4_500))).vertices
+    assert src.lag_ms == 0 and cnt.lag_ms == 0
+
+
+@pytest.mark.parametrize("subtasks", [
+    [subtask("src", 0, **{"records-in": 5}), subtask("cnt", 0)],  # no event-time metrics at all
+    [timed("src", 0, NO_WATERMARK), timed("src", 1, NO_WATERMARK), timed("cnt", 0, NO_WATERMARK)],
+    # a bounded job without event time ends with MAX_WATERMARK all the same
+    [timed("src", 0, MAX_WATERMARK, newest=NO_WATERMARK), timed("cnt", 0, MAX_WATERMARK)],
+], ids=["no metrics", "no watermarks", "ended without event time"])
+def test_a_job_without_event_time_shows_none(subtasks):
+    assert event_time(details(*subtasks)) is None
+    view = WatermarksView()
+    view.update(Update(Snapshot(1.0, details(*subtasks) | {"state": "RUNNING"}, {}), [], 1.0))
+    assert view.root.value == ""
+
+
+def test_the_view_shows_watermarks_as_times_lags_as_durations_and_late_records():
+    view = WatermarksView()
+    snapshot = Snapshot(1.0, details(timed("src", 0, T + 9_799, newest=T + 12_000),
+                                     timed("src", 1, MAX_WATERMARK, newest=T + 11_000),
+                                     timed("cnt", 0, NO_WATERMARK, late=1_234)) | {"state": "RUNNING"}, {})
+    view.update(Update(snapshot, [], 1.0))
+    text = view.root.value
+    assert "newest event time: 2023-11-14 22:13:32.000" in text
+    assert 'data-watermark="%d">2023-11-14 22:13:29.799<' % (T + 9_799) in text
+    assert 'data-lag-ms="2201">2.20 s<' in text
+    assert f'data-watermark="{NO_WATERMARK}">no watermark<' in text and 'data-lag-ms=""><' in text
+    assert 'data-late="1234">1,234<' in text
+
+
+@pytest.mark.parametrize("ms, text", [(0, "0 ms"), (999, "999 ms"), (1_000, "1.00 s"), (59_994, "59.99 s"),
+                                      (60_000, "1 min 00 s"), (125_000, "2 min 05 s"), (3_600_000, "1 h 00 min"),
+                                      (11_045_000, "3 h 04 min")])
+def test_lags_read_as_durations(ms, text):
+    assert duration_text(ms) == text
+
+
+def test_times_read_as_utc_or_as_what_they_stand_for():
+    assert time_text(T + 7) == "2023-11-14 22:13:20.007" and time_text(0) == "1970-01-01 00:00:00.000"
+    assert (time_text(NO_WATERMARK), time_text(MAX_WATERMARK)) == ("no watermark", "end of input")
