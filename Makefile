@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup system-deps quickstart lab test test-fast typecheck bench bench-peers bench-dashboards bench-first-spark-cell bench-spark-batch cluster-start cluster-stop clean check-python check-java
+.PHONY: setup system-deps quickstart lab test test-fast typecheck bench bench-peers bench-windows bench-dashboards bench-first-spark-cell bench-spark-batch cluster-start cluster-stop clean check-python check-java
 
 setup: $(STAMP)
 
@@ -67,6 +67,11 @@ bench: setup
 # Spark Structured Streaming, one after the other; ARGS=--quick for a smoke run
 bench-peers: setup
 	$(PY) bench/peers.py $(ARGS)
+
+# event-time windows (tumbling, sliding, Nexmark-style) on streamlab beside the same Flink SQL in
+# PyFlink; the latency of window results at half the throughput; ARGS=--quick for a smoke run
+bench-windows: setup
+	$(PY) bench/windows.py $(ARGS)
 
 bench-dashboards: setup
 	$(PY) bench/dashboards.py

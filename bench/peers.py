@@ -108,13 +108,18 @@ def pyflink_python(venv: Path) -> Path:
     return python
 
 
-def run_pyflink(args) -> dict:
-    python = pyflink_python(args.pyflink_venv)
-    done = subprocess.run([python, BENCH / "peers_flink.py", "--rows", str(args.rows)],
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def flink_report(venv: Path, script: str, *arguments: str) -> dict:
+    """Run a bench script in PyFlink's venv (made when missing): the JSON report it prints last."""
+    python = pyflink_python(venv)
+    done = subprocess.run([python, BENCH / script, *arguments], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True)
     if done.returncode != 0:
-        raise RuntimeError(f"bench/peers_flink.py failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+        raise RuntimeError(f"bench/{script} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def run_pyflink(args) -> dict:
+    report = flink_report(args.pyflink_venv, "peers_flink.py", "--rows", str(args.rows))
     s = report["setup"]
     print(f"PyFlink {s['pyflink']} (Flink {s['flink']}, Java {s['java']}, Python {s['python']}): Table API SQL, "
           f"streaming mode, {s['cluster']}, parallelism {s['parallelism']}, datagen sequence -> blackhole, "

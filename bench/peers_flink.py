@@ -66,18 +66,33 @@ def run(env: TableEnvironment, rest, workload: str, n: int) -> dict:
     columns, query = WORKLOADS[workload]
     env.execute_sql(SOURCE.format(n=n, last=n - 1))
     env.execute_sql(f"CREATE TEMPORARY TABLE sink_{workload}_{n} {columns} WITH ('connector' = 'blackhole')")
+    return timed_insert(env, rest, workload, f"INSERT INTO sink_{workload}_{n} {query.format(n=n)}", n)
+
+
+def timed_insert(env: TableEnvironment, rest, name: str, insert: str, n: int) -> dict:
+    """Run an INSERT statement over n input rows to its end: rows/s over the job's RUNNING time."""
     started = time.perf_counter()
-    job = env.execute_sql(f"INSERT INTO sink_{workload}_{n} {query.format(n=n)}").get_job_client()
+    job = env.execute_sql(insert).get_job_client()
     result = job.get_job_execution_result().result()
     wall = time.perf_counter() - started
     with urllib.request.urlopen(f"{rest.toString()}/jobs/{job.get_job_id()}") as reply:
         details = json.load(reply)
     if details["state"] != "FINISHED":
-        raise RuntimeError(f"Flink job {workload} ended {details['state']}")
+        raise RuntimeError(f"Flink job {name} ended {details['state']}")
     ts = details["timestamps"]
     running_s = (ts["FINISHED"] - ts["RUNNING"]) / 1000
     return {"rows": n, "rows_per_s": n / running_s, "running_s": running_s,
             "net_runtime_s": result.get_net_runtime() / 1000, "submit_to_result_s": wall}
+
+
+def flink_setup(warmup_rows: int) -> dict:
+    """The versions and the cluster's shape, for the report's setup line."""
+    jvm = get_gateway().jvm
+    return {"pyflink": pyflink_version,
+            "flink": jvm.org.apache.flink.runtime.util.EnvironmentInformation.getVersion(),
+            "java": jvm.System.getProperty("java.version"), "python": platform.python_version(),
+            "parallelism": PARALLELISM, "cluster": f"MiniCluster 1 TaskManager x {PARALLELISM} slots",
+            "warmup_rows": warmup_rows}
 
 
 def main():
@@ -87,14 +102,9 @@ def main():
     cluster, rest = start_minicluster()
     try:
         env = table_env(rest)
-        jvm = get_gateway().jvm
         run(env, rest, "stateless", WARMUP_ROWS)  # class loading and code generation, once
         results = {name: run(env, rest, name, args.rows) for name in WORKLOADS}
-        setup = {"pyflink": pyflink_version,
-                 "flink": jvm.org.apache.flink.runtime.util.EnvironmentInformation.getVersion(),
-                 "java": jvm.System.getProperty("java.version"), "python": platform.python_version(),
-                 "parallelism": PARALLELISM, "cluster": f"MiniCluster 1 TaskManager x {PARALLELISM} slots",
-                 "warmup_rows": WARMUP_ROWS}
+        setup = flink_setup(WARMUP_ROWS)
     finally:
         cluster.close()
     sys.stdout.write(json.dumps({"setup": setup, "results": results}) + "\n")
