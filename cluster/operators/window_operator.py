@@ -1,10 +1,18 @@
 """The window operator: ``key_by(...).window(assigner)`` with Flink's WindowOperator semantics.
 
 Per key and window [start, end) the operator keeps the window's contents in the keyed backend
-(state ``window``, key ``(key, start, end)``): partial aggregates and a row count for
-``aggregate``/``count``, the folded row for ``reduce``, the rows for ``process``. A timer per
-(key, window) at its max timestamp (``end - 1``) fires it (Flink's EventTimeTrigger /
-ProcessingTimeTrigger), one at ``end - 1 + allowed_lateness`` clears it. A window is late once
+(state ``window``, key ``(key, start, end)``): the folded row for ``reduce``, the rows for
+``process``, partial aggregates and a row count for ``aggregate``/``count`` of session windows.
+A timer per (key, window) at its max timestamp (``end - 1``) fires it (Flink's EventTimeTrigger /
+ProcessingTimeTrigger), one at ``end - 1 + allowed_lateness`` clears it.
+
+Tumbling and sliding ``aggregate``/``count`` windows keep one entry per (key group, window)
+instead, key ``(BLOCK, start, end)`` under that key group: an immutable block, a tuple of numpy
+arrays (the key columns, then the partial columns and the row count), one element per key of the
+window in that key group, with one pair of timers per block (key ``BLOCK``, namespace the window).
+Per-key entries and timers cost Python work per (key, window), which the pre-aggregated path
+(10k keys x 10 windows per batch) cannot afford; blocks merge and fire vectorised. They are
+still per key group, so a restore at another parallelism splits them as any keyed state. A window is late once
 ``end - 1 + allowed_lateness <= watermark``: rows for it are skipped, and a row all of whose
 windows are late goes to the late side output (or counts in numLateRecordsDropped). A row for a
 window that fired but is not late fires it again at once: an updated row for that window.
@@ -41,6 +49,7 @@ from .watermarks import NO_WATERMARK, rowtime_ms
 from .windows import SessionWindows, SlidingWindows, TimeWindow, TumblingWindows, assigner_of, merge_windows
 
 WINDOW_STATE = "window"
+BLOCK = "__block__"  # the key, with the window, of a (key group, window)'s block in WINDOW_STATE
 SESSION_STATE = "window-sessions"
 ROWS, LATEST = "__rows__", "__latest__"
 # how partial columns of one (key, window) combine, vectorised over many windows at once
@@ -173,6 +182,32 @@ def _timer_columns(entries: list) -> tuple[list, list, list, list]:
 _first, _second, _third = itemgetter(0), itemgetter(1), itemgetter(2)
 
 
+def _run_starts(*columns: np.ndarray) -> np.ndarray:
+    """Where a run of equal rows of sorted ``columns`` begins (0 included, for any rows)."""
+    if not len(columns[0]):
+        return np.zeros(0, dtype=np.int64)
+    change = np.zeros(len(columns[0]), dtype=bool)
+    change[0] = True
+    for column in columns:
+        change[1:] |= column[1:] != column[:-1]
+    return np.flatnonzero(change)
+
+
+def _block_keys(starts, ends) -> list:
+    """The state keys of the blocks of windows [starts[i], ends[i])."""
+    return [(BLOCK, s, e) for s, e in zip(np.asarray(starts).tolist(), np.asarray(ends).tolist())]
+
+
+def _window_columns(starts, ends) -> dict:
+    return {"window_start": pa.array(np.asarray(starts, dtype=np.int64)).cast(pa.timestamp("ms")),
+            "window_end": pa.array(np.asarray(ends, dtype=np.int64)).cast(pa.timestamp("ms"))}
+
+
+def _windows(starts: np.ndarray, ends: np.ndarray) -> list:
+    """Timer namespaces: the windows as (start, end) of python ints."""
+    return list(zip(starts.tolist(), ends.tolist()))
+
+
 class WindowOperator(KeyedOperator, kind="window"):
     """params: key, assigner, time, rowtime, function, aggregations, allowed_lateness, late_tag,
     pre_aggregated (see the module doc and the design). udf: reduce fn(acc_df, new_df) -> df or
@@ -217,6 +252,7 @@ class WindowOperator(KeyedOperator, kind="window"):
         self.late_dropped = 0
         self.newest = NO_WATERMARK
         self.state_columns = [n for n, _, _ in self.partials] + [ROWS]
+        self.blocks = self.function in ("aggregate", "count") and not self.sessions
         self.columns: Optional[list[str]] = None  # of the input rows, which a reduced row has
 
     # ------------------------------------------------------------------ input
@@ -278,6 +314,8 @@ class WindowOperator(KeyedOperator, kind="window"):
             frame = frame[keep]
         if frame.empty:
             return []
+        if self.blocks:  # its one groupby also combines the rows of several producers
+            return self._merge_blocks(frame)
         # one partial row per producer and window: combine them before touching state
         grouped = frame.groupby(self.key + ["window_start", "window_end"], sort=False, dropna=False)
         merged = grouped.agg(**{n: (n, MERGE_IN_BATCH[kind]) for n, kind, _ in self.partials},
@@ -288,7 +326,8 @@ class WindowOperator(KeyedOperator, kind="window"):
     def _add(self, pairs: pd.DataFrame, starts: np.ndarray, ends: np.ndarray) -> list[pa.Table]:
         """Adds rows to windows: row i of ``pairs`` to window [starts[i], ends[i]) of its key."""
         if self.function in ("aggregate", "count"):
-            return self._merge_aggregates(window_partials(pairs, self.key, starts, ends, None, self.aggregations))
+            partials = window_partials(pairs, self.key, starts, ends, None, self.aggregations)
+            return self._merge_blocks(partials) if self.blocks else self._merge_aggregates(partials)
         frame = pairs
         by = frame[self.key].assign(window_start=starts, window_end=ends)
         grouped = by.groupby(self.key + ["window_start", "window_end"], sort=False, dropna=False)
@@ -310,6 +349,63 @@ class WindowOperator(KeyedOperator, kind="window"):
         self.backend.put_many(WINDOW_STATE, groups, state_keys, acc)
         return self._after_add(windows, groups, keys, acc, new)
 
+    def _merge_blocks(self, partials: pd.DataFrame) -> list[pa.Table]:
+        """Merges partial rows (key, window_start, window_end, state columns; several rows of one
+        key and window allowed) into the blocks of their (key group, window)s: the old blocks and
+        the new rows aggregated in one groupby, split back into blocks."""
+        n = len(partials)
+        starts = partials["window_start"].to_numpy(np.int64)
+        ends = partials["window_end"].to_numpy(np.int64)
+        groups = key_groups_of_frame(partials[self.key], self.ctx.max_parallelism) if self.key else \
+            np.full(n, self.key_groups.start, dtype=np.int64)  # window_all: one key, parallelism 1
+        order = np.lexsort((ends, starts, groups))
+        firsts = order[_run_starts(groups[order], starts[order], ends[order])]
+        touched_groups, touched_starts, touched_ends = groups[firsts], starts[firsts], ends[firsts]
+        old = self.backend.get_many(WINDOW_STATE, touched_groups.tolist(), _block_keys(touched_starts, touched_ends))
+        had = np.fromiter((o is not None for o in old), dtype=bool, count=len(old))
+        names = self.key + self.state_columns
+        columns = {name: [partials[name].to_numpy()] for name in names}
+        where = {"__group__": [groups], "window_start": [starts], "window_end": [ends],
+                 "__new__": [np.ones(n, dtype=np.int8)]}
+        for i in np.flatnonzero(had).tolist():
+            block = old[i]
+            size = len(block[0])
+            for name, values in zip(names, block):
+                columns[name].append(values)
+            for name, value in (("__group__", touched_groups[i]), ("window_start", touched_starts[i]),
+                                ("window_end", touched_ends[i])):
+                where[name].append(np.full(size, value, dtype=np.int64))
+            where["__new__"].append(np.zeros(size, dtype=np.int8))
+        frame = pd.DataFrame({name: np.concatenate(parts) for name, parts in {**where, **columns}.items()})
+        kinds = [kind for _, kind, _ in self.partials] + ["c"]
+        # sorted by key group and window: each block is one run of rows
+        merged = frame.groupby(["__group__", "window_start", "window_end"] + self.key, sort=True, dropna=False).agg(
+            **{name: (name, MERGE_IN_BATCH[kind]) for name, kind in zip(self.state_columns, kinds)},
+            __new__=("__new__", "max")).reset_index()
+        m_groups = merged["__group__"].to_numpy(np.int64)
+        m_starts = merged["window_start"].to_numpy(np.int64)
+        m_ends = merged["window_end"].to_numpy(np.int64)
+        arrays = [merged[name].to_numpy() for name in names]
+        bounds = np.append(_run_starts(m_groups, m_starts, m_ends), len(merged)).tolist()
+        blocks = [tuple(a[lo:hi].copy() for a in arrays) for lo, hi in zip(bounds[:-1], bounds[1:])]
+        # the same (key group, window)s in the same order as the touched ones
+        self.backend.put_many(WINDOW_STATE, touched_groups.tolist(), _block_keys(touched_starts, touched_ends), blocks)
+        now = self.watermark if self.domain == EVENT_TIME else self.clock()
+        due = touched_ends - 1 <= now if self.domain == EVENT_TIME else np.zeros(len(firsts), dtype=bool)
+        registrations = [(~had & ~due, touched_ends - 1)]
+        if self.lateness:
+            registrations.append((~had, touched_ends - 1 + self.lateness))
+        for at, when in registrations:
+            rows = np.flatnonzero(at)
+            if len(rows):
+                self.timers.register_many(self.domain, touched_groups[rows].tolist(), [BLOCK] * len(rows),
+                                          when[rows].tolist(), _windows(touched_starts[rows], touched_ends[rows]))
+        if not due.any():
+            return []
+        # late rows within the lateness: the updated rows of the keys this batch touched
+        emit = (m_ends - 1 <= now) & (merged["__new__"].to_numpy() == 1)
+        return self._emit_columns({name: a[emit] for name, a in zip(names, arrays)}, m_starts[emit], m_ends[emit])
+
     def _merge_aggregates(self, partials: pd.DataFrame) -> list[pa.Table]:
         groups, keys, state_keys = self._slots(partials)
         columns = [partials[name].to_numpy() for name in self.state_columns]
@@ -324,7 +420,7 @@ class WindowOperator(KeyedOperator, kind="window"):
                 columns[j] = _merged(kind, columns[j], at, previous[j])
         values = list(zip(*[c.tolist() for c in columns]))
         self.backend.put_many(WINDOW_STATE, groups, state_keys, values)
-        return self._after_add(partials, groups, keys, values, None if self.sessions else ~had)
+        return self._after_add(partials, groups, keys, values, None)  # session windows: timers for all
 
     def _slots(self, windows: pd.DataFrame) -> tuple[list, list, list]:
         """(key groups, keys, state keys) of the windows of a frame with the key columns,
@@ -470,6 +566,9 @@ class WindowOperator(KeyedOperator, kind="window"):
                 clear = [e for e in entries if timestamp == e[2][1] - 1 + self.lateness]
             else:
                 fire = clear = entries
+            if self.blocks:
+                out += self._fire_blocks(fire, clear)
+                continue
             fired = _timer_columns(fire)
             if fire:
                 groups, keys, starts, ends = fired
@@ -485,6 +584,24 @@ class WindowOperator(KeyedOperator, kind="window"):
                 if self.sessions:
                     self._forget_sessions(groups, keys, starts, ends)
         return [pa.concat_tables(out)] if len(out) > 1 and self.function != "process" else out
+
+    def _fire_blocks(self, fire: list, clear: list) -> list[pa.Table]:
+        """Emits the blocks of the (key group, BLOCK, window) timers ``fire``, deletes those of ``clear``."""
+        out = []
+        if fire:
+            groups, _, starts, ends = _timer_columns(fire)
+            blocks = self.backend.get_many(WINDOW_STATE, groups, _block_keys(starts, ends))
+            live = [i for i, b in enumerate(blocks) if b is not None]  # none: a restore that had no rows
+            if live:
+                sizes = [len(blocks[i][0]) for i in live]
+                names = self.key + self.state_columns
+                columns = {name: np.concatenate([blocks[i][j] for i in live]) for j, name in enumerate(names)}
+                out = self._emit_columns(columns, np.repeat(np.asarray(starts, dtype=np.int64)[live], sizes),
+                                         np.repeat(np.asarray(ends, dtype=np.int64)[live], sizes))
+        if clear:
+            groups, _, starts, ends = _timer_columns(clear)
+            self.backend.put_many(WINDOW_STATE, groups, _block_keys(starts, ends), [None] * len(clear))
+        return out
 
     def _forget_sessions(self, groups: list, keys: list, starts: list, ends: list) -> None:
         by_key: dict[tuple, set] = {}
@@ -505,24 +622,28 @@ class WindowOperator(KeyedOperator, kind="window"):
 
     def _emit(self, keys: list, starts: np.ndarray, ends: np.ndarray, values: list) -> list[pa.Table]:
         """The output rows of fired windows."""
-        window = {"window_start": pa.array(np.asarray(starts, dtype=np.int64)).cast(pa.timestamp("ms")),
-                  "window_end": pa.array(np.asarray(ends, dtype=np.int64)).cast(pa.timestamp("ms"))}
         if self.function == "process":
             return self._emit_process(keys, starts, ends, values)
         if self.function == "reduce":
             frame = pd.DataFrame(values, columns=self.columns)
             rest = {c: pa.array(frame[c]) for c in frame.columns if c not in self.key}
-            return [pa.table({**self._key_columns(keys), **window, **rest})]
+            return [pa.table({**self._key_columns(keys), **_window_columns(starts, ends), **rest})]
         by_name = {name: np.asarray([v[j] for v in values]) for j, name in enumerate(self.state_columns)}
+        return self._emit_columns({**self._key_columns(keys), **by_name}, starts, ends)
+
+    def _emit_columns(self, columns: dict, starts: np.ndarray, ends: np.ndarray) -> list[pa.Table]:
+        """The output rows of fired aggregate/count windows from the key and state columns."""
+        window = _window_columns(starts, ends)
+        keys = {name: columns[name] for name in self.key}
         if self.function == "count":
-            return [pa.table({**self._key_columns(keys), **window, "count": by_name[ROWS].astype(np.int64)})]
+            return [pa.table({**keys, **window, "count": np.asarray(columns[ROWS]).astype(np.int64)})]
         out = {}
         for name, (column, func) in self.aggregations.items():
             if func == "mean":
-                out[name] = by_name[f"__{name}__s"].astype(float) / by_name[f"__{name}__c"]
+                out[name] = np.asarray(columns[f"__{name}__s"]).astype(float) / np.asarray(columns[f"__{name}__c"])
             else:
-                out[name] = by_name[f"__{name}__{PARTIALS[func][0]}"]
-        return [pa.table({**self._key_columns(keys), **window, **out})]
+                out[name] = columns[f"__{name}__{PARTIALS[func][0]}"]
+        return [pa.table({**keys, **window, **out})]
 
     def _emit_process(self, keys, starts, ends, tables) -> list[pa.Table]:
         out = []

@@ -17,6 +17,7 @@ from cluster.conf import TaskConfig
 from cluster.graph.job_graph import OperatorSpec
 from cluster.operators import OPERATORS
 from cluster.operators.base import OperatorContext
+from cluster.operators.window_operator import BLOCK
 from cluster.operators.watermarks import MAX_WATERMARK, NO_WATERMARK, TimestampError
 from cluster.state.key_groups import key_groups_of_frame, operator_index_for_key_group
 
@@ -259,7 +260,9 @@ def test_the_boundaries_of_firing_lateness_and_cleanup_are_flinks(backend, tmp_p
         assert driven.op.metrics()["numLateRecordsDropped"] == (1 if lateness == 0 else 0)
         assert counts(driven.op.process(row(1000))) == []  # the next window is not late
         driven.op.process_watermark(BASE + 999 + lateness)
-        assert [k for k, _ in driven.op.backend.items("window")] == [("a", BASE + 1000, BASE + 2000)]
+        # one block per key group and window, its first array the keys
+        assert [(k, v[0].tolist()) for k, v in driven.op.backend.items("window")] == \
+            [((BLOCK, BASE + 1000, BASE + 2000), ["a"])]
         assert driven.op.process(row(5)) == []
         assert driven.op.metrics()["numLateRecordsDropped"] == (2 if lateness == 0 else 1)
 
@@ -414,9 +417,11 @@ def test_pre_aggregated_input_gives_the_same_results_as_raw_rows(backend, tmp_pa
 
 
 # --------------------------------------------------------------------------- checkpoints
-def test_restore_into_two_subtasks_continues_as_without_the_restore(backend, tmp_path):
+@pytest.mark.parametrize("assigner", [{"type": "session", "gap": 30}, {"type": "sliding", "size": 1000, "slide": 500}],
+                         ids=["session", "sliding-blocks"])
+def test_restore_into_two_subtasks_continues_as_without_the_restore(backend, tmp_path, assigner):
     batches = scenario(seed=7, n=2400, keys="abcdefghij")
-    params = window_params({"type": "session", "gap": 30}, lateness=500)
+    params = window_params(assigner, lateness=500)
     params["aggregations"] = {"total": ["v", "sum"]}
     whole = Driven("window", params, backend, tmp_path / "whole")
     want = emitted(whole.feed(as_tables(batches)) + whole.end())
