@@ -153,17 +153,32 @@ def spark_window_partials(spec: dict) -> Callable:
                              "timestamp column or integer epoch milliseconds")
         df = df.withColumn("__ts__", ts)
         last = F.col("__ts__") - F.pmod(F.col("__ts__") - F.lit(assigner.offset), F.lit(slide))
-        if count == 1:
-            df = df.withColumn("__k__", F.lit(0))
-        else:
-            df = df.withColumn("__k__", F.explode(F.sequence(F.lit(0), F.lit(count - 1))))
-        df = df.withColumn("window_start", last - F.col("__k__") * F.lit(slide))
-        if count > 1:
-            df = df.where(F.col("window_start") > F.col("__ts__") - F.lit(size))
         functions = {"s": F.sum, "c": F.count, "min": F.min, "max": F.max}
-        aggs = [functions[kind](F.col(column)).alias(name) for name, kind, column in partial_columns(aggregations)]
-        aggs += [F.count(F.lit(1)).alias(ROWS),
-                 F.sum(F.when(F.col("__k__") == 0, 1).otherwise(0)).cast("long").alias(LATEST)]
+        partials = partial_columns(aggregations)
+        if count > 1 and size % slide == 0:
+            # a row's windows then depend on its pane (its latest window's start) alone: aggregate
+            # per key and pane first and spread the panes over their windows, count times fewer
+            # rows through the explode than spreading the rows
+            df = df.groupBy(*[F.col(k) for k in key], last.alias("__pane__")).agg(
+                *[functions[kind](F.col(column)).alias(name) for name, kind, column in partials],
+                F.count(F.lit(1)).alias(ROWS))
+            df = df.withColumn("__k__", F.explode(F.sequence(F.lit(0), F.lit(count - 1))))
+            df = df.withColumn("window_start", F.col("__pane__") - F.col("__k__") * F.lit(slide))
+            merge = {"s": F.sum, "c": F.sum, "min": F.min, "max": F.max}
+            aggs = [merge[kind](F.col(name)).alias(name) for name, kind, _ in partials]
+            aggs += [F.sum(F.col(ROWS)).cast("long").alias(ROWS),
+                     F.sum(F.when(F.col("__k__") == 0, F.col(ROWS)).otherwise(0)).cast("long").alias(LATEST)]
+        else:
+            if count == 1:
+                df = df.withColumn("__k__", F.lit(0))
+            else:
+                df = df.withColumn("__k__", F.explode(F.sequence(F.lit(0), F.lit(count - 1))))
+            df = df.withColumn("window_start", last - F.col("__k__") * F.lit(slide))
+            if count > 1:
+                df = df.where(F.col("window_start") > F.col("__ts__") - F.lit(size))
+            aggs = [functions[kind](F.col(column)).alias(name) for name, kind, column in partials]
+            aggs += [F.count(F.lit(1)).alias(ROWS),
+                     F.sum(F.when(F.col("__k__") == 0, 1).otherwise(0)).cast("long").alias(LATEST)]
         out = df.groupBy(*[F.col(k) for k in key], F.col("window_start")).agg(*aggs)
         return out.select(*key, "window_start", (F.col("window_start") + F.lit(size)).alias("window_end"),
                           *[n for n, _, _ in partial_columns(aggregations)], ROWS, LATEST)

@@ -481,8 +481,10 @@ def test_the_spark_step_makes_the_same_partial_rows_as_pandas(spark, tmp_path):
     from cluster.operators.window_operator import spark_window_partials
     (frame, _), = scenario(seed=9, n=600, batch=600)
     as_ms = frame.assign(ts=frame["ts"].astype("datetime64[ms]").astype("int64"))
+    # a timestamp, then epoch ms; sliding by a slide that does not divide the size, then by one that does (panes)
     for assigner, rows in (({"type": "sliding", "size": 1000, "slide": 300, "offset": 100}, frame),
-                           ({"type": "tumbling", "size": 500}, as_ms)):  # a timestamp, then epoch ms
+                           ({"type": "tumbling", "size": 500}, as_ms),
+                           ({"type": "sliding", "size": 1000, "slide": 250, "offset": 50}, frame)):
         spec = {"key": ["k"], "rowtime": "ts", "assigner": assigner, "aggregations": AGGREGATIONS}
         table = pa.Table.from_pandas(rows, preserve_index=False)
         got = spark_window_partials(spec)(spark.createDataFrame(rows)).toArrow().to_pandas()
@@ -493,6 +495,6 @@ def test_the_spark_step_makes_the_same_partial_rows_as_pandas(spark, tmp_path):
         pd.testing.assert_frame_equal(got.sort_values(by).reset_index(drop=True),
                                       want.sort_values(by).reset_index(drop=True), check_dtype=False)
         assert got["__latest__"].sum() == len(rows)  # each row is the latest in one window
-        if assigner["type"] == "sliding":  # rows with (ts - offset) % slide < size % slide are in 4 windows, others 3
+        if assigner.get("slide") == 300:  # rows with (ts - offset) % slide < size % slide are in 4 windows, others 3
             ts = as_ms["ts"].to_numpy()
             assert got["__rows__"].sum() == 3 * len(rows) + int(((ts - 100) % 300 < 100).sum())
