@@ -692,6 +692,15 @@ class WindowOperator(KeyedOperator, kind="window"):
         self.watermark = min((h.get("watermark", NO_WATERMARK) for h in handles), default=NO_WATERMARK)
         self.timers.restore()
         self.columns = next((h["columns"] for h in handles if h.get("columns")), self.columns)
+        # per-key window state where blocks are expected (or the reverse) would never fire: say so
+        for domain in (EVENT_TIME, PROCESSING_TIME):
+            odd = next((t for t in self.timers.timers(domain) if (t.key == BLOCK) != self.blocks), None)
+            if odd is not None:
+                layout = "per (key group, window) blocks" if self.blocks else "per (key, window) entries"
+                raise ValueError(f"{self.spec.where()}: the restored window state is not kept as {layout}, as this "
+                                 f"{self.params['assigner'].get('type')} {self.function} window keeps it (a timer "
+                                 f"of key {odd.key!r}): it was written by another window operator or another "
+                                 "version of it")
 
     def metrics(self) -> dict:
         return {"numLateRecordsDropped": self.late_dropped, "newestEventTimestamp": self.newest}

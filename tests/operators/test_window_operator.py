@@ -451,6 +451,20 @@ def test_restore_into_two_subtasks_continues_as_without_the_restore(backend, tmp
     assert emissions(got) == emissions(want)
 
 
+def test_window_state_of_another_layout_is_refused_at_restore(backend, tmp_path):
+    """Per-key window timers restored into a tumbling count window (blocks) would never fire."""
+    sessions = Driven("window", window_params({"type": "session", "gap": 30}, "count"), backend, tmp_path / "s")
+    sessions.feed(as_tables(scenario(seed=2, n=200)[:2]))
+    assert sessions.op.timers.pending("event") > 0
+    snapshot = sessions.op.snapshot_state(1)
+    snapshot.keyed.write(tmp_path / "keyed-0")
+    handle = {**snapshot.handle, "directory": str(tmp_path), "keyed_file": "keyed-0"}
+    tumbling = Driven("window", window_params({"type": "tumbling", "size": 1000}, "count"), backend, tmp_path / "t")
+    with pytest.raises(ValueError, match=r"operator 'windowed' \(test.py:7\): the restored window state is not kept "
+                                         r"as per \(key group, window\) blocks"):
+        tumbling.op.restore_state([handle])
+
+
 # --------------------------------------------------------------------------- bad input
 def test_a_missing_or_non_time_rowtime_column_is_a_clear_error(backend, tmp_path):
     driven = Driven("window", window_params({"type": "tumbling", "size": 1000}), backend, tmp_path)
