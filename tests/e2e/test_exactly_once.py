@@ -77,7 +77,10 @@ def kill_a_busy_taskmanager(local, job_id: str, client) -> None:
 
 
 def kill_repeatedly(local, handle, client, kills: int, longest_pause: float = 1.5) -> None:
-    """SIGKILL a busy TaskManager ``kills`` times, each at a random moment of a running attempt."""
+    """SIGKILL a busy TaskManager ``kills`` times, each at a random moment of a running attempt,
+    once a first checkpoint completed (so that every restart restores, and the job progresses)."""
+    wait_for(lambda: rest(local, f"/jobs/{handle.job_id}/checkpoints")[1]["counts"]["completed"] >= 1, 60,
+             "a first completed checkpoint")
     for killed in range(kills):
         # the attempt after the last kill, restored and running (the kill itself is noticed only
         # after heartbeat.timeout)
