@@ -118,14 +118,20 @@ def flink_report(venv: Path, script: str, *arguments: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def run_pyflink(args) -> dict:
-    report = flink_report(args.pyflink_venv, "peers_flink.py", "--rows", str(args.rows))
+def pyflink_rows_per_s(venv: Path, script: str, rows: int, plan: str) -> dict:
+    """Run a PyFlink bench script, print its setup (``plan``: what its jobs do), and return its
+    rows/s by workload."""
+    report = flink_report(venv, script, "--rows", str(rows))
     s = report["setup"]
     print(f"PyFlink {s['pyflink']} (Flink {s['flink']}, Java {s['java']}, Python {s['python']}): Table API SQL, "
-          f"streaming mode, {s['cluster']}, parallelism {s['parallelism']}, datagen sequence -> blackhole, "
+          f"streaming mode, {s['cluster']}, parallelism {s['parallelism']}, {plan}, "
           f"after a {s['warmup_rows']:,}-row warm-up job; rows/s = N / (FINISHED - RUNNING) of the job "
           "(GET /jobs/<id>)", flush=True)
     return {name: r["rows_per_s"] for name, r in report["results"].items()}
+
+
+def run_pyflink(args) -> dict:
+    return pyflink_rows_per_s(args.pyflink_venv, "peers_flink.py", args.rows, "datagen sequence -> blackhole")
 
 
 # ---------------------------------------------------------------------- Spark Structured Streaming

@@ -95,19 +95,26 @@ def flink_setup(warmup_rows: int) -> dict:
             "warmup_rows": warmup_rows}
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rows", type=int, required=True)
-    args = parser.parse_args()
+def report_runs(run, names, rows: int) -> None:
+    """On a fresh MiniCluster: a warm-up job of the first workload (class loading and code
+    generation, once), then ``run(env, rest, name, rows)`` for every name; the JSON report printed
+    last, as bench/peers.py's flink_report reads it."""
     cluster, rest = start_minicluster()
     try:
         env = table_env(rest)
-        run(env, rest, "stateless", WARMUP_ROWS)  # class loading and code generation, once
-        results = {name: run(env, rest, name, args.rows) for name in WORKLOADS}
+        run(env, rest, names[0], WARMUP_ROWS)
+        results = {name: run(env, rest, name, rows) for name in names}
         setup = flink_setup(WARMUP_ROWS)
     finally:
         cluster.close()
     sys.stdout.write(json.dumps({"setup": setup, "results": results}) + "\n")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", type=int, required=True)
+    args = parser.parse_args()
+    report_runs(run, list(WORKLOADS), args.rows)
 
 
 if __name__ == "__main__":

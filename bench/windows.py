@@ -34,7 +34,7 @@ import pandas as pd
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
-from peers import flink_report  # noqa: E402  (bench/peers.py: PyFlink's venv and its scripts)
+from peers import pyflink_rows_per_s  # noqa: E402  (bench/peers.py: PyFlink's venv and its scripts)
 from throughput import job_latency_ms, job_rows_per_s, warm_every_taskmanager  # noqa: E402
 
 from kernel_runtime import JobClient, LocalCluster, StreamEnvironment  # noqa: E402
@@ -138,13 +138,8 @@ def run_streamlab(args) -> dict:
 
 # ---------------------------------------------------------------------- PyFlink
 def run_pyflink(args) -> dict:
-    report = flink_report(args.pyflink_venv, "windows_flink.py", "--rows", str(args.rows))
-    s = report["setup"]
-    print(f"PyFlink {s['pyflink']} (Flink {s['flink']}, Java {s['java']}, Python {s['python']}): Table API SQL, "
-          f"streaming mode, {s['cluster']}, parallelism {s['parallelism']}, datagen sequence -> TUMBLE/HOP "
-          f"window TVF -> blackhole, after a {s['warmup_rows']:,}-row warm-up job; rows/s = N / (FINISHED - "
-          "RUNNING) of the job (GET /jobs/<id>)", flush=True)
-    return {shape: r["rows_per_s"] for shape, r in report["results"].items()}
+    return pyflink_rows_per_s(args.pyflink_venv, "windows_flink.py", args.rows,
+                              "datagen sequence -> TUMBLE/HOP window TVF -> blackhole")
 
 
 def main():

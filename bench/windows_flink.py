@@ -15,12 +15,8 @@ is generated per source subtask as streamlab's; the 200 ms bound never drops a r
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 
-from peers_flink import flink_setup, start_minicluster, table_env, timed_insert  # noqa: E402 (same folder)
-
-WARMUP_ROWS = 200_000
+from peers_flink import report_runs, timed_insert  # noqa: E402 (same folder)
 
 # the generator's columns (bench/windows.py events() and bids()), computed from datagen's sequence
 EVENTS = """CREATE TEMPORARY TABLE IF NOT EXISTS events_{n} (
@@ -68,7 +64,7 @@ def run(env, rest, shape: str, n: int) -> dict:
     source, columns, query = SHAPES[shape]
     env.execute_sql(SOURCES[source].format(n=n, last=n - 1))
     sink = f"sink_{abs(hash(shape))}_{n}"
-    env.execute_sql(f"CREATE TEMPORARY TABLE {sink} {columns} WITH ('connector' = 'blackhole')")
+    env.execute_sql(f"CREATE TEMPORARY TABLE IF NOT EXISTS {sink} {columns} WITH ('connector' = 'blackhole')")
     return timed_insert(env, rest, shape, f"INSERT INTO {sink} {query.format(n=n)}", n)
 
 
@@ -77,16 +73,7 @@ def main():
     parser.add_argument("--rows", type=int, required=True)
     parser.add_argument("--shape", action="append", choices=list(SHAPES), help="only these shapes (default all)")
     args = parser.parse_args()
-    cluster, rest = start_minicluster()
-    try:
-        env = table_env(rest)
-        run(env, rest, "tumbling 1 s", WARMUP_ROWS)  # class loading and code generation, once
-        results = {shape: run(env, rest, shape, args.rows) for shape in (args.shape or SHAPES)}
-        setup = flink_setup(WARMUP_ROWS)
-    finally:
-        cluster.close()
-    sys.stdout.write(json.dumps({"setup": setup, "results": results}) + "\n")
-
+    report_runs(run, args.shape or list(SHAPES), args.rows)
 
 if __name__ == "__main__":
     main()
