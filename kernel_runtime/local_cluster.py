@@ -11,18 +11,18 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+from cluster import launch
 from cluster.conf import Configuration
 from cluster.protocol.auth import create_secret, load_secret, rest_token
 
 from . import processes
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = launch.PROJECT_ROOT
 
 
 def default_cluster_dir() -> Path:
@@ -155,32 +155,14 @@ class LocalCluster:
             client.close()
 
     def _spawn(self, module: str, name: str, *args: str) -> subprocess.Popen:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
-        env["PYTHONUNBUFFERED"] = "1"
-        # the process logs into <name>.log itself (rolling); its stdout/stderr (a Spark JVM, a
-        # print sink, a crash before logging starts) go to <name>.out
-        out_file = os.fdopen(os.open(self._log(name, ".out"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
-        try:
-            # what the cluster writes (savepoints, checkpoints, state) is its user's alone
-            return subprocess.Popen([sys.executable, "-m", module, "--cluster-dir", str(self.cluster_dir),
-                                     "--log-file", str(self._log(name)), *args],
-                                    stdout=out_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=env, start_new_session=True, umask=0o077)
-        finally:
-            out_file.close()
+        return launch.spawn(module, name, self.cluster_dir, *args)
 
     def _log(self, name: str, suffix: str = ".log") -> Path:
-        return self.cluster_dir / "log" / f"{name}{suffix}"
+        return launch.log_path(self.cluster_dir, name, suffix)
 
     def _check_alive(self, proc: subprocess.Popen, name: str) -> None:
         if proc.poll() is not None:
-            tails = []
-            for path in (self._log(name), self._log(name, ".out")):
-                if path.exists():
-                    tails += [f"--- {path.name}", *path.read_text(errors="replace").splitlines()[-15:]]
-            tail = "\n".join(tails)
-            raise RuntimeError(f"the {name} process exited with code {proc.returncode}:\n{tail}")
+            raise RuntimeError(launch.exit_report(proc, self.cluster_dir, name))
 
     def _write_pids(self) -> None:
         if self.jobmanager is None:
