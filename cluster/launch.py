@@ -20,12 +20,16 @@ def log_path(cluster_dir: Path, name: str, suffix: str = ".log") -> Path:
     return Path(cluster_dir) / "log" / f"{name}{suffix}"
 
 
-def spawn(module: str, name: str, cluster_dir: Path, *args: str) -> subprocess.Popen:
-    """Start ``python -m module --cluster-dir DIR --log-file ... *args`` in a session of its own
-    (a Ctrl-C in the launching terminal does not reach it; the launcher stops it)."""
+def _environment() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), env.get("PYTHONPATH")]))
     env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def spawn(module: str, name: str, cluster_dir: Path, *args: str) -> subprocess.Popen:
+    """Start ``python -m module --cluster-dir DIR --log-file ... *args`` in a session of its own
+    (a Ctrl-C in the launching terminal does not reach it; the launcher stops it)."""
     log_path(cluster_dir, name).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     out_file = os.fdopen(os.open(log_path(cluster_dir, name, ".out"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600),
                          "ab")
@@ -34,9 +38,17 @@ def spawn(module: str, name: str, cluster_dir: Path, *args: str) -> subprocess.P
         return subprocess.Popen([sys.executable, "-m", module, "--cluster-dir", str(cluster_dir),
                                  "--log-file", str(log_path(cluster_dir, name)), *args],
                                 stdout=out_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, start_new_session=True, umask=0o077)
+                                env=_environment(), start_new_session=True, umask=0o077)
     finally:
         out_file.close()
+
+
+def exec_foreground(module: str, cluster_dir: Path, *args: str) -> None:
+    """Become ``python -m module --cluster-dir DIR *args``, logging to stderr: in a container the
+    process is the pod's main one (it gets the SIGTERM) and ``kubectl logs`` shows its log."""
+    os.umask(0o077)
+    os.execve(sys.executable, [sys.executable, "-m", module, "--cluster-dir", str(cluster_dir), *args],
+              _environment())
 
 
 def exit_report(proc: subprocess.Popen, cluster_dir: Path, name: str, lines: int = 15) -> str:

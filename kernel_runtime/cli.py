@@ -196,5 +196,7 @@ def stop(job_id, target_directory, timeout, cluster_dir) -> None:
     console.print(f"Savepoint completed. Path: file:{location}")
 
 
+from .cli_standalone import add_standalone_commands; add_standalone_commands(main)  # noqa: E402,E702
+
 if __name__ == "__main__":
     main()

@@ -99,12 +99,7 @@ class LocalCluster:
         self.conf.write(self.cluster_dir / "config.yaml")
         self.jobmanager = self._spawn("cluster.jobmanager", "jobmanager")
         deadline = time.monotonic() + timeout
-        while not (self.cluster_dir / "jobmanager.json").exists():
-            self._check_alive(self.jobmanager, "jobmanager")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the JobManager did not start within {timeout:g} s; see {self._log('jobmanager')}")
-            time.sleep(0.05)
-        self._info = ClusterInfo.load(self.cluster_dir)
+        self._info = wait_for_jobmanager(self.cluster_dir, self.jobmanager, timeout)
         for _ in range(self.num_taskmanagers):
             self.start_taskmanager()
         self._write_pids()
@@ -157,9 +152,6 @@ class LocalCluster:
     def _spawn(self, module: str, name: str, *args: str) -> subprocess.Popen:
         return launch.spawn(module, name, self.cluster_dir, *args)
 
-    def _log(self, name: str, suffix: str = ".log") -> Path:
-        return launch.log_path(self.cluster_dir, name, suffix)
-
     def _check_alive(self, proc: subprocess.Popen, name: str) -> None:
         if proc.poll() is not None:
             raise RuntimeError(launch.exit_report(proc, self.cluster_dir, name))
@@ -185,6 +177,20 @@ class LocalCluster:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def wait_for_jobmanager(cluster_dir: Path, proc: subprocess.Popen, timeout: float, name: str = "jobmanager") -> ClusterInfo:
+    """Wait until the JobManager process ``proc`` has published its addresses (jobmanager.json);
+    its exit report if it exits first."""
+    deadline = time.monotonic() + timeout
+    while not (cluster_dir / "jobmanager.json").exists():
+        if proc.poll() is not None:
+            raise RuntimeError(launch.exit_report(proc, cluster_dir, name))
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the JobManager did not start within {timeout:g} s; "
+                               f"see {launch.log_path(cluster_dir, name)}")
+        time.sleep(0.05)
+    return ClusterInfo.load(cluster_dir)
 
 
 def stop_cluster(cluster_dir: Optional[Path] = None, timeout: float = 10.0) -> bool:

@@ -25,7 +25,7 @@ def cluster_pids(cluster_dir: str | os.PathLike) -> list[int]:
             pids = json.load(f)
     except FileNotFoundError:
         return []
-    return [pids["jobmanager"], *pids["taskmanagers"]]
+    return [pids["jobmanager"], *pids["taskmanagers"]]  # a TaskManager-only directory lists jobmanager: null
 
 
 CLUSTER_MODULES = ("cluster.jobmanager", "cluster.taskmanager")
@@ -46,11 +46,42 @@ def _of_cluster_dir(proc: psutil.Process, cluster_dir: str | os.PathLike) -> boo
         and os.path.realpath(directory) == os.path.realpath(cluster_dir)
 
 
-def stale_processes(cluster_dir: str | os.PathLike) -> list[psutil.Process]:
-    """The live processes of a cluster directory's pids file that really are that cluster's (a pid
-    the system gave to another program since is left alone). A JobManager killed with SIGKILL
-    leaves its TaskManagers listed here."""
-    return [p for p in _processes(cluster_pids(cluster_dir)) if _running(p) and _of_cluster_dir(p, cluster_dir)]
+def stale_processes(cluster_dir: str | os.PathLike, role: Optional[str] = None) -> list[psutil.Process]:
+    """The live processes of a cluster directory's pids file (all, or one role's: "jobmanager",
+    "taskmanagers") that really are that cluster's (a pid the system gave to another program since
+    is left alone). A JobManager killed with SIGKILL leaves its TaskManagers listed here."""
+    pids = cluster_pids(cluster_dir) if role is None else _listed(cluster_dir).get(role) or []
+    pids = [pids] if isinstance(pids, int) else pids
+    return [p for p in _processes(pids) if _running(p) and _of_cluster_dir(p, cluster_dir)]
+
+
+def _listed(cluster_dir: str | os.PathLike) -> dict:
+    try:
+        with open(os.path.join(cluster_dir, PIDS_FILE)) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return {"jobmanager": None, "taskmanagers": []}
+
+
+def record_pids(cluster_dir: str | os.PathLike, jobmanager: Optional[int] = None,
+                add_taskmanagers: Iterable[int] = (), keep_taskmanagers: bool = True,
+                keep_jobmanager: bool = True) -> None:
+    """Update the pids file of a cluster assembled process by process (``streamlab jobmanager|
+    taskmanager start``): each start adds its pid, each stop removes its role's. The file is
+    removed once it lists none. Under a lock: two starts in one directory may run at once."""
+    import fcntl
+    with open(os.path.join(cluster_dir, PIDS_FILE + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        pids = _listed(cluster_dir)
+        pids["jobmanager"] = jobmanager or (pids.get("jobmanager") if keep_jobmanager else None)
+        pids["taskmanagers"] = [*(pids.get("taskmanagers") or [] if keep_taskmanagers else []), *add_taskmanagers]
+        path = os.path.join(cluster_dir, PIDS_FILE)
+        if pids["jobmanager"] or pids["taskmanagers"]:
+            with open(path + ".tmp", "w") as f:
+                json.dump(pids, f)
+            os.replace(path + ".tmp", path)
+        elif os.path.exists(path):
+            os.unlink(path)
 
 
 def _running(proc: psutil.Process) -> bool:

@@ -182,11 +182,16 @@ class ConfigOption:
 OPTIONS: dict[str, ConfigOption] = {
     o.key: o
     for o in [
-        ConfigOption("jobmanager.rpc.address", _str, "Host the JobManager binds and is reached at."),
+        ConfigOption("jobmanager.rpc.address", _str, "Host the JobManager is reached at (advertised to TaskManagers and clients)."),
+        ConfigOption("jobmanager.bind-host", _str_or_empty,
+                     "Address the JobManager's rpc and events sockets bind to, e.g. 0.0.0.0 in a container "
+                     "(empty: jobmanager.rpc.address)."),
         ConfigOption("jobmanager.rpc.port", _int(0, 65535), "JobManager control port (0: any free port)."),
         ConfigOption("jobmanager.events.port", _int(0, 65535),
                      "Port the JobManager publishes job events on, beside its control port (0: any free port)."),
-        ConfigOption("rest.address", _str, "Host the REST API binds to."),
+        ConfigOption("rest.address", _str, "Host the REST API is reached at (advertised to clients)."),
+        ConfigOption("rest.bind-address", _str_or_empty,
+                     "Address the REST API binds to, e.g. 0.0.0.0 in a container (empty: rest.address)."),
         ConfigOption("rest.port", _int(0, 65535), "REST API port (0: any free port)."),
         ConfigOption("rest.auth", _enum("all", "mutating"),
                      "Routes that need the REST token: all, or only mutating ones (read-only GETs open)."),
@@ -195,7 +200,10 @@ OPTIONS: dict[str, ConfigOption] = {
                      "(DNS rebinding guard); \"*\" allows any."),
         ConfigOption("rest.server.max-content-length", _int(1, 2**31 - 1),
                      "Largest request body the REST API accepts, in bytes (larger: 413 before it is read)."),
-        ConfigOption("taskmanager.host", _str, "Host TaskManagers bind their data port on."),
+        ConfigOption("taskmanager.host", _str, "Host a TaskManager is reached at by the other TaskManagers (advertised)."),
+        ConfigOption("taskmanager.bind-host", _str_or_empty,
+                     "Address a TaskManager's data socket binds to, e.g. 0.0.0.0 in a container "
+                     "(empty: taskmanager.host)."),
         ConfigOption("taskmanager.data.port", _int(0, 65535), "TaskManager data port (0: any free port)."),
         ConfigOption("taskmanager.numberOfTaskSlots", _int(1, 1024), "Slots per TaskManager."),
         ConfigOption("taskmanager.network.memory.buffers-per-channel", _int(1, 1024),

@@ -40,8 +40,10 @@ class JobManager:
                 conf.update({key: str(cluster_dir / folder)}, "the cluster directory")
         self.conf = conf
         self.endpoint = RpcEndpoint("jobmanager", Codec(secret))
-        self.rpc_address = self.endpoint.bind_router(
-            f"tcp://{conf['jobmanager.rpc.address']}:{conf['jobmanager.rpc.port']}")
+        bind_host = conf["jobmanager.bind-host"] or conf["jobmanager.rpc.address"]
+        bound = self.endpoint.bind_router(f"tcp://{bind_host}:{conf['jobmanager.rpc.port']}")
+        # what jobmanager.json and clients get: the advertised name, not a 0.0.0.0 bind
+        self.rpc_address = f"tcp://{conf['jobmanager.rpc.address']}:{bound.rsplit(':', 1)[1]}"
         self.resource_manager = ResourceManager(self.endpoint, conf)
         # one thread for every blocking disk operation (_metadata, restore reads, disposal): it
         # reports back to the loop, which never waits for a disk; one thread keeps them in order

@@ -32,7 +32,7 @@ import zmq
 from cluster.graph.execution_graph import ExecutionGraph
 from cluster.protocol import messages as m
 from cluster.protocol.codec import Codec
-from cluster.protocol.endpoint import Peer, RpcEndpoint, bound_address, make_socket
+from cluster.protocol.endpoint import Peer, RpcEndpoint, advertised_address, bound_address, make_socket
 from cluster.protocol.metrics import EVENT_TIME_METRICS
 
 from .views import job_json, overview_json, plan_json, subtasks_json, taskmanagers_json
@@ -84,12 +84,12 @@ def cluster_view(d: "Dispatcher") -> tuple[dict, list[dict]]:
 class EventSocket:
     """The XPUB socket events leave by; frames are ``[topic, *signed message]``."""
 
-    def __init__(self, ctx: zmq.Context, codec: Codec, address: str):
+    def __init__(self, ctx: zmq.Context, codec: Codec, address: str, advertised_host: Optional[str] = None):
         self.codec = codec.for_socket()  # its own sending stream (see codec.py)
         self._sock = make_socket(ctx, zmq.XPUB)
         self._sock.setsockopt(zmq.SNDHWM, SEND_HIGH_WATER_MARK)
         self._sock.bind(address)
-        self.address = bound_address(self._sock)
+        self.address = advertised_address(self._sock, advertised_host) if advertised_host else bound_address(self._sock)
         self.dropped = 0
 
     def send(self, topic: bytes, msg: m.Message) -> None:
@@ -143,8 +143,9 @@ class JobEventPublisher:
     def bind(cls, endpoint: RpcEndpoint, dispatcher: "Dispatcher", conf) -> "JobEventPublisher":
         """A publisher on a socket at ``jobmanager.rpc.address``:``jobmanager.events.port``,
         publishing on the endpoint's loop every ``metrics.fetcher.update-interval``."""
-        socket = EventSocket(endpoint.ctx, endpoint.codec,
-                             f"tcp://{conf['jobmanager.rpc.address']}:{conf['jobmanager.events.port']}")
+        bind_host = conf["jobmanager.bind-host"] or conf["jobmanager.rpc.address"]
+        socket = EventSocket(endpoint.ctx, endpoint.codec, f"tcp://{bind_host}:{conf['jobmanager.events.port']}",
+                             advertised_host=conf["jobmanager.rpc.address"])
         publisher = cls(dispatcher, conf["metrics.fetcher.update-interval"], socket.send, endpoint.call_soon)
         publisher.socket = socket
 

@@ -83,7 +83,7 @@ class RequestGuard:
         allowed = list(conf["rest.allowed-hosts"])
         self.any_host = "*" in allowed
         self.names = _LOCAL_NAMES | {h.lower() for h in allowed} | {conf["rest.address"].lower()}
-        bind = _ip(conf["rest.address"])
+        bind = _ip(conf["rest.bind-address"] or conf["rest.address"])
         self.bind_ip = bind
         # bound to every interface: any of the machine's addresses reaches it
         self.any_ip = bind is not None and bind.is_unspecified
@@ -540,7 +540,7 @@ class RestServer:
         self.application = tornado.web.Application(
             route_table(self), default_handler_class=NotFoundHandler, default_handler_args={"server": self},
             log_function=_log_request)
-        self._sockets = bind_sockets(conf["rest.port"], conf["rest.address"])
+        self._sockets = bind_sockets(conf["rest.port"], conf["rest.bind-address"] or conf["rest.address"])
         self.port = self._sockets[0].getsockname()[1]
         self._io_loop: Optional[IOLoop] = None
         self._stopping = asyncio.Event()

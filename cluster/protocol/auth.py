@@ -20,9 +20,13 @@ _REST_TOKEN_LABEL = b"streamlab-rest-token"
 
 def create_secret(path: Path) -> bytes:
     """Write a new random secret to ``path`` with mode 0600 and return it."""
+    return write_secret(path, secrets.token_bytes(SECRET_BYTES))
+
+
+def write_secret(path: Path, secret: bytes) -> bytes:
+    """Write ``secret`` to ``path`` with mode 0600 (a cluster directory's copy of a given one)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    secret = secrets.token_bytes(SECRET_BYTES)
     # O_EXCL-free but mode-first: the file never exists with wider permissions.
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
@@ -36,7 +40,7 @@ def create_secret(path: Path) -> bytes:
 def load_secret(path: Path) -> bytes:
     path = Path(path)
     try:
-        text = path.read_text().strip()
+        text = path.read_text()
     except FileNotFoundError:
         raise FileNotFoundError(
             f"cluster secret not found at {path}: start the cluster first "
@@ -45,12 +49,17 @@ def load_secret(path: Path) -> bytes:
     mode = path.stat().st_mode & 0o777
     if mode & 0o077:
         raise PermissionError(f"cluster secret {path} has mode {oct(mode)}; it must be 0600")
+    return parse_secret(text, path)
+
+
+def parse_secret(text: str, where: object) -> bytes:
+    """A secret file's content (hex); ``where`` names the file in the error."""
     try:
-        secret = bytes.fromhex(text)
+        secret = bytes.fromhex(text.strip())
     except ValueError:
-        raise ValueError(f"cluster secret {path} is not a hex string") from None
+        raise ValueError(f"cluster secret {where} is not a hex string") from None
     if len(secret) < 16:
-        raise ValueError(f"cluster secret {path} is too short")
+        raise ValueError(f"cluster secret {where} is too short")
     return secret
 
 

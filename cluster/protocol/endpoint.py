@@ -111,6 +111,13 @@ def bound_address(sock: zmq.Socket) -> str:
     return sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
 
+def advertised_address(sock: zmq.Socket, host: str) -> str:
+    """The bound socket's address as peers reach it: ``tcp://host:<bound port>``. A socket bound
+    to 0.0.0.0 in a container is reached at its Service name or pod IP, never at 0.0.0.0."""
+    port = bound_address(sock).rsplit(":", 1)[1]
+    return f"tcp://{host}:{port}"
+
+
 class RpcEndpoint:
     def __init__(self, name: str, codec: Codec, ctx: Optional[zmq.Context] = None):
         self.name = name

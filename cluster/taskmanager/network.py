@@ -23,7 +23,7 @@ import zmq
 
 from cluster.protocol.codec import Codec
 from cluster.protocol.droplog import DropLog, drop_kind
-from cluster.protocol.endpoint import bound_address, make_socket
+from cluster.protocol.endpoint import advertised_address, make_socket
 from cluster.checkpoint.barriers import Barrier
 from cluster.protocol.messages import (AddCredit, BufferResponse, CheckpointBarrier, EndOfPartition, MalformedMessage,
                                        Message, Watermark, WatermarkStatus)
@@ -169,13 +169,13 @@ class NetworkEnvironment:
     """One per TaskManager: the data socket, its receiving thread, and the channel registry."""
 
     def __init__(self, host: str, port: int, codec: Codec, buffers_per_channel: int,
-                 ctx: Optional[zmq.Context] = None):
+                 ctx: Optional[zmq.Context] = None, bind_host: str = ""):
         self.ctx = ctx or zmq.Context.instance()
         self.codec = codec
         self.buffers_per_channel = buffers_per_channel
         self._socket = make_socket(self.ctx, zmq.ROUTER)
-        self._socket.bind(f"tcp://{host}:{port}")
-        self.data_address = bound_address(self._socket)
+        self._socket.bind(f"tcp://{bind_host or host}:{port}")
+        self.data_address = advertised_address(self._socket, host)  # what other TaskManagers dial
         self._lock = threading.Lock()
         self._credits: dict[str, CreditAccount] = {}
         self._gates: dict[str, InputGate] = {}

@@ -72,7 +72,8 @@ class TaskExecutor:
             self.endpoint, self.endpoint.connect_dealer(jobmanager_address, self.task_manager_id.encode()))
         self.slot_table = TaskSlotTable(conf["taskmanager.numberOfTaskSlots"])
         self.network = NetworkEnvironment(conf["taskmanager.host"], conf["taskmanager.data.port"], codec,
-                                          conf["taskmanager.network.memory.buffers-per-channel"])
+                                          conf["taskmanager.network.memory.buffers-per-channel"],
+                                          bind_host=conf["taskmanager.bind-host"])
         self.tasks: dict[str, Task] = {}  # the threads of the table's tasks
         # writes checkpoint files while the tasks go on processing (the asynchronous part)
         self.snapshot_executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="snapshot")

@@ -1,0 +1,254 @@
+"""``streamlab jobmanager|taskmanager start|start-foreground|stop``: Flink's jobmanager.sh and
+taskmanager.sh, so a cluster can be assembled process by process, on several hosts or in
+containers (the Kubernetes manifests of cluster/k8s run ``start-foreground``).
+
+Each process runs from a cluster directory (``--cluster-dir``): ``-c config.yaml`` and ``-D
+key=value`` become its config.yaml, ``--secret-file`` is copied in as its secret (0600). A JobManager
+makes a new secret only when it is given none and its directory has none; every TaskManager needs
+the JobManager's. ``start`` runs the process in the background and records its pid in the
+directory's cluster.json; ``stop`` ends the processes of that role recorded there.
+"""
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import click
+import yaml
+
+from cluster import launch
+from cluster.conf import ConfigError, Configuration
+from cluster.protocol.auth import create_secret, parse_secret, write_secret
+
+from . import processes
+from .local_cluster import ClusterInfo, ClusterNotRunning, default_cluster_dir, wait_for_jobmanager
+
+START_TIMEOUT_S = 60.0
+REGISTERED = "registered at the ResourceManager"  # the TaskManager's log line once it is
+
+
+def dynamic_properties(items: tuple[str, ...]) -> dict[str, Any]:
+    """Flink's ``-D key=value`` options as a dict (values parsed as YAML scalars)."""
+    config: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(f"{item!r} is not key=value", param_hint="-D")
+        config[key.strip()] = yaml.safe_load(value)
+    return config
+
+
+def jobmanager_address(value: str) -> str:
+    """``HOST:PORT`` (a host name, e.g. a Kubernetes Service, or an address) as a ZeroMQ
+    endpoint. ZeroMQ resolves a name when it connects, and again on each reconnect."""
+    match = re.fullmatch(r"(?:tcp://)?(?P<host>[^\s:/]+|\[[0-9a-fA-F:]+\]):(?P<port>\d{1,5})", value.strip())
+    if not match or not 0 < int(match["port"]) < 65536:
+        raise click.BadParameter(f"{value!r} is not HOST:PORT (e.g. jobmanager-host:6123)",
+                                 param_hint="--jobmanager")
+    return f"tcp://{match['host']}:{match['port']}"
+
+
+def prepare_cluster_dir(cluster_dir: Path, config_file: Optional[Path], secret_file: Optional[Path],
+                        dynamic: tuple[str, ...], may_create_secret: bool) -> Configuration:
+    """Write the process's config.yaml and secret into ``cluster_dir``; return the configuration."""
+    cluster_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    (cluster_dir / "log").mkdir(mode=0o700, exist_ok=True)
+    existing = cluster_dir / "config.yaml"
+    try:
+        if config_file is not None:
+            conf = Configuration.from_file(config_file)
+        elif existing.exists():  # a JobManager and TaskManagers on one host share one directory
+            conf = Configuration.from_file(existing)
+        else:
+            conf = Configuration()
+        conf.update(dynamic_properties(dynamic), "-D")
+    except (ConfigError, OSError) as exc:
+        raise click.ClickException(str(exc)) from None
+    conf.write(existing)
+    secret_path = cluster_dir / "secret"
+    if secret_file is not None:
+        # A Kubernetes Secret volume file is group-readable (fsGroup) and owned by root: it is
+        # checked as a secret, and the directory's copy is the owner's alone (0600).
+        try:
+            write_secret(secret_path, parse_secret(secret_file.read_text(), secret_file))
+        except (OSError, ValueError) as exc:
+            raise click.ClickException(str(exc)) from None
+    elif not secret_path.exists():
+        if not may_create_secret:
+            raise click.ClickException(
+                f"no cluster secret in {cluster_dir}: give the JobManager's with --secret-file "
+                "(a TaskManager must hold the secret of the cluster it joins)")
+        create_secret(secret_path)
+    return conf
+
+
+def _stop(cluster_dir: Path, role: str, what: str) -> None:
+    procs = processes.stale_processes(cluster_dir, role)
+    if not processes.stop([p.pid for p in procs], timeout=10):
+        raise click.ClickException(f"could not stop the {what} processes {[p.pid for p in procs]}")
+    if role == "jobmanager":
+        processes.record_pids(cluster_dir, keep_jobmanager=False)
+        (cluster_dir / "jobmanager.json").unlink(missing_ok=True)
+    else:
+        processes.record_pids(cluster_dir, keep_taskmanagers=False)
+    click.echo(f"Stopped {len(procs)} {what} process(es) of {cluster_dir}" if procs
+               else f"No {what} running from {cluster_dir}")
+
+
+cluster_dir_option = click.option(
+    "--cluster-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+    help="The process's directory: config, secret, logs, pids (default: $STREAMLAB_CLUSTER_DIR "
+         "or ~/.streamlab/cluster).")
+config_option = click.option("--config", "-c", "config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                             help="A YAML file of configuration keys (Flink's names).")
+secret_option = click.option("--secret-file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                             help="The cluster secret (hex) to use; copied into the cluster directory.")
+dynamic_option = click.option("-D", "dynamic", multiple=True, help="key=value configuration, as Flink's -D.")
+
+
+# ---------------------------------------------------------------------- jobmanager
+@click.group()
+def jobmanager() -> None:
+    """Start or stop a JobManager on this host (Flink's jobmanager.sh)."""
+
+
+def _prepare_jobmanager(cluster_dir, config_file, secret_file, dynamic) -> Path:
+    cluster_dir = (cluster_dir or default_cluster_dir()).resolve()
+    try:
+        ClusterInfo.load(cluster_dir)
+        raise click.ClickException(f"a JobManager is already running from {cluster_dir}; stop it first "
+                                   "(streamlab jobmanager stop)")
+    except ClusterNotRunning:
+        pass
+    prepare_cluster_dir(cluster_dir, config_file, secret_file, dynamic, may_create_secret=True)
+    (cluster_dir / "jobmanager.json").unlink(missing_ok=True)
+    return cluster_dir
+
+
+@jobmanager.command("start")
+@cluster_dir_option
+@config_option
+@secret_option
+@dynamic_option
+def jobmanager_start(cluster_dir, config_file, secret_file, dynamic) -> None:
+    """Start a JobManager in the background; return once it listens."""
+    cluster_dir = _prepare_jobmanager(cluster_dir, config_file, secret_file, dynamic)
+    proc = launch.spawn("cluster.jobmanager", "jobmanager", cluster_dir)
+    processes.record_pids(cluster_dir, jobmanager=proc.pid)
+    try:
+        info = wait_for_jobmanager(cluster_dir, proc, START_TIMEOUT_S)
+    except (RuntimeError, TimeoutError) as exc:
+        processes.stop([proc.pid])
+        processes.record_pids(cluster_dir, keep_jobmanager=False)
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"JobManager started from {cluster_dir} (pid {proc.pid}): rpc {info.rpc_address}, "
+               f"REST {info.rest_address}")
+
+
+@jobmanager.command("start-foreground")
+@cluster_dir_option
+@config_option
+@secret_option
+@dynamic_option
+def jobmanager_start_foreground(cluster_dir, config_file, secret_file, dynamic) -> None:
+    """Run a JobManager in this process (logging to stderr), as a container's main process."""
+    cluster_dir = _prepare_jobmanager(cluster_dir, config_file, secret_file, dynamic)
+    processes.record_pids(cluster_dir, jobmanager=os.getpid())  # exec keeps the pid
+    launch.exec_foreground("cluster.jobmanager", cluster_dir)
+
+
+@jobmanager.command("stop")
+@cluster_dir_option
+def jobmanager_stop(cluster_dir) -> None:
+    """Stop the JobManager started from the cluster directory."""
+    _stop((cluster_dir or default_cluster_dir()).resolve(), "jobmanager", "JobManager")
+
+
+@jobmanager.command("create-secret")
+@click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
+def jobmanager_create_secret(path) -> None:
+    """Write a new cluster secret to PATH (mode 0600): for --secret-file, and the file the
+    Kubernetes manifests' secretGenerator reads (cluster/k8s/*/cluster-secret)."""
+    if path.exists():
+        raise click.ClickException(f"{path} exists; a cluster secret is not overwritten (remove it first)")
+    create_secret(path)
+    click.echo(f"Cluster secret written to {path}")
+
+
+# ---------------------------------------------------------------------- taskmanager
+@click.group()
+def taskmanager() -> None:
+    """Start or stop TaskManagers on this host (Flink's taskmanager.sh)."""
+
+
+taskmanager_options = [
+    click.option("--jobmanager", "jobmanager_at", required=True, metavar="HOST:PORT",
+                 help="The JobManager's rpc address (jobmanager.rpc.address:jobmanager.rpc.port)."),
+    cluster_dir_option, config_option, secret_option, dynamic_option,
+]
+
+
+def with_taskmanager_options(command):
+    for option in reversed(taskmanager_options):
+        command = option(command)
+    return command
+
+
+def _taskmanager_id() -> str:
+    return f"tm-{os.uname().nodename.split('.')[0]}-{os.urandom(3).hex()}"
+
+
+@taskmanager.command("start")
+@with_taskmanager_options
+def taskmanager_start(jobmanager_at, cluster_dir, config_file, secret_file, dynamic) -> None:
+    """Start a TaskManager in the background; return once it registered at the JobManager."""
+    address = jobmanager_address(jobmanager_at)
+    cluster_dir = (cluster_dir or default_cluster_dir()).resolve()
+    prepare_cluster_dir(cluster_dir, config_file, secret_file, dynamic, may_create_secret=False)
+    # several TaskManagers may share a directory: each its own log and output files
+    index = 0
+    while launch.log_path(cluster_dir, f"taskmanager-{index}").exists():
+        index += 1
+    name = f"taskmanager-{index}"
+    tm_id = _taskmanager_id()
+    proc = launch.spawn("cluster.taskmanager", name, cluster_dir, "--jobmanager", address, "--id", tm_id)
+    processes.record_pids(cluster_dir, add_taskmanagers=[proc.pid])
+    log_file = launch.log_path(cluster_dir, name)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not (log_file.exists() and REGISTERED in log_file.read_text(errors="replace")):
+        if proc.poll() is not None:
+            raise click.ClickException(launch.exit_report(proc, cluster_dir, name))
+        if time.monotonic() > deadline:
+            # as Flink's, it goes on trying (the JobManager may come later); stop ends it
+            raise click.ClickException(
+                f"TaskManager {tm_id} (pid {proc.pid}) did not register at {address} within "
+                f"{START_TIMEOUT_S:g} s (is the JobManager up, and is the secret its?); it goes on "
+                f"trying: see {log_file}, end it with: streamlab taskmanager stop --cluster-dir {cluster_dir}")
+        time.sleep(0.1)
+    click.echo(f"TaskManager {tm_id} started from {cluster_dir} (pid {proc.pid}), registered at {address}")
+
+
+@taskmanager.command("start-foreground")
+@with_taskmanager_options
+def taskmanager_start_foreground(jobmanager_at, cluster_dir, config_file, secret_file, dynamic) -> None:
+    """Run a TaskManager in this process (logging to stderr), as a container's main process."""
+    address = jobmanager_address(jobmanager_at)
+    cluster_dir = (cluster_dir or default_cluster_dir()).resolve()
+    prepare_cluster_dir(cluster_dir, config_file, secret_file, dynamic, may_create_secret=False)
+    processes.record_pids(cluster_dir, add_taskmanagers=[os.getpid()])
+    launch.exec_foreground("cluster.taskmanager", cluster_dir, "--jobmanager", address, "--id", _taskmanager_id())
+
+
+@taskmanager.command("stop")
+@cluster_dir_option
+def taskmanager_stop(cluster_dir) -> None:
+    """Stop every TaskManager started from the cluster directory."""
+    _stop((cluster_dir or default_cluster_dir()).resolve(), "taskmanagers", "TaskManager")
+
+
+def add_standalone_commands(group: click.Group) -> None:
+    group.add_command(jobmanager)
+    group.add_command(taskmanager)
