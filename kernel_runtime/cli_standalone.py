@@ -107,6 +107,8 @@ config_option = click.option("--config", "-c", "config_file", type=click.Path(ex
 secret_option = click.option("--secret-file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
                              help="The cluster secret (hex) to use; copied into the cluster directory.")
 dynamic_option = click.option("-D", "dynamic", multiple=True, help="key=value configuration, as Flink's -D.")
+timeout_option = click.option("--timeout", default=START_TIMEOUT_S, show_default=True,
+                              help="Seconds to wait for the process to be up.")
 
 
 # ---------------------------------------------------------------------- jobmanager
@@ -133,13 +135,14 @@ def _prepare_jobmanager(cluster_dir, config_file, secret_file, dynamic) -> Path:
 @config_option
 @secret_option
 @dynamic_option
-def jobmanager_start(cluster_dir, config_file, secret_file, dynamic) -> None:
+@timeout_option
+def jobmanager_start(cluster_dir, config_file, secret_file, dynamic, timeout) -> None:
     """Start a JobManager in the background; return once it listens."""
     cluster_dir = _prepare_jobmanager(cluster_dir, config_file, secret_file, dynamic)
     proc = launch.spawn("cluster.jobmanager", "jobmanager", cluster_dir)
     processes.record_pids(cluster_dir, jobmanager=proc.pid)
     try:
-        info = wait_for_jobmanager(cluster_dir, proc, START_TIMEOUT_S)
+        info = wait_for_jobmanager(cluster_dir, proc, timeout)
     except (RuntimeError, TimeoutError) as exc:
         processes.stop([proc.pid])
         processes.record_pids(cluster_dir, keep_jobmanager=False)
@@ -203,7 +206,8 @@ def _taskmanager_id() -> str:
 
 @taskmanager.command("start")
 @with_taskmanager_options
-def taskmanager_start(jobmanager_at, cluster_dir, config_file, secret_file, dynamic) -> None:
+@timeout_option
+def taskmanager_start(jobmanager_at, cluster_dir, config_file, secret_file, dynamic, timeout) -> None:
     """Start a TaskManager in the background; return once it registered at the JobManager."""
     address = jobmanager_address(jobmanager_at)
     cluster_dir = (cluster_dir or default_cluster_dir()).resolve()
@@ -217,7 +221,7 @@ def taskmanager_start(jobmanager_at, cluster_dir, config_file, secret_file, dyna
     proc = launch.spawn("cluster.taskmanager", name, cluster_dir, "--jobmanager", address, "--id", tm_id)
     processes.record_pids(cluster_dir, add_taskmanagers=[proc.pid])
     log_file = launch.log_path(cluster_dir, name)
-    deadline = time.monotonic() + START_TIMEOUT_S
+    deadline = time.monotonic() + timeout
     while not (log_file.exists() and REGISTERED in log_file.read_text(errors="replace")):
         if proc.poll() is not None:
             raise click.ClickException(launch.exit_report(proc, cluster_dir, name))
@@ -225,7 +229,7 @@ def taskmanager_start(jobmanager_at, cluster_dir, config_file, secret_file, dyna
             # as Flink's, it goes on trying (the JobManager may come later); stop ends it
             raise click.ClickException(
                 f"TaskManager {tm_id} (pid {proc.pid}) did not register at {address} within "
-                f"{START_TIMEOUT_S:g} s (is the JobManager up, and is the secret its?); it goes on "
+                f"{timeout:g} s (is the JobManager up, and is the secret its?); it goes on "
                 f"trying: see {log_file}, end it with: streamlab taskmanager stop --cluster-dir {cluster_dir}")
         time.sleep(0.1)
     click.echo(f"TaskManager {tm_id} started from {cluster_dir} (pid {proc.pid}), registered at {address}")
