@@ -24,7 +24,7 @@ from cluster.conf import ConfigError, Configuration
 from cluster.protocol.auth import create_secret, parse_secret, write_secret
 
 from . import processes
-from .local_cluster import ClusterInfo, ClusterNotRunning, default_cluster_dir, wait_for_jobmanager
+from .local_cluster import default_cluster_dir, wait_for_jobmanager
 
 START_TIMEOUT_S = 60.0
 REGISTERED = "registered at the ResourceManager"  # the TaskManager's log line once it is
@@ -119,12 +119,12 @@ def jobmanager() -> None:
 
 def _prepare_jobmanager(cluster_dir, config_file, secret_file, dynamic) -> Path:
     cluster_dir = (cluster_dir or default_cluster_dir()).resolve()
-    try:
-        ClusterInfo.load(cluster_dir)
-        raise click.ClickException(f"a JobManager is already running from {cluster_dir}; stop it first "
-                                   "(streamlab jobmanager stop)")
-    except ClusterNotRunning:
-        pass
+    # by its command line, not only a live pid: a container restarted in its pod keeps the
+    # emptyDir, and the pid its JobManager had (1) is now this process's
+    running = processes.stale_processes(cluster_dir, "jobmanager")
+    if running:
+        raise click.ClickException(f"a JobManager (pid {running[0].pid}) is already running from {cluster_dir}; "
+                                   "stop it first (streamlab jobmanager stop)")
     prepare_cluster_dir(cluster_dir, config_file, secret_file, dynamic, may_create_secret=True)
     (cluster_dir / "jobmanager.json").unlink(missing_ok=True)
     return cluster_dir

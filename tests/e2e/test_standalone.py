@@ -59,6 +59,8 @@ def test_a_cluster_assembled_process_by_process(tmp_path):
         host_port = info.rpc_address.removeprefix("tcp://")
         assert host_port.startswith("127.0.0.1:")  # advertised, not the 0.0.0.0 it binds
         pids += listed_pids(jm_dir)
+        again = sh("jobmanager", "start", "--cluster-dir", str(jm_dir), check=False)
+        assert again.returncode == 1 and "already running" in again.stderr, again.stderr
 
         # two TaskManagers from one directory of their own, holding a copy of the JobManager's secret
         for _ in range(2):
