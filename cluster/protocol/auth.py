@@ -54,6 +54,9 @@ def load_secret(path: Path) -> bytes:
 
 def parse_secret(text: str, where: object) -> bytes:
     """A secret file's content (hex); ``where`` names the file in the error."""
+    if not text.strip():  # the Kubernetes base's placeholder, until an overlay gives one
+        raise ValueError(f"cluster secret {where} is empty: make one with "
+                         "`streamlab jobmanager create-secret FILE`")
     try:
         secret = bytes.fromhex(text.strip())
     except ValueError:

@@ -1,9 +1,10 @@
 """The Kubernetes manifests of cluster/k8s, without a Kubernetes.
 
-Both kustomize bases are rendered with ``kubectl kustomize`` (the session one after the user step
-its kustomization names: ``streamlab jobmanager create-secret session/cluster-secret``, in a copy
-of cluster/k8s), and every rendered object must pass the Kubernetes API schemas of the newest
-version ``kubernetes-validate`` knows (strict: an unknown field fails too).
+Both kustomize bases are rendered with ``kubectl kustomize`` as they are in the checkout, and every
+rendered object must pass the Kubernetes API schemas of the newest version ``kubernetes-validate``
+knows (strict: an unknown field fails too). The session is then deployed as its kustomization tells a
+user to: from an overlay that replaces the base's empty Secret with one made by ``streamlab
+jobmanager create-secret``.
 
 Then the containers' commands are run as real local processes, each with what its pod would
 give it: the container's command and args, its env (a ``fieldRef: status.podIP`` is the pod's
@@ -52,16 +53,23 @@ def streamlab(*args: str) -> str:
     return proc.stdout
 
 
+def kustomize(directory: Path) -> list[dict]:
+    proc = subprocess.run([KUBECTL, "kustomize", str(directory)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, f"kubectl kustomize {directory}: {proc.stderr}"
+    return [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
+
+
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory) -> dict[str, list[dict]]:
-    k8s = tmp_path_factory.mktemp("k8s") / "k8s"
-    shutil.copytree(K8S, k8s, ignore=shutil.ignore_patterns("cluster-secret"))
-    streamlab("jobmanager", "create-secret", str(k8s / "session" / "cluster-secret"))
-    out = {}
-    for base in ("session", "application"):
-        proc = subprocess.run([KUBECTL, "kustomize", str(k8s / base)], capture_output=True, text=True, timeout=60)
-        assert proc.returncode == 0, f"kubectl kustomize {base}: {proc.stderr}"
-        out[base] = [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
+    """The bases as the checkout has them, and the session with a secret of its own (an overlay)."""
+    out = {base: kustomize(K8S / base) for base in ("session", "application")}
+    overlay = tmp_path_factory.mktemp("k8s") / "my-session"
+    overlay.mkdir()
+    streamlab("jobmanager", "create-secret", str(overlay / "cluster-secret"))
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
+        "resources": [os.path.relpath(K8S / "session", overlay)],
+        "secretGenerator": [{"name": "streamlab-secret", "behavior": "replace", "files": ["cluster-secret"]}]}))
+    out["my-session"] = kustomize(overlay)
     return out
 
 
@@ -211,7 +219,7 @@ def events(seq):
 
 @pytest.mark.timeout(420)
 def test_the_session_manifests_commands_start_a_working_cluster(rendered, tmp_path):
-    objects = rendered["session"]
+    objects = rendered["my-session"]
     service = one(objects, "Service")
     dns = {service["metadata"]["name"]: "127.0.0.1"}
     jm_deployment = one(objects, "Deployment", "jobmanager")

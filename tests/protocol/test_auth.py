@@ -1,4 +1,5 @@
 import os
+import re
 
 import pytest
 
@@ -23,3 +24,13 @@ def test_readable_secret_is_refused(tmp_path):
 def test_missing_secret_says_how_to_fix(tmp_path):
     with pytest.raises(FileNotFoundError, match="streamlab cluster start"):
         load_secret(tmp_path / "nope")
+
+
+@pytest.mark.parametrize("text, says", [("", "is empty: make one with `streamlab jobmanager create-secret"),
+                                        ("zz" * 16, "is not a hex string"), ("ab" * 4, "is too short")])
+def test_a_bad_secret_is_named_with_what_is_wrong(tmp_path, text, says):
+    path = tmp_path / "secret"
+    path.write_text(text)
+    path.chmod(0o600)
+    with pytest.raises(ValueError, match=re.escape(f"cluster secret {path} {says}")):
+        load_secret(path)
