@@ -27,7 +27,7 @@ from cluster.protocol.endpoint import RpcEndpoint
 
 from .dispatcher import Dispatcher
 from .events import JobEventPublisher
-from .resource_manager import ResourceManager
+from .resource_manager import ResourceManager, task_manager_provider
 from .rest import RestServer
 
 log = logging.getLogger("streamlab.jobmanager")
@@ -42,7 +42,9 @@ class JobManager:
         self.endpoint = RpcEndpoint("jobmanager", Codec(secret))
         self.rpc_address = self.endpoint.bind_router(
             f"tcp://{conf['jobmanager.rpc.address']}:{conf['jobmanager.rpc.port']}")
-        self.resource_manager = ResourceManager(self.endpoint, conf)
+        self.cluster_dir = cluster_dir
+        self.resource_manager = ResourceManager(self.endpoint, conf,
+                                                provider=task_manager_provider(conf, cluster_dir, self.rpc_address))
         # one thread for every blocking disk operation (_metadata, restore reads, disposal): it
         # reports back to the loop, which never waits for a disk; one thread keeps them in order
         self.storage_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="storage")
@@ -58,7 +60,8 @@ class JobManager:
             self.endpoint.handlers.update({t: self._counted(t.op, h) for t, h in handlers.items()})
         self.rest = RestServer(self.dispatcher, conf, rest_token(secret))
         self.rest_address = f"http://{conf['rest.address']}:{self.rest.port}"
-        self.stopped = threading.Event()
+        self.stopped = threading.Event()  # stop() began
+        self.terminated = threading.Event()  # stop() ended: the process may exit
 
     @property
     def handlers(self) -> dict:
@@ -84,6 +87,8 @@ class JobManager:
         self.endpoint.stop()
         self.events.close()
         self.storage_executor.shutdown(wait=False, cancel_futures=True)
+        self.resource_manager.stop_started_task_managers()
+        self.terminated.set()
 
 
 def main(argv=None) -> None:
@@ -101,6 +106,6 @@ def main(argv=None) -> None:
     tmp.replace(args.cluster_dir / "jobmanager.json")  # readers never see half a file
     signal.signal(signal.SIGTERM, lambda *_: jm.stop())
     signal.signal(signal.SIGINT, lambda *_: jm.stop())
-    while not jm.stopped.wait(0.5):
+    while not jm.terminated.wait(0.5):
         pass
     log.info("JobManager stopped")
