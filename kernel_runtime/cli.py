@@ -196,5 +196,9 @@ def stop(job_id, target_directory, timeout, cluster_dir) -> None:
     console.print(f"Savepoint completed. Path: file:{location}")
 
 
+from .cli_application import run_application  # noqa: E402
+main.add_command(run_application)
+
+
 if __name__ == "__main__":
     main()

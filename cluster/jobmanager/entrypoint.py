@@ -25,6 +25,7 @@ from cluster.protocol import messages as m
 from cluster.protocol.codec import Codec
 from cluster.protocol.endpoint import RpcEndpoint
 
+from .application import Application
 from .dispatcher import Dispatcher
 from .events import JobEventPublisher
 from .resource_manager import ResourceManager, task_manager_provider
@@ -95,7 +96,13 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m cluster.jobmanager")
     parser.add_argument("--cluster-dir", required=True, type=Path)
     parser.add_argument("--log-file", type=Path, help="rolling log file (default: stderr)")
+    parser.add_argument("--application", type=Path, metavar="SCRIPT",
+                        help="application mode: run this job script's main() here, then shut the cluster down")
+    parser.add_argument("--application-arg", action="append", default=[], metavar="ARG",
+                        help="an argument of the application's main() (repeat for several)")
     args = parser.parse_args(argv)
+    if args.application is not None and not args.application.is_file():
+        parser.error(f"--application {args.application}: no such job script")
     conf = Configuration.from_file(args.cluster_dir / "config.yaml")
     configure_process_logging(args.log_file, conf)
     jm = JobManager(conf, load_secret(args.cluster_dir / "secret"), args.cluster_dir.resolve())
@@ -106,6 +113,15 @@ def main(argv=None) -> None:
     tmp.replace(args.cluster_dir / "jobmanager.json")  # readers never see half a file
     signal.signal(signal.SIGTERM, lambda *_: jm.stop())
     signal.signal(signal.SIGINT, lambda *_: jm.stop())
+    application = Application(jm, args.application, args.application_arg) if args.application else None
+    if application is not None:
+        application.start()
     while not jm.terminated.wait(0.5):
         pass
     log.info("JobManager stopped")
+    if application is not None:
+        code = application.final_exit_code()
+        logging.shutdown()
+        # os._exit: the application's threads (a main() that never returned, its clients) must
+        # not hold the process, nor interpreter shutdown hang on them
+        os._exit(code)
