@@ -23,6 +23,7 @@ import yaml
 from cluster import launch
 from cluster.conf import ConfigError, Configuration
 from cluster.graph.execution_graph import JobState
+from cluster.jobmanager.active_resources import check_slot_bounds
 from cluster.jobmanager.application import RESULT_FILE
 from cluster.protocol.auth import create_secret
 from cluster.protocol.endpoint import RpcError
@@ -74,6 +75,7 @@ def application_configuration(config: dict[str, Any], dynamic: dict[str, Any], s
     if taskmanagers is not None:  # started up front and kept while the application runs
         conf.update({"slotmanager.number-of-slots.min": taskmanagers * conf["taskmanager.numberOfTaskSlots"]},
                     "--taskmanagers")
+    check_slot_bounds(conf["slotmanager.number-of-slots.min"], conf["slotmanager.number-of-slots.max"])
     return conf
 
 

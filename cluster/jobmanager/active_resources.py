@@ -81,6 +81,12 @@ class Worker:
     idle_since: Optional[float] = None
 
 
+def check_slot_bounds(min_slots: int, max_slots: int) -> None:
+    if min_slots > max_slots:
+        raise ConfigError(f"slotmanager.number-of-slots.min ({min_slots}) is above "
+                          f"slotmanager.number-of-slots.max ({max_slots})")
+
+
 @dataclass
 class ActiveResourceState:
     """Which TaskManagers to start and stop; pure (no I/O, the clock an argument).
@@ -100,9 +106,7 @@ class ActiveResourceState:
     _limit_said: bool = False
 
     def __post_init__(self) -> None:
-        if self.min_slots > self.max_slots:
-            raise ConfigError(f"slotmanager.number-of-slots.min ({self.min_slots}) is above "
-                              f"slotmanager.number-of-slots.max ({self.max_slots})")
+        check_slot_bounds(self.min_slots, self.max_slots)
 
     # ------------------------------------------------------------------ events
     def process_started(self, worker_id: str, pid: int) -> None:
