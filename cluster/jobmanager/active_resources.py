@@ -178,6 +178,7 @@ class ActiveResourceState:
     def _registration_timeouts(self, now: float) -> list:
         out: list = []
         for worker in self.starting:
+            assert worker.unregistered_since is not None  # what "starting" means
             if now - worker.unregistered_since >= self.registration_timeout_s:
                 del self.workers[worker.worker_id]
                 reason = (f"TaskManager {worker.worker_id} not registered within "

@@ -101,9 +101,10 @@ class Application:
         self._finish()
 
     def _finish(self) -> None:
-        jobs = [{"jid": j.job_id, "name": j.job_graph.name, "state": j.state,
-                 "failure": j.status().failure} for j in self.jm.dispatcher.jobs.values()]
-        self.exit_code = exit_code_of([j["state"] for j in jobs], self.main_error)
+        masters = list(self.jm.dispatcher.jobs.values())
+        jobs = [{"jid": j.job_id, "name": j.job_graph.name, "state": j.state, "failure": j.status().failure}
+                for j in masters]
+        self.exit_code = exit_code_of([j.state for j in masters], self.main_error)
         outcome = {"exit_code": self.exit_code, "jobs": jobs, "error": self.main_error
                    or (None if jobs else "the application submitted no job")}
         for job in jobs:

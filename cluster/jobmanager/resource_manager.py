@@ -314,6 +314,7 @@ class ResourceManager:
 
     # ------------------------------------------------------------------ started TaskManagers
     def _start_task_manager(self, i: StartTaskManager) -> None:
+        assert self.active is not None and self.provider is not None  # active mode only
         try:
             pid = self.provider.start(i.worker_id)
         except OSError as exc:
@@ -324,6 +325,7 @@ class ResourceManager:
         log.info("TaskManager %s started (pid %d) for slots requested", i.worker_id, pid)
 
     def _stop_task_manager(self, i: StopTaskManager) -> None:
+        assert self.active is not None and self.provider is not None  # active mode only
         log.info("stopping TaskManager %s: %s", i.worker_id, i.reason)
         if i.task_manager_id is not None:
             self._peers.pop(i.task_manager_id, None)
@@ -332,6 +334,7 @@ class ResourceManager:
 
     def _check_task_manager_processes(self) -> None:
         self.endpoint.assert_loop_thread()
+        assert self.active is not None and self.provider is not None
         out: list = []
         for worker_id, why in self.provider.poll_exited():
             log.warning("TaskManager %s exited: %s", worker_id, why)
