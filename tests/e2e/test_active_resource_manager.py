@@ -3,6 +3,8 @@ one TaskManager of 2 gets two more TaskManagers started, runs to the right resul
 started ones are stopped once idle for resourcemanager.taskmanager-timeout; the first stays."""
 from __future__ import annotations
 
+import os
+
 import pandas as pd
 import psutil
 
@@ -11,7 +13,7 @@ from kernel_runtime.processes import CLUSTER_MODULES
 
 from ..conftest import start_cluster, wait_for
 
-IDLE_TIMEOUT_S = 3
+IDLE_TIMEOUT_S = 5
 
 
 def taskmanager_pids(cluster_dir) -> set[int]:
@@ -20,7 +22,8 @@ def taskmanager_pids(cluster_dir) -> set[int]:
     for proc in psutil.process_iter(["cmdline"]):
         argv = proc.info["cmdline"] or []
         pairs = dict(zip(argv, argv[1:]))
-        if pairs.get("-m") == CLUSTER_MODULES[1] and pairs.get("--cluster-dir") == str(cluster_dir) \
+        if pairs.get("-m") == CLUSTER_MODULES[1] \
+                and os.path.realpath(pairs.get("--cluster-dir", "")) == os.path.realpath(cluster_dir) \
                 and proc.status() != psutil.STATUS_ZOMBIE:
             pids.add(proc.pid)
     return pids
