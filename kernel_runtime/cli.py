@@ -196,7 +196,11 @@ def stop(job_id, target_directory, timeout, cluster_dir) -> None:
     console.print(f"Savepoint completed. Path: file:{location}")
 
 
-from .cli_standalone import add_standalone_commands; add_standalone_commands(main)  # noqa: E402,E702
+from .cli_application import run_application  # noqa: E402
+from .cli_standalone import add_standalone_commands  # noqa: E402
+
+main.add_command(run_application)
+add_standalone_commands(main)
 
 if __name__ == "__main__":
     main()

@@ -232,6 +232,18 @@ OPTIONS: dict[str, ConfigOption] = {
                      "which restarts (0: never)."),
         ConfigOption("cluster.evenly-spread-out-slots", _bool,
                      "Spread a job's slots over all TaskManagers (false: fill one TaskManager first, as Flink)."),
+        ConfigOption("resourcemanager.provider", _enum("standalone", "process"),
+                     "standalone: hand out the slots of the TaskManagers that registered; process: also "
+                     "start TaskManager processes on this machine when requests wait for slots."),
+        ConfigOption("slotmanager.number-of-slots.max", _int(1),
+                     "Most slots in the cluster; an active ResourceManager starts no TaskManager beyond."),
+        ConfigOption("slotmanager.number-of-slots.min", _int(0),
+                     "Slots an active ResourceManager keeps started, jobs or not."),
+        ConfigOption("resourcemanager.taskmanager-timeout", _positive_duration_ms,
+                     "An active ResourceManager stops a TaskManager it started that held no slot this long."),
+        ConfigOption("resourcemanager.taskmanager-registration.timeout", _positive_duration_ms,
+                     "A TaskManager an active ResourceManager started and that is not registered after this "
+                     "long is stopped (and replaced if still needed)."),
         ConfigOption("slot.request.timeout", parse_duration_ms,
                      "How long a job waits for enough free slots before it fails."),
         ConfigOption("restart-strategy.type", _enum("none", "fixed-delay", "exponential-delay"),

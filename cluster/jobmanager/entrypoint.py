@@ -25,9 +25,10 @@ from cluster.protocol import messages as m
 from cluster.protocol.codec import Codec
 from cluster.protocol.endpoint import RpcEndpoint
 
+from .application import Application
 from .dispatcher import Dispatcher
 from .events import JobEventPublisher
-from .resource_manager import ResourceManager
+from .resource_manager import ResourceManager, task_manager_provider
 from .rest import RestServer
 
 log = logging.getLogger("streamlab.jobmanager")
@@ -44,7 +45,9 @@ class JobManager:
         bound = self.endpoint.bind_router(f"tcp://{bind_host}:{conf['jobmanager.rpc.port']}")
         # what jobmanager.json and clients get: the advertised name, not a 0.0.0.0 bind
         self.rpc_address = f"tcp://{conf['jobmanager.rpc.address']}:{bound.rsplit(':', 1)[1]}"
-        self.resource_manager = ResourceManager(self.endpoint, conf)
+        self.cluster_dir = cluster_dir
+        self.resource_manager = ResourceManager(self.endpoint, conf,
+                                                provider=task_manager_provider(conf, cluster_dir, self.rpc_address))
         # one thread for every blocking disk operation (_metadata, restore reads, disposal): it
         # reports back to the loop, which never waits for a disk; one thread keeps them in order
         self.storage_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="storage")
@@ -60,7 +63,8 @@ class JobManager:
             self.endpoint.handlers.update({t: self._counted(t.op, h) for t, h in handlers.items()})
         self.rest = RestServer(self.dispatcher, conf, rest_token(secret))
         self.rest_address = f"http://{conf['rest.address']}:{self.rest.port}"
-        self.stopped = threading.Event()
+        self.stopped = threading.Event()  # stop() began
+        self.terminated = threading.Event()  # stop() ended: the process may exit
 
     @property
     def handlers(self) -> dict:
@@ -86,13 +90,21 @@ class JobManager:
         self.endpoint.stop()
         self.events.close()
         self.storage_executor.shutdown(wait=False, cancel_futures=True)
+        self.resource_manager.stop_started_task_managers()
+        self.terminated.set()
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m cluster.jobmanager")
     parser.add_argument("--cluster-dir", required=True, type=Path)
     parser.add_argument("--log-file", type=Path, help="rolling log file (default: stderr)")
+    parser.add_argument("--application", type=Path, metavar="SCRIPT",
+                        help="application mode: run this job script's main() here, then shut the cluster down")
+    parser.add_argument("--application-arg", action="append", default=[], metavar="ARG",
+                        help="an argument of the application's main() (repeat for several)")
     args = parser.parse_args(argv)
+    if args.application is not None and not args.application.is_file():
+        parser.error(f"--application {args.application}: no such job script")
     conf = Configuration.from_file(args.cluster_dir / "config.yaml")
     configure_process_logging(args.log_file, conf)
     jm = JobManager(conf, load_secret(args.cluster_dir / "secret"), args.cluster_dir.resolve())
@@ -103,6 +115,15 @@ def main(argv=None) -> None:
     tmp.replace(args.cluster_dir / "jobmanager.json")  # readers never see half a file
     signal.signal(signal.SIGTERM, lambda *_: jm.stop())
     signal.signal(signal.SIGINT, lambda *_: jm.stop())
-    while not jm.stopped.wait(0.5):
+    application = Application(jm, args.application, args.application_arg) if args.application else None
+    if application is not None:
+        application.start()
+    while not jm.terminated.wait(0.5):
         pass
     log.info("JobManager stopped")
+    if application is not None:
+        code = application.final_exit_code()
+        logging.shutdown()
+        # os._exit: the application's threads (a main() that never returned, its clients) must
+        # not hold the process, nor interpreter shutdown hang on them
+        os._exit(code)

@@ -1,12 +1,15 @@
-"""ResourceManager: TaskManager registration, heartbeats and the slot table (standalone mode).
+"""ResourceManager: TaskManager registration, heartbeats and the slot table.
 
-It hands out the slots of the TaskManagers it has: a job's request waits until enough are free.
-A TaskManager silent for ``heartbeat.timeout`` is declared lost; its slots leave the table and
-the JobMasters that used them are told.
+Standalone (``resourcemanager.provider: standalone``, the default), it hands out the slots of the
+TaskManagers it has: a job's request waits until enough are free. Active (``process``), it also
+starts TaskManager processes when requests wait and stops idle ones it started
+(active_resources.py). A TaskManager silent for ``heartbeat.timeout`` is declared lost; its slots
+leave the table and the JobMasters that used them are told.
 
 The decisions are ``ResourceManagerState``'s, a pure class over the SlotManager (a method per
-event, instructions out, the clock an argument); ``ResourceManager`` is its networked shell on the
-JobManager's loop thread.
+event, instructions out, the clock an argument), and ``ActiveResourceState``'s; ``ResourceManager``
+is their networked shell: every method of it is for the JobManager's loop thread (checked), but
+``stop_started_task_managers`` (shutdown).
 """
 from __future__ import annotations
 
@@ -19,6 +22,8 @@ from cluster.protocol import messages as m
 from cluster.protocol.endpoint import Peer, RpcEndpoint
 from cluster.protocol.gateways import TaskExecutorGateway
 
+from .active_resources import (ActiveResourceState, ProcessTaskManagerProvider, SlotDemand, SlotLimitReached,
+                               StartsGivenUp, StartTaskManager, StopTaskManager)
 from .slot_manager import SlotAllocation, SlotManager, TaskManagerRegistration
 
 log = logging.getLogger(__name__)
@@ -112,6 +117,11 @@ class ResourceManagerState:
         self.slot_manager.unregister(tm_id)
         return [DeclareLost(tm_id, reason), *self._allocate()]
 
+    def release(self, tm_id: str) -> list:
+        """A TaskManager we stop (it is idle): its slots leave the table, no JobMaster is told."""
+        self.slot_manager.unregister(tm_id)
+        return []
+
     def request_slots(self, job_id: str, count: int) -> list:
         self.slot_manager.request(job_id, count)
         return self._allocate()
@@ -131,8 +141,16 @@ class ResourceManagerState:
         return out
 
 
+def task_manager_provider(conf, cluster_dir, jobmanager_address: str) -> Optional[ProcessTaskManagerProvider]:
+    """What starts TaskManagers for ``resourcemanager.provider`` (None: standalone, nothing does)."""
+    if conf["resourcemanager.provider"] == "process":
+        return ProcessTaskManagerProvider(cluster_dir, jobmanager_address)
+    return None
+
+
 class ResourceManager:
-    def __init__(self, endpoint: RpcEndpoint, conf, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, endpoint: RpcEndpoint, conf, clock: Callable[[], float] = time.monotonic,
+                 provider: Optional[ProcessTaskManagerProvider] = None):
         self.endpoint = endpoint
         self.clock = clock
         self.heartbeat_interval_ms = conf["heartbeat.interval"]
@@ -162,6 +180,25 @@ class ResourceManager:
         self._pending_peers: dict[str, Peer] = {}  # the sender of the message being handled
         check_every = min(1.0, self.state.heartbeat_timeout_s / 4)
         endpoint.call_every(check_every, lambda: self._run(self.state.check_heartbeats(self.clock())))
+        self.provider = provider
+        self.active: Optional[ActiveResourceState] = None
+        if provider is not None:
+            self.active = ActiveResourceState(
+                slots_per_task_manager=conf["taskmanager.numberOfTaskSlots"],
+                max_slots=conf["slotmanager.number-of-slots.max"],
+                min_slots=conf["slotmanager.number-of-slots.min"],
+                idle_timeout_s=conf["resourcemanager.taskmanager-timeout"] / 1000,
+                registration_timeout_s=conf["resourcemanager.taskmanager-registration.timeout"] / 1000)
+            self._execute |= {
+                StartTaskManager: self._start_task_manager,
+                StopTaskManager: self._stop_task_manager,
+                SlotLimitReached: lambda i: log.warning(
+                    "%d slots wanted, slotmanager.number-of-slots.max is %d: no more TaskManagers started",
+                    i.wanted, i.max_slots),
+                StartsGivenUp: lambda i: log.error(i.reason),
+            }
+            endpoint.call_every(min(1.0, self.active.idle_timeout_s / 4), self._check_task_manager_processes)
+            endpoint.call_soon(self._run, [])  # the minimum of slots, before any request
 
     @property
     def slot_manager(self) -> SlotManager:
@@ -176,9 +213,18 @@ class ResourceManager:
         try:
             for instruction in instructions:
                 self._execute[type(instruction)](instruction)
+            if self.active is not None:
+                for instruction in self.active.reconcile(self._slot_demand(), self.clock()):
+                    self._execute[type(instruction)](instruction)
         finally:
             if sender is not None:
                 self._pending_peers.pop(sender[0], None)
+
+    def _slot_demand(self) -> SlotDemand:
+        sm = self.slot_manager
+        return SlotDemand(pending=sum(sm.pending().values()), free=sm.free_slots, total=sm.total_slots,
+                          busy=frozenset(t for t, reg in sm.task_managers.items()
+                                         if sm.free_slots_of(t) < reg.number_of_slots))
 
     def _send(self, tm_id: str, msg: m.Message) -> None:
         peer = self._peers.get(tm_id) or self._pending_peers.get(tm_id)
@@ -218,6 +264,8 @@ class ResourceManager:
         self._peers[i.task_manager_id] = self._pending_peers[i.task_manager_id]
         if i.new:
             reg = self.slot_manager.task_managers[i.task_manager_id]
+            if self.active is not None:
+                self.active.task_manager_registered(i.task_manager_id, reg.pid)
             log.info("TaskManager %s registered with %d slots (data %s)", i.task_manager_id, reg.number_of_slots,
                      reg.data_address)
         self._send(i.task_manager_id, m.RegistrationSuccess(self.heartbeat_interval_ms))
@@ -234,12 +282,16 @@ class ResourceManager:
     def _declared_lost(self, i: DeclareLost) -> None:
         log.warning(i.reason)
         self._peers.pop(i.task_manager_id, None)
+        if self.active is not None:
+            self.active.task_manager_lost(i.task_manager_id, self.clock())
         for listener in self.task_manager_lost_listeners:
             listener(i.task_manager_id, i.reason)
 
     # ------------------------------------------------------------------ slots, for JobMasters
     def request_slots(self, job_id: str, count: int, listener: SlotListener) -> None:
         self._listeners[job_id] = listener
+        if self.active is not None:
+            self.active.slots_requested()
         self._run(self.state.request_slots(job_id, count))
 
     def cancel_slot_request(self, job_id: str) -> None:
@@ -259,3 +311,39 @@ class ResourceManager:
     def shutdown_task_managers(self) -> None:
         for tm_id in list(self._peers):
             self.task_executor_gateway(tm_id).shutdown()
+
+    # ------------------------------------------------------------------ started TaskManagers
+    def _start_task_manager(self, i: StartTaskManager) -> None:
+        assert self.active is not None and self.provider is not None  # active mode only
+        try:
+            pid = self.provider.start(i.worker_id)
+        except OSError as exc:
+            log.error("TaskManager %s could not be started: %s", i.worker_id, exc)
+            self._run(self.active.process_exited(i.worker_id, str(exc)))
+            return
+        self.active.process_started(i.worker_id, pid)
+        log.info("TaskManager %s started (pid %d) for slots requested", i.worker_id, pid)
+
+    def _stop_task_manager(self, i: StopTaskManager) -> None:
+        assert self.active is not None and self.provider is not None  # active mode only
+        log.info("stopping TaskManager %s: %s", i.worker_id, i.reason)
+        if i.task_manager_id is not None:
+            self._peers.pop(i.task_manager_id, None)
+            self.state.release(i.task_manager_id)
+        self.provider.stop(i.worker_id)
+
+    def _check_task_manager_processes(self) -> None:
+        self.endpoint.assert_loop_thread()
+        assert self.active is not None and self.provider is not None
+        out: list = []
+        for worker_id, why in self.provider.poll_exited():
+            log.warning("TaskManager %s exited: %s", worker_id, why)
+            out += self.active.process_exited(worker_id, why)
+        self._run(out)  # and the idle and registration timeouts
+
+    def stop_started_task_managers(self, timeout: float = 10.0) -> None:
+        """Stop every TaskManager process this ResourceManager started and wait until they are gone.
+        For JobManager shutdown, from any thread once the loop has stopped (or from the loop itself
+        as its last act)."""
+        if self.provider is not None:
+            self.provider.stop_all(timeout)
