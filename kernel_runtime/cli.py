@@ -16,6 +16,7 @@ from cluster.conf import ConfigError
 from cluster.protocol.endpoint import RpcError
 
 from .api.environment import CONTEXT_CLUSTER_DIR, CONTEXT_DETACHED, CONTEXT_SAVEPOINT, CONTEXT_VERBOSE
+from .cli_options import dynamic_option, dynamic_properties
 from .client import JobCancelledError, JobClient, JobExecutionError
 from .local_cluster import ClusterInfo, ClusterNotRunning, LocalCluster, default_cluster_dir, stop_cluster
 
@@ -56,16 +57,12 @@ def cluster() -> None:
 @click.option("--slots", "-s", default=1, show_default=True, help="Slots per TaskManager.")
 @click.option("--config", "-c", "config_file", type=click.Path(exists=True, path_type=Path),
               help="A YAML file of configuration keys (Flink's names).")
-@click.option("-D", "dynamic", multiple=True, help="key=value configuration, as Flink's -D.")
+@dynamic_option
 @cluster_dir_option
 def cluster_start(taskmanagers, slots, config_file, dynamic, cluster_dir) -> None:
     import yaml
     config = yaml.safe_load(config_file.read_text()) if config_file else {}
-    for item in dynamic:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise click.BadParameter(f"{item!r} is not key=value", param_hint="-D")
-        config[key.strip()] = yaml.safe_load(value)
+    config.update(dynamic_properties(dynamic))
     try:
         local = LocalCluster(cluster_dir, taskmanagers=taskmanagers, slots=slots, config=config)
         local.start()

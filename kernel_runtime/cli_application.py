@@ -30,20 +30,10 @@ from cluster.protocol.endpoint import RpcError
 
 from . import processes
 from .client import JobClient
+from .cli_options import dynamic_option, dynamic_properties
 from .local_cluster import ClusterInfo, ClusterNotRunning
 
 JOB_SCRIPT, PACKAGE_CONFIG = "job.py", "config.yaml"
-
-
-def parse_dynamic(items: tuple[str, ...]) -> dict[str, Any]:
-    """Flink's ``-D key=value`` options, each value read as YAML (numbers, booleans)."""
-    config: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise click.BadParameter(f"{item!r} is not key=value", param_hint="-D")
-        config[key.strip()] = yaml.safe_load(value)
-    return config
 
 
 def read_package(package: Path) -> tuple[Path, dict[str, Any]]:
@@ -84,7 +74,7 @@ def application_configuration(config: dict[str, Any], dynamic: dict[str, Any], s
               help="TaskManagers started up front (default: the ones the job asks for, when it asks).")
 @click.option("--slots", "-s", type=click.IntRange(1, 1024), default=None,
               help="Slots per TaskManager (default: taskmanager.numberOfTaskSlots).")
-@click.option("-D", "dynamic", multiple=True, help="key=value configuration, as Flink's -D.")
+@dynamic_option
 @click.option("--detached", "-d", is_flag=True, help="Return once the job is RUNNING.")
 @click.option("--cluster-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="The application cluster's directory (default: a new temporary one).")
@@ -98,7 +88,7 @@ def run_application(taskmanagers, slots, dynamic, detached, cluster_dir, timeout
     go to the script's main()."""
     script, config = read_package(package)
     try:
-        conf = application_configuration(config, parse_dynamic(dynamic), str(package / PACKAGE_CONFIG),
+        conf = application_configuration(config, dynamic_properties(dynamic), str(package / PACKAGE_CONFIG),
                                          taskmanagers, slots)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None

@@ -17,28 +17,17 @@ from pathlib import Path
 from typing import Any, Optional
 
 import click
-import yaml
 
 from cluster import launch
 from cluster.conf import ConfigError, Configuration
 from cluster.protocol.auth import create_secret, parse_secret, write_secret
 
 from . import processes
+from .cli_options import dynamic_option, dynamic_properties
 from .local_cluster import default_cluster_dir, wait_for_jobmanager
 
 START_TIMEOUT_S = 60.0
 REGISTERED = "registered at the ResourceManager"  # the TaskManager's log line once it is
-
-
-def dynamic_properties(items: tuple[str, ...]) -> dict[str, Any]:
-    """Flink's ``-D key=value`` options as a dict (values parsed as YAML scalars)."""
-    config: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise click.BadParameter(f"{item!r} is not key=value", param_hint="-D")
-        config[key.strip()] = yaml.safe_load(value)
-    return config
 
 
 def jobmanager_address(value: str) -> str:
@@ -106,7 +95,6 @@ config_option = click.option("--config", "-c", "config_file", type=click.Path(ex
                              help="A YAML file of configuration keys (Flink's names).")
 secret_option = click.option("--secret-file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
                              help="The cluster secret (hex) to use; copied into the cluster directory.")
-dynamic_option = click.option("-D", "dynamic", multiple=True, help="key=value configuration, as Flink's -D.")
 timeout_option = click.option("--timeout", default=START_TIMEOUT_S, show_default=True,
                               help="Seconds to wait for the process to be up.")
 

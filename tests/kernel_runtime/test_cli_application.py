@@ -6,7 +6,8 @@ import click
 import pytest
 
 from cluster.conf import ConfigError
-from kernel_runtime.cli_application import application_configuration, parse_dynamic, read_package
+from kernel_runtime.cli_application import application_configuration, read_package
+from kernel_runtime.cli_options import dynamic_properties
 
 
 def test_package_config_then_dynamic_then_process_provider(tmp_path):
@@ -14,7 +15,7 @@ def test_package_config_then_dynamic_then_process_provider(tmp_path):
     (tmp_path / "config.yaml").write_text("parallelism.default: 3\nrest.port: 9999\n")
     script, config = read_package(tmp_path)
     assert script == tmp_path / "job.py"
-    conf = application_configuration(config, parse_dynamic(("parallelism.default=4",)), "config.yaml",
+    conf = application_configuration(config, dynamic_properties(("parallelism.default=4",)), "config.yaml",
                                      taskmanagers=2, slots=3)
     assert conf["parallelism.default"] == 4 and conf["rest.port"] == 9999 and conf["jobmanager.rpc.port"] == 0
     assert conf["resourcemanager.provider"] == "process"
@@ -26,7 +27,7 @@ def test_bad_packages_and_values_are_named(tmp_path):
     with pytest.raises(click.BadParameter, match="has no job.py"):
         read_package(tmp_path)
     with pytest.raises(click.BadParameter, match="not key=value"):
-        parse_dynamic(("parallelism.default",))
+        dynamic_properties(("parallelism.default",))
     with pytest.raises(ConfigError, match="'slotmanager.number-of-slots.max' in -D"):
         application_configuration({}, {"slotmanager.number-of-slots.max": "many"}, "config.yaml", None, None)
     with pytest.raises(ConfigError, match="number-of-slots.min \\(4\\) is above"):
