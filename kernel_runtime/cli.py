@@ -15,7 +15,7 @@ from rich.table import Table
 from cluster.conf import ConfigError
 from cluster.protocol.endpoint import RpcError
 
-from .api.environment import CONTEXT_CLUSTER_DIR, CONTEXT_DETACHED, CONTEXT_SAVEPOINT, CONTEXT_VERBOSE
+from cluster.protocol.job_context import CONTEXT_CLUSTER_DIR, CONTEXT_DETACHED, CONTEXT_SAVEPOINT, CONTEXT_VERBOSE
 from .cli_options import dynamic_option, dynamic_properties
 from .client import JobCancelledError, JobClient, JobExecutionError
 from .local_cluster import ClusterInfo, ClusterNotRunning, LocalCluster, default_cluster_dir, stop_cluster

@@ -26,16 +26,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from cluster.graph.execution_graph import JobState
+from cluster.protocol.job_context import CONTEXT_CLUSTER_DIR, CONTEXT_DETACHED, CONTEXT_VERBOSE
 
 if TYPE_CHECKING:
     from .entrypoint import JobManager
 
 log = logging.getLogger("streamlab.application")
 
-# kernel_runtime.api.environment's names (cluster/ does not import kernel_runtime; the script does)
-CONTEXT_CLUSTER_DIR = "STREAMLAB_CONTEXT_CLUSTER_DIR"
-CONTEXT_DETACHED = "STREAMLAB_CONTEXT_DETACHED"
-CONTEXT_VERBOSE = "STREAMLAB_CONTEXT_VERBOSE"
 
 RESULT_FILE = "application.json"
 EXIT_FINISHED, EXIT_FAILED, EXIT_NOT_FINISHED = 0, 1, 2

@@ -16,6 +16,7 @@ from cluster.conf import Configuration, ConfigError
 from cluster.graph.chaining import StreamEdge, StreamNode, build_job_graph
 from cluster.graph.job_graph import GraphValidationError, JobGraph, OperatorSpec, ShipStrategy
 from cluster.graph.operator_kinds import KINDS, Role, upsert_key
+from cluster.protocol.job_context import CONTEXT_CLUSTER_DIR, CONTEXT_DETACHED, CONTEXT_SAVEPOINT, CONTEXT_VERBOSE
 
 from ..client import JobClient, JobExecutionResult, JobHandle
 from ..local_cluster import ClusterInfo, LocalCluster
@@ -23,12 +24,6 @@ from .connectors import Connector
 from .datastream import DataStream, call_site, check_parallelism, pickle_udf, plays, require_parallelism
 from .schema import check_columns
 from .time import WatermarkStrategy
-
-# Set by `streamlab run`: the cluster to submit to and how.
-CONTEXT_CLUSTER_DIR = "STREAMLAB_CONTEXT_CLUSTER_DIR"
-CONTEXT_DETACHED = "STREAMLAB_CONTEXT_DETACHED"
-CONTEXT_VERBOSE = "STREAMLAB_CONTEXT_VERBOSE"
-CONTEXT_SAVEPOINT = "STREAMLAB_CONTEXT_SAVEPOINT"
 
 
 class StreamEnvironment:
