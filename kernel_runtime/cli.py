@@ -196,5 +196,9 @@ def stop(job_id, target_directory, timeout, cluster_dir) -> None:
     console.print(f"Savepoint completed. Path: file:{location}")
 
 
+from .cli_export import export  # noqa: E402  (each command module registers below: issue 11's design)
+main.add_command(export)
+
+
 if __name__ == "__main__":
     main()

@@ -37,7 +37,7 @@ from .magic_args import CHECKPOINT_INTERVAL_KEY, StreamArgs, parse_cluster_args,
 SKIP_TAG, KEEP_TAG = "skip-export", "export"
 DISTRIBUTION = "streamlab"
 # names only an interactive session has: IPython's output history and its shell
-_INTERACTIVE = re.compile(r"^(_+|_\d+|_i+|_i\d+|_ih|_oh|_dh|In|Out|get_ipython|exit|quit)$")
+_INTERACTIVE = re.compile(r"^(_+|_\d+|_i+|_i\d+|_ih|_oh|_dh|In|Out|get_ipython|display|exit|quit)$")
 _BUILTINS = frozenset(dir(builtins))
 _DISPLAY_CALLS = {"display", "print", "pprint"}
 
@@ -149,6 +149,8 @@ def _statements(cell: Cell, source: str, start: int) -> list[Statement]:
     for i, node in enumerate(tree.body):
         text = ast.get_source_segment(source, node) or ast.unparse(node)
         binds, reads = _names(ast.unparse(node))
+        if isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name):
+            reads.add(node.target.id)  # `x += 1` reads x first (symtable marks it bound only)
         why = _interactive_kind(node)
         if why is None and _uses_ipython(node):
             why = "a magic or shell command"
@@ -281,12 +283,25 @@ def slice_cell(cells: list[Cell], target: Cell) -> Slice:
         read_all(statement)
 
     build, module_own = _split_body(target)
+    # the cell's own definitions, only those the pipeline uses
+    wanted = {n for s in build for n in s.reads}
+    used: list[Statement] = []
+    for statement in reversed(module_own):
+        if statement.binds & wanted:
+            used.insert(0, statement)
+            wanted |= statement.reads
+    module_own = used
     own = {n for s in build + module_own for n in s.binds} | {"env"}
     for statement in build + module_own:
         for name in sorted(statement.reads - own):
             need(name, statement, start)
     module = sorted(kept.values(), key=lambda s: s.position) + module_own
     return Slice(module, build, _config(before, target))
+
+
+def _is_display(node: ast.Expr) -> bool:
+    call = node.value
+    return isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id in _DISPLAY_CALLS
 
 
 def _split_body(target: Cell) -> tuple[list[Statement], list[Statement]]:
@@ -305,7 +320,7 @@ def _split_body(target: Cell) -> tuple[list[Statement], list[Statement]]:
     build, module = [], []
     for statement in body:
         if isinstance(statement.node, ast.Expr):
-            if statement.reads & pipeline_names:
+            if statement.reads & pipeline_names and not _is_display(statement.node):
                 build.append(statement)
         elif (statement.reads & pipeline_names or statement.interactive is not None
               or any(bound[n] > 1 for n in statement.binds)):
