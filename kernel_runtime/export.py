@@ -144,6 +144,8 @@ def _statements(cell: Cell, source: str, start: int) -> list[Statement]:
     try:
         tree = ast.parse(source)
     except SyntaxError as exc:
+        if cell.stream_line is None:
+            return []  # what it would bind is unknown: a pipeline that needs it hears "no cell defines"
         raise ExportError(f"{cell.label}: SyntaxError: {exc.msg} (line {exc.lineno})") from None
     statements = []
     for i, node in enumerate(tree.body):

@@ -317,9 +317,13 @@ class StreamMagics(Magics):
         # Jupyter names a notebook's kernel session after the notebook's path (relative to the
         # server's root, which is the kernel's working directory when it started): ipykernel puts
         # it in __session__, jupyter_server in JPY_SESSION_NAME
+        # (a notebook's kernel starts in the notebook's folder: the name alone finds it there)
         for candidate in (self.ipython.user_ns.get("__session__"), os.environ.get("JPY_SESSION_NAME")):
-            if candidate and str(candidate).endswith(".ipynb") and Path(candidate).exists():
-                return str(candidate)
+            if not candidate or not str(candidate).endswith(".ipynb"):
+                continue
+            for path in (Path(candidate), Path.cwd() / Path(candidate).name):
+                if path.is_file():
+                    return str(path)
         return None
 
     # ------------------------------------------------------------------ %stream_cluster

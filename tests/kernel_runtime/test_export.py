@@ -157,6 +157,14 @@ def test_an_unnamed_cell_is_named_by_its_number_and_out_is_interactive(tmp_path)
         export_notebook(path, tmp_path / "out")
 
 
+def test_a_cell_that_does_not_parse_blocks_only_a_pipeline_that_needs_it(tmp_path):
+    cells = ["import pandas as pd", "broken = (", "%%stream --name ok\nenv.from_generator(count=3).collect()"]
+    assert export_one(notebook(tmp_path, *cells)).name == "ok"
+    cells[-1] = "%%stream --name needs\nenv.from_generator(lambda s: {'v': s * broken}, count=3).collect()"
+    with pytest.raises(ExportError, match="reads `broken`, which no cell before it defines"):
+        export_notebook(notebook(tmp_path, *cells, name="b.ipynb"), tmp_path / "b")
+
+
 def test_a_notebook_without_stream_cells_says_so(tmp_path):
     path = notebook(tmp_path, "import pandas as pd", "pd.DataFrame({'a': [1]})")
     with pytest.raises(ExportError, match="has no %%stream cell"):
@@ -219,6 +227,13 @@ def test_the_line_magic_exports_the_notebook(shell, tmp_path):
     good = notebook(tmp_path, "%%stream --name g\nenv.from_generator(count=3).collect()")
     _, out = run(shell, f"%stream_export --notebook {good} -o {tmp_path / 'pkg'} --cell g")
     assert (tmp_path / "pkg" / "job.py").exists(), out
+    # without --notebook: the notebook the kernel's session is named after (as Jupyter names it)
+    shell.user_ns["__session__"] = str(good)
+    try:
+        _, out = run(shell, f"%stream_export -o {tmp_path / 'mine'}")
+    finally:
+        del shell.user_ns["__session__"]
+    assert (tmp_path / "mine" / "g" / "job.py").exists(), out
     empty = notebook(tmp_path, "x = 1", name="empty.ipynb")
     result, out = run(shell, f"%stream_export --notebook {empty}")
     assert "ExportError" in out and "has no %%stream cell" in out and "Traceback" not in out
