@@ -5,7 +5,8 @@ What the notebook gives is found by running it: once, in a real kernel (nbclient
 the tutorials), with one cell added before its cluster stops that writes each job's final state
 and collected tables (the magic's handles by job name). The notebook as executed is then exported,
 and each package run by a runner against a cluster:
-* a job the notebook ran to FINISHED: the same tables, sorted, row for row;
+* a job the notebook ran to FINISHED: the same tables, sorted, row for row (of a changelog, whose
+  updates follow the timing of batches, the table it describes: each key's last row);
 * a job the notebook cancelled (an unbounded one): run until its sink has rows, cancelled, then the
   same columns and, for a table per key, the same keys;
 * a job that failed (or a cell that raised before submitting): the run fails with the same cause.
@@ -41,7 +42,26 @@ CAPTURE = """\
 import json as _json, pathlib as _pathlib
 from kernel_runtime.magic import StreamMagics as _StreamMagics
 _magics = next(c for c in get_ipython().configurables if isinstance(c, _StreamMagics))
+from cluster.graph.operator_kinds import upsert_key as _upsert_key
 _out, _jobs = _pathlib.Path({out!r}), {{}}
+
+def _changelog_key(graph, sink):
+    # the key of the upsert operator a changelog collect sink reads (None: not a changelog)
+    vertices, inputs = {{v.id: v for v in graph.vertices}}, {{e.target: e.source for e in graph.edges}}
+    for vertex in graph.vertices:
+        for i, op in enumerate(vertex.operators):
+            if op.kind == "collect-sink" and op.name == sink and op.params.get("changelog"):
+                upstream, vid = vertex.operators[:i], vertex.id
+                while True:
+                    for before in reversed(upstream):
+                        if (key := _upsert_key(before.kind, before.params)):
+                            return key
+                    vid = inputs.get(vid)
+                    if vid is None:
+                        return None
+                    upstream = vertices[vid].operators
+    return None
+
 for _i, (_name, _handle) in enumerate(_magics.jobs.items()):
     _status = _handle.job_status()
     if _status.state not in ("FINISHED", "FAILED", "CANCELED"):  # left running: as of now
@@ -51,7 +71,8 @@ for _i, (_name, _handle) in enumerate(_magics.jobs.items()):
     _sinks = {{}}
     for _j, _sink in enumerate([] if _handle.detached else _handle.sinks):
         _handle.results_of(_sink).reset_index(drop=True).to_parquet(_out / f"{{_i}}-{{_j}}.parquet")
-        _sinks[_sink] = {{"file": f"{{_i}}-{{_j}}.parquet", "mode": _handle.summary(_sink, rows=0).mode}}
+        _sinks[_sink] = {{"file": f"{{_i}}-{{_j}}.parquet", "mode": _handle.summary(_sink, rows=0).mode,
+                         "changelog_key": _changelog_key(_handle.job_graph, _sink)}}
     _jobs[_name] = {{"state": _status.state, "failure": _status.failure, "sinks": _sinks}}
 (_out / "jobs.json").write_text(_json.dumps(_jobs))
 """
@@ -198,9 +219,14 @@ def test_exported_jobs_give_what_the_notebook_gives(notebook, runner, tmp_path):
             ran = runner.run(directory, out)
             assert ran.returncode == 0, f"{where}:\n{ran.output[-3000:]}"
             for sink, kept in job["sinks"].items():
-                expected = sorted_rows(pd.read_parquet(seen / kept["file"]))
-                got = sorted_rows(pd.read_parquet(out / f"{sink}.parquet"))
-                pd.testing.assert_frame_equal(got, expected, obj=f"{where}, sink {sink!r}")
+                expected, got = pd.read_parquet(seen / kept["file"]), pd.read_parquet(out / f"{sink}.parquet")
+                if kept["changelog_key"]:
+                    # a changelog's updates follow the batches as they met (timing): what is the
+                    # same is the table it describes, the last update of each key
+                    key = kept["changelog_key"]
+                    assert list(got.columns) == list(expected.columns), f"{where}, sink {sink!r}"
+                    expected, got = (f.drop_duplicates(key, keep="last") for f in (expected, got))
+                pd.testing.assert_frame_equal(sorted_rows(got), sorted_rows(expected), obj=f"{where}, sink {sink!r}")
         else:  # CANCELED: an unbounded job, run until it has rows
             ran = runner.run_until_rows(directory, out, package.name)
             assert "was cancelled" in ran.output, f"{where}:\n{ran.output[-3000:]}"
