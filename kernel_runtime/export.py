@@ -120,7 +120,7 @@ def _magic_call(node: ast.stmt) -> Optional[tuple[str, str]]:
         call = node.value
         if (isinstance(call.func, ast.Attribute) and call.func.attr == "run_line_magic"
                 and len(call.args) >= 2 and all(isinstance(a, ast.Constant) for a in call.args[:2])):
-            return call.args[0].value, call.args[1].value
+            return call.args[0].value, call.args[1].value  # type: ignore[attr-defined]
     return None
 
 
@@ -313,7 +313,7 @@ def _split_body(target: Cell) -> tuple[list[Statement], list[Statement]]:
     body = [s for s in target.statements if s.node is not None]
     bound: dict[str, int] = {}
     for statement in body:
-        if _uses_ipython(statement.node):
+        if statement.node is not None and _uses_ipython(statement.node):
             raise ExportError(f"{target.label}: a magic or shell command in a %%stream cell's body cannot be "
                               "exported")
         for name in statement.binds:
@@ -359,15 +359,15 @@ def _config(before: list[Cell], target: Cell) -> dict:
                 elif key.strip() == "StreamMagics.slots" and sep:
                     config["taskmanager.numberOfTaskSlots"] = int(value)
             elif name == "stream_cluster":
-                args = parse_cluster_args(line)
-                if args.action == "start" and args.slots:
-                    config["taskmanager.numberOfTaskSlots"] = args.slots
-    args = target.args or parse_stream_args("")
+                cluster = parse_cluster_args(line)
+                if cluster.action == "start" and cluster.slots:
+                    config["taskmanager.numberOfTaskSlots"] = cluster.slots
+    options = target.args or parse_stream_args("")
     config["pipeline.name"] = target.job_name
-    if args.parallelism:
-        config["parallelism.default"] = args.parallelism
-    if args.checkpoint_interval:
-        config[CHECKPOINT_INTERVAL_KEY] = args.checkpoint_interval
+    if options.parallelism:
+        config["parallelism.default"] = options.parallelism
+    if options.checkpoint_interval:
+        config[CHECKPOINT_INTERVAL_KEY] = options.checkpoint_interval
     return config
 
 

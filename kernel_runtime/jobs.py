@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -21,7 +20,7 @@ from cluster.jobmanager.dispatcher import CLUSTER_WIDE_KEYS, JOB_SCOPED_PREFIXES
 
 from .api import StreamEnvironment
 from .api.environment import CONTEXT_VERBOSE
-from .client import JobCancelledError, JobExecutionResult
+from .client import JobCancelledError, JobExecutionResult, JobHandle
 
 CONFIG_FILE = "config.yaml"
 NAME_KEY = "pipeline.name"
@@ -39,10 +38,9 @@ def job_config(script: str | Path) -> dict:
 
 
 def run_job(build: Callable[[StreamEnvironment], object], script: str | Path,
-            argv: Optional[list[str]] = None) -> JobExecutionResult:
-    parser = argparse.ArgumentParser(prog=Path(script).name, description=sys.modules["__main__"].__doc__
-                                     if "__main__" in sys.modules else None,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+            argv: Optional[list[str]] = None) -> JobExecutionResult | JobHandle:
+    parser = argparse.ArgumentParser(prog=Path(script).name, description="Run the exported job (its "
+                                     f"configuration: {CONFIG_FILE} next to the script).")
     parser.add_argument("--output", "-o", metavar="OUT", type=Path,
                         help="write each collect sink's final table to OUT/<sink name>.parquet")
     args = parser.parse_args(argv)
@@ -60,7 +58,7 @@ def run_job(build: Callable[[StreamEnvironment], object], script: str | Path,
         if args.output is not None and getattr(exc, "results", None):
             write_results(exc.results, args.output)
         raise
-    if isinstance(result, JobExecutionResult):
+    if isinstance(result, JobExecutionResult):  # (a JobHandle under streamlab run -d)
         if args.output is not None:
             write_results(result.results, args.output)
         elif os.environ.get(CONTEXT_VERBOSE) != "1":  # streamlab run prints the tables itself
