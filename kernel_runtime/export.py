@@ -437,7 +437,7 @@ def _imports(piece: Slice) -> list[str]:
 
 def _script(notebook: Path, cell: Cell, piece: Slice) -> str:
     imports = _imports(piece)
-    definitions = [s.source for s in piece.module if not _is_import(s)]
+    definitions = [s for s in piece.module if not _is_import(s)]
     if not piece.build:
         raise ExportError(f"{cell.label}: the cell builds no pipeline on `env`")
     body = "\n".join(_indent(s.source) for s in piece.build)
@@ -455,7 +455,12 @@ def _script(notebook: Path, cell: Cell, piece: Slice) -> str:
     ]
     parts[0] += "\n\n" + _sorted_imports(imports)
     if definitions:
-        parts.append("\n\n".join(definitions))
+        text = definitions[0].source
+        for previous, statement in zip(definitions, definitions[1:]):
+            # constants together, functions and classes apart (PEP 8's two blank lines)
+            spaced = isinstance(previous.node, _DEFINITIONS) or isinstance(statement.node, _DEFINITIONS)
+            text += ("\n\n\n" if spaced else "\n") + statement.source
+        parts.append(text)
     parts.append(f'def build(env):\n    """The pipeline of {cell.label}."""\n{body}')
     parts.append('def main(argv=None):\n    """Build the pipeline on an environment configured by config.yaml and run it."""\n'
                  "    return run_job(build, __file__, argv)")
