@@ -69,7 +69,6 @@ class Cell:
     tags: set[str]
     stream_line: Optional[str] = None  # the %%stream line's arguments, for a %%stream cell
     args: Optional[StreamArgs] = None  # those arguments, parsed
-    body: str = ""
     statements: list[Statement] = field(default_factory=list)
 
     @property
@@ -175,7 +174,7 @@ def read_cells(path: Path) -> list[Cell]:
         cell = Cell(index, raw.get("execution_count"), raw.source, set(raw.metadata.get("tags", [])))
         first, _, rest = raw.source.lstrip().partition("\n")
         if first.startswith("%%stream") and first[len("%%stream"):][:1] in ("", " ", "\t"):
-            cell.stream_line, cell.body = first[len("%%stream"):].strip(), rest
+            cell.stream_line = first[len("%%stream"):].strip()
             try:
                 cell.args = parse_stream_args(cell.stream_line)
             except UsageError as exc:  # a bad option, as the magic would say
