@@ -241,7 +241,7 @@ def test_the_line_magic_exports_the_notebook(shell, tmp_path):
 
 
 @pytest.mark.timeout(180)
-def test_an_exported_job_runs_as_a_plain_script_with_the_rows_pandas_gives(tmp_path):
+def test_an_exported_job_runs_as_a_plain_script_without_jupyter_with_the_rows_pandas_gives(tmp_path):
     path = notebook(tmp_path,
                     "%load_ext kernel_runtime",
                     "import numpy as np\nimport pandas as pd\nSHOPS = 7",
@@ -256,9 +256,14 @@ def test_an_exported_job_runs_as_a_plain_script_with_the_rows_pandas_gives(tmp_p
     # a clean environment: the project on the path, no notebook, not this test's process
     env = {k: v for k, v in os.environ.items() if not k.startswith(("STREAMLAB_", "JPY_"))}
     env["PYTHONPATH"] = str(ROOT)
-    done = subprocess.run([sys.executable, "job.py", "--output", str(out)], cwd=directory, env=env,
-                          capture_output=True, text=True, timeout=170)
+    # -X importtime lists every module the script's process imports (on stderr)
+    done = subprocess.run([sys.executable, "-X", "importtime", "job.py", "--output", str(out)], cwd=directory,
+                          env=env, capture_output=True, text=True, timeout=170)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    imported = {line.rsplit("|", 1)[-1].strip().split(".")[0] for line in done.stderr.splitlines()
+                if line.startswith("import time:")}
+    assert "kernel_runtime" in imported and "pandas" in imported
+    assert not imported & {"IPython", "ipykernel", "nbformat", "ipywidgets", "bokeh", "jupyter_client"}
     got = pd.read_parquet(out / "per shop.parquet").sort_values("shop", ignore_index=True)
     data = pd.DataFrame({"shop": np.arange(5_000) % 7, "amount": (np.arange(5_000) * 13) % 50})
     expected = data.groupby("shop").agg(revenue=("amount", "sum"), n=("amount", "count")).reset_index()
