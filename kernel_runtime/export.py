@@ -247,9 +247,15 @@ def slice_cell(cells: list[Cell], target: Cell) -> Slice:
     earlier = [s for c in before for s in c.statements]
     why = _why_interactive(earlier)
     start = target.statements[0].position
-    kept: dict[int, Statement] = {}
+    kept: dict[int, Statement] = {}  # of the cells before, by position
+    build, module_own = _split_body(target)
+    own_defs = {name: s for s in module_own for name in s.binds}  # each bound once (_split_body)
+    used_own: dict[int, Statement] = {}
 
-    def need(name: str, reader: Statement, before_position: int) -> None:
+    def need(name: str, reader: Statement, before_position: int, late: bool = False) -> None:
+        if late and name in own_defs:  # an earlier cell's function reading what the cell defines
+            use_own(own_defs[name])
+            return
         statement = _last_binding(earlier, name, before_position)
         if statement is None and name in _BUILTINS:
             return
@@ -270,10 +276,22 @@ def slice_cell(cells: list[Cell], target: Cell) -> Slice:
 
     def read_all(statement: Statement) -> None:
         # a function's or class's body reads its globals when called (in the pipeline): the latest
-        # bindings before the cell; anything else reads them where it stands
+        # bindings before the cell, or the cell's own; anything else reads them where it stands
         late = isinstance(statement.node, _DEFINITIONS)
         for name in sorted(statement.reads - (statement.binds if late else set())):
-            need(name, statement, start if late or statement.cell is target else statement.position)
+            need(name, statement, start if late else statement.position, late)
+
+    def read_own(statement: Statement, local: set[str]) -> None:
+        for name in sorted(statement.reads - local - {"env"}):
+            if name in own_defs:
+                use_own(own_defs[name])
+            else:
+                need(name, statement, start)
+
+    def use_own(statement: Statement) -> None:
+        if statement.position not in used_own:
+            used_own[statement.position] = statement
+            read_own(statement, statement.binds)
 
     for cell in before:
         if KEEP_TAG in cell.tags:
@@ -282,20 +300,11 @@ def slice_cell(cells: list[Cell], target: Cell) -> Slice:
                     kept[statement.position] = statement
     for statement in list(kept.values()):
         read_all(statement)
-
-    build, module_own = _split_body(target)
-    # the cell's own definitions, only those the pipeline uses
-    wanted = {n for s in build for n in s.reads}
-    used: list[Statement] = []
-    for statement in reversed(module_own):
-        if statement.binds & wanted:
-            used.insert(0, statement)
-            wanted |= statement.reads
-    module_own = used
-    own = {n for s in build + module_own for n in s.binds} | {"env"}
-    for statement in build + module_own:
-        for name in sorted(statement.reads - own):
-            need(name, statement, start)
+    build_locals = {n for s in build for n in s.binds}
+    for statement in build:
+        read_own(statement, build_locals)
+    # the cell's own definitions, only those used, in the cell's order
+    module_own = [s for s in module_own if s.position in used_own]
     module = sorted(kept.values(), key=lambda s: s.position) + module_own
     return Slice(module, build, _config(before, target))
 

@@ -133,6 +133,14 @@ def test_the_latest_binding_before_the_cell_counts_and_functions_bring_what_they
     assert "from math import floor\n" in script  # ceil is not used
 
 
+def test_a_function_of_an_earlier_cell_may_read_what_the_stream_cell_defines(tmp_path):
+    path = notebook(tmp_path, "def scaled(seq):\n    return {'v': seq * FACTOR}",
+                    "%%stream --name f\nFACTOR = 3\nIGNORED = 4\nenv.from_generator(scaled, count=3).collect()")
+    script = script_of(export_one(path))
+    assert script.index("def scaled") < script.index("FACTOR = 3") < script.index("def build")
+    assert "IGNORED" not in script
+
+
 @pytest.mark.parametrize("cells, variable, why", [
     (["%%stream --name first -o handle\nenv.from_generator(count=3).collect()",
       "N = len(handle.wait().to_pandas())"], "N", "the job handle of %%stream cell 'first'"),
