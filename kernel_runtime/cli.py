@@ -193,9 +193,12 @@ def stop(job_id, target_directory, timeout, cluster_dir) -> None:
     console.print(f"Savepoint completed. Path: file:{location}")
 
 
+# each command module registers here (issue 11's design: one line per part, no merge knots)
 from .cli_application import run_application  # noqa: E402
+from .cli_export import export  # noqa: E402
 from .cli_standalone import add_standalone_commands  # noqa: E402
 
+main.add_command(export)
 main.add_command(run_application)
 add_standalone_commands(main)
 

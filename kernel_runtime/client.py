@@ -56,7 +56,11 @@ class JobExecutionError(RuntimeError):
 
 
 class JobCancelledError(RuntimeError):
-    pass
+    """The job was cancelled; ``results`` holds the rows its collect sinks delivered until then."""
+
+    def __init__(self, message: str, results: Optional[dict[str, pd.DataFrame]] = None):
+        super().__init__(message)
+        self.results = results or {}
 
 
 class _SinkResults:
@@ -378,7 +382,8 @@ class JobHandle:
         if status.state == JobState.FAILED:
             raise JobExecutionError(self.job_id, self.name, status.failure or "unknown cause")
         if status.state == JobState.CANCELED:
-            raise JobCancelledError(f"job '{self.name}' ({self.job_id}) was cancelled")
+            results = {} if self.detached else {n: self.results_of(n) for n in self._sinks}
+            raise JobCancelledError(f"job '{self.name}' ({self.job_id}) was cancelled", results)
         if self._sinks and not self.detached and not self.client.results.wait_complete(self.job_id, 30):
             raise RuntimeError(f"job '{self.name}' finished but not every collect sink's results arrived")
         duration = int((time.monotonic() - self.submitted_at) * 1000)

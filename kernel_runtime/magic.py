@@ -35,7 +35,8 @@ from .api import StreamEnvironment
 from .cells import CellSites, running_cell
 from .client import JobClient, JobHandle
 from .local_cluster import ClusterInfo, ClusterNotRunning, LocalCluster, default_cluster_dir
-from .magic_args import ClusterAddress, parse_cluster_args, parse_stream_args, stream, stream_cluster
+from .magic_args import (ClusterAddress, parse_cluster_args, parse_export_args, parse_stream_args, stream,
+                         stream_cluster, stream_export)
 from .results import ResultMode
 
 # Errors a user makes or meets in normal use: shown as one message, without a traceback.
@@ -218,6 +219,8 @@ class StreamMagics(Magics):
     def __init__(self, shell):
         super().__init__(shell)
         self._session: Optional[StreamSession] = None
+        # the handles of the jobs this kernel's cells submitted, by job name (the latest of a name)
+        self.jobs: dict[str, JobHandle] = {}
 
     @property
     def ipython(self) -> InteractiveShell:
@@ -259,6 +262,7 @@ class StreamMagics(Magics):
             raise _expected(exc, sites) from None
         if args.output:
             self.ipython.user_ns[args.output] = handle
+        self.jobs[name] = handle
         if args.detached:
             print(f"Job has been submitted with JobID {handle.job_id}")
         from .widgets import in_kernel
@@ -289,6 +293,38 @@ class StreamMagics(Magics):
             lines = shell.InteractiveTB.structured_traceback(type(exc), exc, tb or exc.__traceback__)
             raise StreamCellError(sites.rewrite(f"{type(exc).__name__}: {exc}"), lines) from exc
         return filename
+
+    # ------------------------------------------------------------------ %stream_export
+    @line_magic
+    def stream_export(self, line: str) -> None:
+        from .export import ExportError, export_notebook
+        args = parse_export_args(line)
+        notebook = args.notebook or self._notebook_path()
+        if notebook is None:
+            raise StreamCellError("%stream_export: this kernel does not know its notebook's path; "
+                                  "give it with --notebook PATH")
+        notebook = Path(notebook)
+        try:
+            written = export_notebook(notebook, Path(args.output) if args.output else notebook.with_suffix(""),
+                                      args.cell)
+        except ExportError as exc:
+            raise StreamCellError(f"ExportError: {exc}") from None
+        print(f"Exported from {notebook} as saved on disk:")
+        for package, directory in written:
+            print(f"  {package.cell.label} -> {directory}")
+
+    def _notebook_path(self) -> Optional[str]:
+        # Jupyter names a notebook's kernel session after the notebook's path (relative to the
+        # server's root, which is the kernel's working directory when it started): ipykernel puts
+        # it in __session__, jupyter_server in JPY_SESSION_NAME
+        # (a notebook's kernel starts in the notebook's folder: the name alone finds it there)
+        for candidate in (self.ipython.user_ns.get("__session__"), os.environ.get("JPY_SESSION_NAME")):
+            if not candidate or not str(candidate).endswith(".ipynb"):
+                continue
+            for path in (Path(candidate), Path.cwd() / Path(candidate).name):
+                if path.is_file():
+                    return str(path)
+        return None
 
     # ------------------------------------------------------------------ %stream_cluster
     @line_magic
@@ -333,6 +369,7 @@ class StreamMagics(Magics):
 
 StreamMagics.stream.__doc__ = stream.__doc__
 StreamMagics.stream_cluster.__doc__ = stream_cluster.__doc__
+StreamMagics.stream_export.__doc__ = stream_export.__doc__
 
 
 def load_ipython_extension(shell) -> None:

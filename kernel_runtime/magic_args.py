@@ -98,6 +98,17 @@ def stream_cluster(line):
     """Manage this notebook's embedded cluster (a JobManager and TaskManagers on 127.0.0.1)."""
 
 
+@magic_arguments("stream_export")
+@argument("--cell", metavar="NAME", help="Export only the %%%%stream cell of this --name (into DIR itself).")
+@argument("-o", "--output", metavar="DIR",
+          help="Where the job packages go (default: a folder named after the notebook, next to it).")
+@argument("--notebook", metavar="PATH",
+          help="The notebook to export (default: this kernel's notebook, as saved on disk).")
+def stream_export(line):
+    """Export this notebook's %%stream cells, with the code they need, as job packages (job.py,
+    config.yaml, requirements.txt), as `streamlab export` does."""
+
+
 def _parse(magic, line: str):
     # shell-style splitting (IPython's own keeps the quotes: --name "a b" would be '"a b"')
     try:
@@ -134,6 +145,10 @@ def parse_stream_args(line: str) -> StreamArgs:
                       checkpoint_interval=args.checkpoint_interval, detached=args.detached,
                       cluster=args.cluster, output=args.output, mode=args.mode,
                       max_rows=_positive(int(args.max_rows), "--max-rows"))  # it has a default
+
+
+def parse_export_args(line: str):
+    return _parse(stream_export, line)
 
 
 def parse_cluster_args(line: str) -> ClusterArgs:

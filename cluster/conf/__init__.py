@@ -209,6 +209,7 @@ OPTIONS: dict[str, ConfigOption] = {
         ConfigOption("taskmanager.network.memory.buffers-per-channel", _int(1, 1024),
                      "Credits a consumer grants each input channel."),
         ConfigOption("parallelism.default", _int(1, 32768), "Parallelism of operators that set none."),
+        ConfigOption("pipeline.name", _str_or_empty, "The job's name (empty: the one the program gives)."),
         ConfigOption("pipeline.max-parallelism", _int(1, 32768), "Number of key groups."),
         # Flink's nearest key is pekko.framesize (the largest RPC message); ours names what it
         # limits, because the job graph (pickled user functions) is what users make too large.
