@@ -59,6 +59,9 @@ class GeneratorSource(SourceOperator, kind="generator-source"):
         p = self.ctx.parallelism
         given = self.params.get("batch_size")
         self.batch_size = int(given or DEFAULT_POLL_ROWS)
+        # a given batch_size fixes every batch (but a split's last): batch boundaries, and with them
+        # the watermarks generated after each batch, never depend on the timing of the polls
+        self.fixed_batches = bool(given)
         # splits stay what they were with 1,000-row batches: positions in older savepoints stay true
         self.split_size = int(self.params.get("split_size") or default_split_size(self.count, int(given or SPLIT_BATCH)))
         rate = self.params.get("rate")
@@ -112,9 +115,10 @@ class GeneratorSource(SourceOperator, kind="generator-source"):
             if 0 < due < n and now - self.last_poll < PACE_S:  # a few rows: gather more (a poll has a cost)
                 time.sleep(PACE_S - (now - self.last_poll))
                 return pa.table({})
-            if due <= 0:
-                # sleep until the next row is due, at most 100 ms, so cancellation stays quick
-                time.sleep(max(0.0, min(0.1, (self.emitted + 1) / self.rate - (time.monotonic() - self.started))))
+            wanted = n if self.fixed_batches else 1
+            if due < wanted:
+                # sleep until the rows are due, at most 100 ms, so cancellation stays quick
+                time.sleep(max(0.0, min(0.1, (self.emitted + wanted) / self.rate - (time.monotonic() - self.started))))
                 return pa.table({})
             n = min(n, due)
             self.last_poll = now

@@ -11,7 +11,8 @@ and each package run by a runner against a cluster:
   same columns and, for a table per key, the same keys;
 * a job that failed (or a cell that raised before submitting): the run fails with the same cause.
 A new notebook is covered by the glob. Runners: session mode (`streamlab run` against a session
-cluster); application mode (`streamlab run-application`) is another class of the same two methods.
+cluster) and application mode (`streamlab run-application`, a cluster per package, checked gone
+after each run).
 """
 from __future__ import annotations
 
@@ -26,10 +27,12 @@ from pathlib import Path
 
 import nbformat
 import pandas as pd
+import psutil
 import pytest
 
 from kernel_runtime import JobClient
 from kernel_runtime.export import export_notebook
+from kernel_runtime.local_cluster import ClusterInfo
 
 from ..conftest import start_cluster
 
@@ -151,11 +154,89 @@ def session_cluster(tmp_path_factory):
     local.stop()
 
 
-@pytest.fixture(params=["session"])
-def runner(request):
+class ApplicationRunner:
+    """`streamlab run-application PACKAGE -- --output OUT`: a cluster of the package's own, started
+    by the command, its TaskManagers by the active ResourceManager, gone when the job ends. The
+    script's main() runs in the JobManager, so what it prints (and a cause) is in the JobManager's
+    log and .out, which count as the run's output."""
+
+    def __init__(self, workdir: Path):
+        self.workdir = workdir
+
+    def _command(self, package: Path, output: Path, cluster_dir: Path, *options: str) -> list[str]:
+        return [sys.executable, "-m", "kernel_runtime.cli", "run-application", "--cluster-dir", str(cluster_dir),
+                *options, str(package), "--", "--output", str(output)]
+
+    def _cluster_dir(self, package: Path) -> Path:
+        return self.workdir / f"application-{package.name}"
+
+    @staticmethod
+    def _output(cluster_dir: Path, printed: str) -> str:
+        logs = [cluster_dir / "log" / name for name in ("jobmanager.out", "jobmanager.log")]
+        return printed + "".join(p.read_text(errors="replace") for p in logs if p.exists())
+
+    def run(self, package: Path, output: Path) -> Ran:
+        cluster_dir = self._cluster_dir(package)
+        done = subprocess.run(self._command(package, output, cluster_dir), cwd=package, env=_clean_env(),
+                              capture_output=True, text=True, timeout=300)
+        _assert_all_gone(cluster_dir)
+        return Ran(done.returncode, self._output(cluster_dir, done.stdout + done.stderr))
+
+    def run_until_rows(self, package: Path, output: Path, name: str) -> Ran:
+        cluster_dir = self._cluster_dir(package)
+        done = subprocess.run(self._command(package, output, cluster_dir, "--detached"), cwd=package,
+                              env=_clean_env(), capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        info = ClusterInfo.load(cluster_dir)
+        jobmanager = psutil.Process(json.loads((cluster_dir / "jobmanager.json").read_text())["pid"])
+        client = JobClient(info)
+        try:
+            (job_id,) = [j["jid"] for j in client.list_jobs() if j["name"] == name]
+            deadline = time.monotonic() + 120
+            while _sink_records(client.job_details(job_id)) == 0:
+                assert time.monotonic() < deadline, f"no rows at the sink of {name!r}"
+                time.sleep(0.2)
+            time.sleep(2)  # the rows on their way to main()'s client
+            client.cancel(job_id)
+        finally:
+            client.close()
+        jobmanager.wait(120)  # the application cluster ends with its job
+        _assert_all_gone(cluster_dir)
+        return Ran(2, self._output(cluster_dir, done.stdout + done.stderr))
+
+
+def _assert_all_gone(cluster_dir: Path) -> None:
+    """No process of the application's cluster is left (JobManager, started TaskManagers)."""
+    def of_cluster(proc: psutil.Process) -> bool:
+        try:
+            return str(cluster_dir) in " ".join(proc.cmdline())
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            return False
+    deadline = time.monotonic() + 30
+    while left := [p.pid for p in psutil.process_iter() if of_cluster(p)]:
+        assert time.monotonic() < deadline, f"processes of {cluster_dir} left: {left}"
+        time.sleep(0.2)
+
+
+@pytest.fixture(params=["session", "application"])
+def runner(request, tmp_path):
     if request.param == "session":
         return SessionRunner(request.getfixturevalue("session_cluster"))
-    raise ValueError(request.param)
+    return ApplicationRunner(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def notebook_runs(tmp_path_factory):
+    """Each notebook executed once for all runners: its kept tables, and the notebook as executed."""
+    runs: dict[Path, tuple[Path, dict, nbformat.NotebookNode]] = {}
+
+    def run(notebook: Path):
+        if notebook not in runs:
+            seen = tmp_path_factory.mktemp(notebook.stem)
+            executed = execute(notebook, seen)
+            runs[notebook] = (seen, json.loads((seen / "jobs.json").read_text()), executed)
+        return runs[notebook]
+    return run
 
 
 def execute(notebook: Path, out: Path) -> nbformat.NotebookNode:
@@ -190,11 +271,8 @@ def sorted_rows(frame: pd.DataFrame) -> pd.DataFrame:
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=[n.stem for n in NOTEBOOKS])
-def test_exported_jobs_give_what_the_notebook_gives(notebook, runner, tmp_path):
-    seen = tmp_path / "notebook"
-    seen.mkdir()
-    executed = execute(notebook, seen)
-    jobs = json.loads((seen / "jobs.json").read_text())
+def test_exported_jobs_give_what_the_notebook_gives(notebook, runner, notebook_runs, tmp_path):
+    seen, jobs, executed = notebook_runs(notebook)
     copy = tmp_path / notebook.name  # the notebook as executed: unnamed cells are named by their number
     nbformat.write(executed, str(copy))
     packages = export_notebook(copy, tmp_path / "packages")
