@@ -23,7 +23,8 @@ from cluster.graph.execution_graph import JobState
 from cluster.graph.job_graph import MAX_SIZE_KEY, JobGraph
 from cluster.protocol import messages as m
 from cluster.protocol.codec import Codec
-from cluster.protocol.endpoint import RpcClient, bound_address, make_socket
+from cluster.protocol.curve import cluster_codec
+from cluster.protocol.endpoint import RpcClient, bind_socket, local_address_towards, make_socket
 from cluster.protocol.serde import ipc_to_table
 
 from .cells import with_notebook_cells
@@ -122,8 +123,7 @@ class ResultReceiver:
         self.codec = codec
         self.acknowledge = acknowledge  # called on the receiver thread: must not block
         self._sock = make_socket(zmq.Context.instance(), zmq.ROUTER)
-        self._sock.bind(f"tcp://{host}:0")
-        self.address = bound_address(self._sock)
+        self.address = bind_socket(self._sock, f"tcp://{host}:0", codec)
         self._lock = threading.Condition()
         self._jobs: dict[str, dict[str, _SinkResults]] = {}
         self._running = True
@@ -419,7 +419,7 @@ class _Acknowledger:
 class JobClient:
     def __init__(self, cluster: ClusterInfo, timeout: float = 10.0):
         self.cluster = cluster
-        self.codec = Codec(cluster.secret)
+        self.codec = cluster_codec(cluster.configuration(), cluster.secret)
         self.rpc = RpcClient(cluster.rpc_address, self.codec, timeout)
         self.max_job_graph_bytes: int = cluster.configuration()[MAX_SIZE_KEY]
         self._results: Optional[ResultReceiver] = None
@@ -428,7 +428,8 @@ class JobClient:
     def results(self) -> ResultReceiver:
         if self._results is None:
             self._acknowledger = _Acknowledger(self.rpc)
-            self._results = ResultReceiver(self.codec, self._acknowledger.send)
+            self._results = ResultReceiver(self.codec, self._acknowledger.send,
+                                           host=local_address_towards(self.cluster.rpc_address))
         return self._results
 
     def submit(self, job_graph: JobGraph, detached: bool = False,

@@ -28,8 +28,8 @@ import zmq
 
 from cluster.graph.execution_graph import JobState
 from cluster.protocol import messages as m
-from cluster.protocol.codec import Codec
-from cluster.protocol.endpoint import RpcClient, RpcError, inproc_pair, make_socket
+from cluster.protocol.curve import cluster_codec
+from cluster.protocol.endpoint import RpcClient, RpcError, connect_socket, inproc_pair, make_socket
 
 from .local_cluster import ClusterInfo
 
@@ -132,7 +132,7 @@ class ClusterEvents:
 
     def __init__(self, cluster: ClusterInfo, key: tuple):
         self.cluster, self._key = cluster, key
-        self.codec = Codec(cluster.secret)
+        self.codec = cluster_codec(cluster.configuration(), cluster.secret)
         self.ctx: zmq.Context = zmq.Context.instance()
         self._lock = threading.Condition()
         self._jobs: dict[str, _Job] = {}
@@ -204,7 +204,7 @@ class ClusterEvents:
     # ------------------------------------------------------------------ the events thread
     def _run(self) -> None:
         sub = make_socket(self.ctx, zmq.SUB)
-        sub.connect(self.cluster.events_address)
+        connect_socket(sub, self.cluster.events_address, self.codec)
         sub.setsockopt(zmq.SUBSCRIBE, CLUSTER_TOPIC)
         rpc = RpcClient(self.cluster.rpc_address, self.codec, FETCH_TIMEOUT_S, self.ctx)
         poller = zmq.Poller()

@@ -204,6 +204,10 @@ OPTIONS: dict[str, ConfigOption] = {
         ConfigOption("taskmanager.bind-host", _str_or_empty,
                      "Address a TaskManager's data socket binds to, e.g. 0.0.0.0 in a container "
                      "(empty: taskmanager.host)."),
+        ConfigOption("security.ssl.internal.enabled", _bool,
+                     "Encrypt and mutually authenticate every ZeroMQ socket between cluster processes and "
+                     "clients with CurveZMQ, keys derived from the cluster secret (Flink's switch for TLS "
+                     "on internal connections); every process of the cluster must set the same value."),
         ConfigOption("taskmanager.data.port", _int(0, 65535), "TaskManager data port (0: any free port)."),
         ConfigOption("taskmanager.numberOfTaskSlots", _int(1, 1024), "Slots per TaskManager."),
         ConfigOption("taskmanager.network.memory.buffers-per-channel", _int(1, 1024),

@@ -22,7 +22,7 @@ from cluster.conf import Configuration
 from cluster.process_logging import configure_process_logging
 from cluster.protocol.auth import load_secret, rest_token
 from cluster.protocol import messages as m
-from cluster.protocol.codec import Codec
+from cluster.protocol.curve import cluster_codec
 from cluster.protocol.endpoint import RpcEndpoint
 
 from .application import Application
@@ -40,7 +40,7 @@ class JobManager:
             if not conf[key]:  # Flink has no default folder; a local cluster keeps them in its own
                 conf.update({key: str(cluster_dir / folder)}, "the cluster directory")
         self.conf = conf
-        self.endpoint = RpcEndpoint("jobmanager", Codec(secret))
+        self.endpoint = RpcEndpoint("jobmanager", cluster_codec(conf, secret))
         bind_host = conf["jobmanager.bind-host"] or conf["jobmanager.rpc.address"]
         bound = self.endpoint.bind_router(f"tcp://{bind_host}:{conf['jobmanager.rpc.port']}")
         # what jobmanager.json and clients get: the advertised name, not a 0.0.0.0 bind

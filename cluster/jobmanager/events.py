@@ -32,7 +32,7 @@ import zmq
 from cluster.graph.execution_graph import ExecutionGraph
 from cluster.protocol import messages as m
 from cluster.protocol.codec import Codec
-from cluster.protocol.endpoint import Peer, RpcEndpoint, advertised_address, bound_address, make_socket
+from cluster.protocol.endpoint import Peer, RpcEndpoint, advertised_address, bind_socket, bound_address, make_socket
 from cluster.protocol.metrics import EVENT_TIME_METRICS
 
 from .views import job_json, overview_json, plan_json, subtasks_json, taskmanagers_json
@@ -88,7 +88,7 @@ class EventSocket:
         self.codec = codec.for_socket()  # its own sending stream (see codec.py)
         self._sock = make_socket(ctx, zmq.XPUB)
         self._sock.setsockopt(zmq.SNDHWM, SEND_HIGH_WATER_MARK)
-        self._sock.bind(address)
+        bind_socket(self._sock, address, codec)
         self.address = advertised_address(self._sock, advertised_host) if advertised_host else bound_address(self._sock)
         self.dropped = 0
 

@@ -89,8 +89,12 @@ class Codec:
     """Signs and checks frames. ``encode`` is for one socket (see ``for_socket``); ``decode`` may
     be called from any thread."""
 
-    def __init__(self, secret: bytes, window: Optional[ReplayWindow] = None, clock: Callable[[], float] = time.time):
+    def __init__(self, secret: bytes, window: Optional[ReplayWindow] = None, clock: Callable[[], float] = time.time,
+                 curve=None):
         self._key = bytes(secret)
+        # the cluster's CURVE keys (curve.py) when security.ssl.internal.enabled: the codec is
+        # what every socket's owner holds, so the sockets take their keys from it
+        self.curve = curve
         self.window = window if window is not None else ReplayWindow(clock=clock)
         self._clock = clock
         self._new_stream()

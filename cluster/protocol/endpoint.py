@@ -19,6 +19,7 @@ import heapq
 import itertools
 import logging
 import os
+import socket
 import threading
 import time
 import traceback
@@ -30,6 +31,7 @@ from typing import Any, Callable, Optional, TypeVar
 
 import zmq
 
+from . import curve
 from .codec import Codec
 from .droplog import DropLog, drop_kind
 from .messages import ErrorResponse, MalformedMessage, Message
@@ -93,6 +95,21 @@ def make_socket(ctx: zmq.Context, kind: int) -> zmq.Socket:
     return sock
 
 
+def bind_socket(sock: zmq.Socket, address: str, codec: Codec) -> str:
+    """Bind a TCP socket, as a CURVE server when the cluster's codec carries keys; the bound address."""
+    if codec.curve is not None:
+        curve.serve(sock, codec.curve)
+    sock.bind(address)
+    return bound_address(sock)
+
+
+def connect_socket(sock: zmq.Socket, address: str, codec: Codec) -> None:
+    """Connect a TCP socket, as a CURVE client when the cluster's codec carries keys."""
+    if codec.curve is not None:
+        curve.dial(sock, codec.curve)
+    sock.connect(address)
+
+
 _inproc_numbers = itertools.count()  # inproc names must be unique while an old one is still closing
 
 
@@ -109,6 +126,19 @@ def inproc_pair(ctx: zmq.Context, name: str) -> tuple[zmq.Socket, zmq.Socket]:
 
 def bound_address(sock: zmq.Socket) -> str:
     return sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+
+def local_address_towards(address: str) -> str:
+    """This host's address on the route to ``tcp://HOST:PORT``: where a peer in that network
+    reaches us (127.0.0.1 when HOST is this machine's loopback)."""
+    host, port = address.removeprefix("tcp://").rsplit(":", 1)
+    family = socket.AF_INET6 if host.startswith("[") else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:  # UDP connect sends nothing
+            probe.connect((host.strip("[]"), int(port)))
+            return probe.getsockname()[0]
+    except OSError:  # a name this host cannot resolve (yet): loopback, as before hosts
+        return "127.0.0.1"
 
 
 def advertised_address(sock: zmq.Socket, host: str) -> str:
@@ -141,15 +171,15 @@ class RpcEndpoint:
     # ------------------------------------------------------------------ sockets
     def bind_router(self, address: str) -> str:
         sock = make_socket(self.ctx, zmq.ROUTER)
-        sock.bind(address)
+        bound = bind_socket(sock, address, self.codec)
         self._add(sock)
         self._routers.add(sock)
-        return bound_address(sock)
+        return bound
 
     def connect_dealer(self, address: str, identity: bytes) -> Peer:
         sock = make_socket(self.ctx, zmq.DEALER)
         sock.setsockopt(zmq.IDENTITY, identity)
-        sock.connect(address)
+        connect_socket(sock, address, self.codec)
         self._add(sock)
         return Peer(sock, None)
 
@@ -357,7 +387,7 @@ class RpcClient:
         self._outbox_recv, self._outbox = inproc_pair(self.ctx, "rpc-client")
         self._send_lock = threading.Lock()
         self._sock = make_socket(self.ctx, zmq.DEALER)
-        self._sock.connect(address)
+        connect_socket(self._sock, address, codec)
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"rpc {address}", daemon=True)
         self._thread.start()

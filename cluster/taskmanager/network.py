@@ -23,7 +23,7 @@ import zmq
 
 from cluster.protocol.codec import Codec
 from cluster.protocol.droplog import DropLog, drop_kind
-from cluster.protocol.endpoint import advertised_address, make_socket
+from cluster.protocol.endpoint import advertised_address, bind_socket, connect_socket, make_socket
 from cluster.checkpoint.barriers import Barrier
 from cluster.protocol.messages import (AddCredit, BufferResponse, CheckpointBarrier, EndOfPartition, MalformedMessage,
                                        Message, Watermark, WatermarkStatus)
@@ -142,7 +142,7 @@ class ChannelSender:
         if sock is None:
             sock = make_socket(self.ctx, zmq.DEALER)
             sock.setsockopt(zmq.SNDHWM, 64)  # bounded even when the peer is slow or gone
-            sock.connect(address)
+            connect_socket(sock, address, self.codec)
             self._sockets[address] = sock
             self._codecs[address] = self.codec.for_socket()
         frames = self._codecs[address].encode(msg, None, payload)
@@ -174,7 +174,7 @@ class NetworkEnvironment:
         self.codec = codec
         self.buffers_per_channel = buffers_per_channel
         self._socket = make_socket(self.ctx, zmq.ROUTER)
-        self._socket.bind(f"tcp://{bind_host or host}:{port}")
+        bind_socket(self._socket, f"tcp://{bind_host or host}:{port}", codec)
         self.data_address = advertised_address(self._socket, host)  # what other TaskManagers dial
         self._lock = threading.Lock()
         self._credits: dict[str, CreditAccount] = {}

@@ -38,7 +38,7 @@ from cluster.graph.deployment import TaskDeploymentDescriptor
 from cluster.graph.execution_graph import ExecutionState
 from cluster.protocol import messages as m
 from cluster.protocol.auth import load_secret
-from cluster.protocol.codec import Codec
+from cluster.protocol.curve import cluster_codec
 from cluster.protocol.endpoint import Peer, RpcEndpoint
 from cluster.protocol.gateways import JobManagerGateway
 
@@ -66,7 +66,7 @@ class TaskExecutor:
         if cluster_dir is not None:
             SparkRunner.lock_dir = cluster_dir  # JVM starts of this machine's TaskManagers take turns
         self.task_manager_id = task_manager_id or f"tm-{uuid.uuid4().hex[:12]}"
-        codec = Codec(secret)
+        codec = cluster_codec(conf, secret)
         self.endpoint = RpcEndpoint(self.task_manager_id, codec)
         self.jobmanager = JobManagerGateway(
             self.endpoint, self.endpoint.connect_dealer(jobmanager_address, self.task_manager_id.encode()))
