@@ -167,7 +167,8 @@ def test_a_taskmanager_on_another_host(tmp_path, encrypted):
                         .agg(total=("amount", "sum")))
             pd.testing.assert_frame_equal(got[["user", "total"]], expected, check_dtype=False)
 
-            assert len(wire) > 50_000, f"only {len(wire)} bytes crossed the veth: the exchange did not"
+            # rows are pre-aggregated per batch before the exchange: tens of kB, not the whole input
+            assert len(wire) > 10_000, f"only {len(wire)} bytes crossed the veth: the exchange did not"
             if encrypted:
                 assert b"CURVE" in wire and MARKER.encode() not in wire
             else:  # the same check finds the rows when they go in clear: it can fail
