@@ -28,6 +28,7 @@ from zmq.utils import z85
 from zmq.utils.monitor import parse_monitor_message
 
 from .codec import Codec
+from .droplog import DropLog
 
 log = logging.getLogger("streamlab.curve")
 
@@ -100,6 +101,8 @@ class _Guard:
         self._zap.setsockopt(zmq.LINGER, 0)
         self._zap.bind(ZAP_ENDPOINT)  # bound before any server socket binds: no peer slips by
         self._monitors: queue.SimpleQueue = queue.SimpleQueue()
+        # a refused peer retries every reconnect interval: its refusals must not flood the log
+        self.refusals = DropLog(log, "CurveZMQ")
         self._thread = threading.Thread(target=self._run, name="curve-zap", daemon=True)
         self._thread.start()
 
@@ -124,7 +127,9 @@ class _Guard:
                     mon.connect(self._monitors.get())
                     sockets.append(mon)
                     poller.register(mon, zmq.POLLIN)
-                for sock in dict(poller.poll(100)):
+                events = dict(poller.poll(100))
+                self.refusals.flush()
+                for sock in events:
                     try:
                         if sock is self._zap:
                             self._authenticate(sock.recv_multipart())
@@ -147,20 +152,26 @@ class _Guard:
         if key and self._allowed.get(domain) == key:
             self._zap.send_multipart([version, request_id, b"200", b"OK", b"cluster", b""])
             return
-        log.warning("CurveZMQ: refused the peer at %s: %s (%s is false on its side, or it holds "
-                    "another cluster's secret)", address.decode(errors="replace"),
-                    f"its client key {key.decode()} is not this cluster's" if key else
-                    f"it offered {mechanism.decode(errors='replace')}, not CURVE", ENABLED_KEY)
+        reason = (f"its client key {key.decode()} is not this cluster's" if key else
+                  f"it offered {mechanism.decode(errors='replace')}, not CURVE")
+        self.refusals.drop("refused connection", _Named(f"the peer at {address.decode(errors='replace')}"),
+                           f"{reason} ({ENABLED_KEY} is false on its side, or it holds another cluster's secret)")
         self._zap.send_multipart([version, request_id, b"400", b"not a key of this cluster", b"", b""])
 
-    @staticmethod
-    def _report(event: dict) -> None:
+    def _report(self, event: dict) -> None:
         if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
             return  # the ZAP handler said why
-        log.warning("CurveZMQ: refused a connection on %s: the handshake failed (%s, code %#x): the peer "
-                    "does not hold this cluster's keys, or does not use CurveZMQ (%s)",
-                    event["endpoint"].decode(errors="replace"), zmq.Event(event["event"]).name,
-                    event["value"], ENABLED_KEY)
+        # a failed handshake names our endpoint only: the peer never proved who it is
+        self.refusals.drop("refused connection", _Named(f"a peer of {event['endpoint'].decode(errors='replace')}"),
+                           f"the handshake failed ({zmq.Event(event['event']).name}, code {event['value']:#x}): "
+                           f"the peer does not hold this cluster's keys, or does not use CurveZMQ ({ENABLED_KEY})")
+
+
+class _Named(str):
+    """A peer as DropLog names it: its text, unquoted."""
+
+    def __repr__(self) -> str:
+        return str(self)
 
 
 _monitor_numbers = itertools.count()
