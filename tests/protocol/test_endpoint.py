@@ -48,3 +48,10 @@ def test_blocking_work_reports_back_on_the_loop_thread(endpoint):
         endpoint.call(lambda: endpoint.run_blocking(storage, fail, then=then))
         assert done.wait(5)
     assert isinstance(seen["error"], OSError) and seen["thread"] is endpoint._thread
+
+
+def test_the_local_address_towards_a_peer_is_on_its_route():
+    from cluster.protocol.endpoint import local_address_towards
+    assert local_address_towards("tcp://127.0.0.1:6123") == "127.0.0.1"
+    # a name not resolvable (yet): loopback, as before a cluster spanned hosts
+    assert local_address_towards("tcp://no-such-host.invalid:6123") == "127.0.0.1"
