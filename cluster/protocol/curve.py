@@ -21,7 +21,7 @@ import os
 import queue
 import threading
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Mapping, Optional
 
 import zmq
 from zmq.utils import z85
@@ -158,7 +158,7 @@ class _Guard:
                            f"{reason} ({ENABLED_KEY} is false on its side, or it holds another cluster's secret)")
         self._zap.send_multipart([version, request_id, b"400", b"not a key of this cluster", b"", b""])
 
-    def _report(self, event: dict) -> None:
+    def _report(self, event: Mapping[str, Any]) -> None:
         if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
             return  # the ZAP handler said why
         # a failed handshake names our endpoint only: the peer never proved who it is
