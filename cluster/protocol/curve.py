@@ -101,8 +101,9 @@ class _Guard:
         self._zap.setsockopt(zmq.LINGER, 0)
         self._zap.bind(ZAP_ENDPOINT)  # bound before any server socket binds: no peer slips by
         self._monitors: queue.SimpleQueue = queue.SimpleQueue()
-        # a refused peer retries every reconnect interval: its refusals must not flood the log
-        self.refusals = DropLog(log, "CurveZMQ")
+        # a refused peer retries every reconnect interval: its refusals must not flood the log,
+        # whichever of the process's contexts (guards) sees them
+        self.refusals = _REFUSALS
         self._thread = threading.Thread(target=self._run, name="curve-zap", daemon=True)
         self._thread.start()
 
@@ -174,6 +175,7 @@ class _Named(str):
         return str(self)
 
 
+_REFUSALS = DropLog(log, "CurveZMQ")  # one log budget per process (DropLog is thread-safe)
 _monitor_numbers = itertools.count()
 _guards: dict[int, _Guard] = {}
 _guards_lock = threading.Lock()
