@@ -104,6 +104,7 @@ class HaCluster:
             "high-availability.zookeeper.client.session-timeout": "2 s"} | config,
             "the HA test cluster").write(cluster_dir / "config.yaml")
         self.jobmanagers: dict[str, subprocess.Popen] = {}
+        self.info: Optional[ClusterInfo] = None  # the leader the test talks to (rest(), run_job)
         self.taskmanagers: list[subprocess.Popen] = []
 
     def start_jobmanager(self) -> str:
