@@ -254,12 +254,12 @@ class LeaderRetriever:
         self.client.DataWatch(f"{self.root}/leader", self._changed)
 
     def _changed(self, data, stat) -> None:
-        info = json.loads(data) if data else None
+        if not data:
+            return  # no leader now (the last one's session ended): keep following the last one
+        info = json.loads(data)
         with self._known:
-            changed = info is not None and info != self._current
-            if info is not None:
-                self._current = info
-                self._known.notify_all()
+            changed, self._current = info != self._current, info
+            self._known.notify_all()
         if changed:
             self.on_change(info)
 
