@@ -18,21 +18,23 @@ import time
 import pandas as pd
 import pytest
 
+from cluster.jobmanager.ha import EXIT_LEADERSHIP_REVOKED
 from kernel_runtime import JobClient
+from kernel_runtime.ha_cluster import HaLocalCluster, LocalZooKeeper
 from tests.conftest import rest, wait_for
 from tests.e2e.test_exactly_once import committed, expected, run_job
 
-from .conftest import HaCluster, ZooKeeperServer
+from .conftest import ha_cluster
 
 pytestmark = pytest.mark.slow
 KILLS = 3
 
 
-def leader_pid(ha: HaCluster) -> int:
+def leader_pid(ha: HaLocalCluster) -> int:
     return json.loads((ha.cluster_dir / "jobmanager.json").read_text())["pid"]
 
 
-def answered(ha: HaCluster, path: str):
+def answered(ha: HaLocalCluster, path: str):
     """The leader's REST answer, or None while it is not there (dead, not elected, job not recovered yet)."""
     try:
         return rest(ha, path)[1]
@@ -40,7 +42,7 @@ def answered(ha: HaCluster, path: str):
         return None
 
 
-def status_at_leader(ha: HaCluster, job_id: str):
+def status_at_leader(ha: HaLocalCluster, job_id: str):
     client = JobClient(ha.leader())
     try:
         return client.job_status(job_id)
@@ -50,7 +52,7 @@ def status_at_leader(ha: HaCluster, job_id: str):
 
 def test_the_leader_is_killed_three_times_and_the_output_is_exactly_once(zookeeper, tmp_path):
     random.seed("leader-kills")
-    ha = HaCluster(tmp_path / "ha-kills", zookeeper.quorum)
+    ha = ha_cluster(tmp_path / "ha-kills", zookeeper.quorum)
     try:
         ha.start_jobmanager()
         ha.info = ha.leader()  # what run_job submits through
@@ -95,8 +97,8 @@ def test_the_leader_is_killed_three_times_and_the_output_is_exactly_once(zookeep
 
 
 def test_a_leader_cut_off_from_zookeeper_stops_leading(tmp_path):
-    server = ZooKeeperServer(tmp_path / "zk-own").start()
-    ha = HaCluster(tmp_path / "ha-cut", server.quorum)
+    server = LocalZooKeeper(tmp_path / "zk-own").start()
+    ha = ha_cluster(tmp_path / "ha-cut", server.quorum)
     try:
         name = ha.start_jobmanager()
         ha.info = ha.leader()
@@ -105,7 +107,6 @@ def test_a_leader_cut_off_from_zookeeper_stops_leading(tmp_path):
         proc = ha.jobmanagers[name]
         started = time.monotonic()
         proc.wait(30)
-        from cluster.jobmanager.ha import EXIT_LEADERSHIP_REVOKED
         assert proc.returncode == EXIT_LEADERSHIP_REVOKED
         assert time.monotonic() - started < 10
         log = (ha.cluster_dir / "log" / f"{name}.log").read_text()
