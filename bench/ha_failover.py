@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import statistics
 import sys
@@ -51,45 +52,56 @@ def main() -> None:
     parser.add_argument("--kills", type=int, default=3)
     parser.add_argument("--session-timeout", default="2 s")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        zk = LocalZooKeeper(Path(tmp) / "zookeeper").start()
-        cluster = HaLocalCluster(Path(tmp) / "cluster", zk.quorum, {
-            "heartbeat.interval": "200 ms", "heartbeat.timeout": "2 s",
-            "high-availability.zookeeper.client.session-timeout": args.session_timeout})
-        try:
+    tmp = tempfile.mkdtemp(prefix="ha-failover-")  # kept on a failure: its logs say why
+    zk = LocalZooKeeper(Path(tmp) / "zookeeper").start()
+    cluster = HaLocalCluster(Path(tmp) / "cluster", zk.quorum, {
+        "heartbeat.interval": "200 ms", "heartbeat.timeout": "2 s",
+        "high-availability.zookeeper.client.session-timeout": args.session_timeout})
+    try:
+        cluster.start_jobmanager()
+        cluster.info = cluster.leader()
+        cluster.start_jobmanager()
+        cluster.start_taskmanager()
+        cluster.start_taskmanager()
+        until(lambda: (answer(cluster, "/overview") or {}).get("taskmanagers") == 2)
+        client, handle = run_job(cluster, "hashmap", str(Path(tmp) / "out"))
+        job = handle.job_id
+        rows = []
+        for _ in range(args.kills):
+            until(lambda: ((answer(cluster, f"/jobs/{job}/checkpoints") or {}).get("counts") or {}).get(
+                "completed", 0) >= 1)
+            pid = json.loads((cluster.cluster_dir / "jobmanager.json").read_text())["pid"]
+            os.kill(pid, signal.SIGKILL)
+            killed = time.monotonic()
+            cluster.process_of(pid)[1].wait(5)
             cluster.start_jobmanager()
-            cluster.info = cluster.leader()
-            cluster.start_jobmanager()
-            cluster.start_taskmanager()
-            cluster.start_taskmanager()
-            until(lambda: (answer(cluster, "/overview") or {}).get("taskmanagers") == 2)
-            client, handle = run_job(cluster, "hashmap", str(Path(tmp) / "out"))
-            job = handle.job_id
-            rows = []
-            for _ in range(args.kills):
-                until(lambda: ((answer(cluster, f"/jobs/{job}/checkpoints") or {}).get("counts") or {}).get(
-                    "completed", 0) >= 1)
-                pid = json.loads((cluster.cluster_dir / "jobmanager.json").read_text())["pid"]
-                os.kill(pid, signal.SIGKILL)
-                killed = time.monotonic()
-                cluster.process_of(pid)[1].wait(5)
-                cluster.start_jobmanager()
-                cluster.info = cluster.leader(60, not_pid=pid)
-                elected = time.monotonic()
-                running = until(lambda: (j := answer(cluster, f"/jobs/{job}")) is not None
-                                and all(v["status"] == "RUNNING" for v in j["vertices"]))
+            cluster.info = cluster.leader(60, not_pid=pid)
+            elected = time.monotonic()
+            running = until(lambda: (j := answer(cluster, f"/jobs/{job}")) is not None
+                            and all(v["status"] == "RUNNING" for v in j["vertices"]))
+            try:
                 committed = until(lambda: ((answer(cluster, f"/jobs/{job}/checkpoints") or {}).get("counts")
                                            or {}).get("completed", 0) >= 1)
-                rows.append((elected - killed, running - killed, committed - killed))
-                print(f"kill {len(rows)}: new leader {rows[-1][0]:.2f} s, job RUNNING {rows[-1][1]:.2f} s, "
-                      f"first checkpoint committed {rows[-1][2]:.2f} s after the kill")
-            client.close()
-            print(f"session timeout {args.session_timeout}: median to RUNNING "
-                  f"{statistics.median(r[1] for r in rows):.2f} s, to committed output "
-                  f"{statistics.median(r[2] for r in rows):.2f} s over {len(rows)} kills")
-        finally:
-            cluster.stop()
-            zk.stop()
+            except TimeoutError:
+                details = answer(cluster, f"/jobs/{job}")
+                raise TimeoutError(f"no checkpoint under the new leader within 60 s; the job: "
+                                   f"{details and details['state']}, "
+                                   f"{details and [v['status'] for v in details['vertices']]}; "
+                                   f"see {cluster.cluster_dir / 'log'}") from None
+            rows.append((elected - killed, running - killed, committed - killed))
+            print(f"kill {len(rows)}: new leader {rows[-1][0]:.2f} s, job RUNNING {rows[-1][1]:.2f} s, "
+                  f"first checkpoint committed {rows[-1][2]:.2f} s after the kill")
+        client.close()
+        print(f"session timeout {args.session_timeout}: median to RUNNING "
+              f"{statistics.median(r[1] for r in rows):.2f} s, to committed output "
+              f"{statistics.median(r[2] for r in rows):.2f} s over {len(rows)} kills")
+    except BaseException:
+        print(f"failed: the logs are in {tmp}")
+        raise
+    finally:
+        cluster.stop()
+        zk.stop()
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

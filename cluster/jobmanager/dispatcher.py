@@ -118,7 +118,7 @@ class Dispatcher:
 
     def _start_job(self, graph: JobGraph, conf, result_address: Optional[str],
                    savepoint: Optional[tuple[dict, str]], reply: DeferredReply, is_savepoint: bool = True,
-                   checkpoint_ids_after: int = 0) -> None:
+                   checkpoint_ids_after: int = 0, attempts_after: int = 0) -> None:
         if graph.job_id in self.jobs:  # submitted twice while its savepoint was read
             reply.fail(f"job rejected: a job with id {graph.job_id} exists already")
             return
@@ -126,6 +126,9 @@ class Dispatcher:
                            on_terminated=self._job_terminated)
         master.ha = self.ha
         master.checkpointing.coordinator.start_ids_after(checkpoint_ids_after)
+        if attempts_after:  # a recovered job: its next attempt is a number no old task has
+            master.graph.attempt = attempts_after
+            master.graph.reset_executions()
         try:
             master.start(savepoint, is_savepoint)  # refuses an unusable savepoint before the job is registered
         except RpcError as exc:
@@ -145,9 +148,9 @@ class Dispatcher:
             if error is not None:
                 log.error("recovering the jobs stored in ZooKeeper failed: %s", error)
                 return
-            for graph, conf, result_address, restore, is_savepoint, counter in jobs:
+            for graph, conf, result_address, restore, is_savepoint, counter, attempt in jobs:
                 reply = DeferredReply()  # nobody waits for it: the outcome is logged
-                self._start_job(graph, conf, result_address, restore, reply, is_savepoint, counter)
+                self._start_job(graph, conf, result_address, restore, reply, is_savepoint, counter, attempt)
                 log.info("job %s (%s) recovered%s", graph.job_id, graph.name,
                          f" from {restore[1]}" if restore else " from the start (no completed checkpoint)")
         self.endpoint.run_blocking(self.storage_executor, self._read_recoverable_jobs, then=recovered)
@@ -168,7 +171,7 @@ class Dispatcher:
                 savepoint = str(local_path(conf["execution.savepoint.path"]))
                 restore = (read_metadata(Path(savepoint)), savepoint)
             jobs.append((graph, conf, submission["result_address"], restore, is_savepoint,
-                         self.ha.checkpoint_counter(job_id)))
+                         self.ha.checkpoint_counter(job_id), self.ha.last_attempt(job_id)))
         return jobs
 
     def request_job_status(self, msg: m.RequestJobStatus, peer: Peer) -> m.JobStatus:

@@ -13,7 +13,10 @@ Under ``<high-availability.zookeeper.path.root>/<high-availability.cluster-id>``
   written after its ``_metadata`` and before any sink is told to commit, so a new leader never
   restores a checkpoint older than what the sinks committed;
 * ``checkpoint-counter/<job id>``: the highest checkpoint id the job triggered, so a new leader
-  never reuses the id (and folder) of a checkpoint that was in flight when the old one died.
+  never reuses the id (and folder) of a checkpoint that was in flight when the old one died;
+* ``attempt/<job id>``: the last attempt number deployed, written before its tasks are sent: a
+  new leader deploys the next one, never the number whose tasks (and data channels, named by it)
+  may still be cancelling on the TaskManagers.
 
 The leadership decisions are ``Leadership``'s, a pure class (tested without a server); the
 ZooKeeper I/O is ``ZooKeeperHaServices``'s. Losing the session (SUSPENDED or LOST) revokes
@@ -146,7 +149,7 @@ class ZooKeeperHaServices:
     def start(self) -> None:
         _connect(self.client, self.conf)
         self.client.add_listener(lambda state: self._apply(self.leadership.session_state(str(state))))
-        for sub in ("leaderlatch", "jobgraphs", "checkpoints", "checkpoint-counter"):
+        for sub in ("leaderlatch", "jobgraphs", "checkpoints", "checkpoint-counter", "attempt"):
             self.client.ensure_path(f"{self.root}/{sub}")
         self.storage.mkdir(mode=0o700, parents=True, exist_ok=True)
 
@@ -187,13 +190,14 @@ class ZooKeeperHaServices:
         tmp = path.with_suffix(".tmp")
         tmp.write_bytes(pickle.dumps(submission))
         tmp.replace(path)  # a reader never sees half a file
-        if not self.client.exists(f"{self.root}/checkpoint-counter/{job_id}"):
-            self.client.create(f"{self.root}/checkpoint-counter/{job_id}", b"0")
+        for sub in ("checkpoint-counter", "attempt"):
+            if not self.client.exists(f"{self.root}/{sub}/{job_id}"):
+                self.client.create(f"{self.root}/{sub}/{job_id}", b"0")
         self._set(f"{self.root}/jobgraphs/{job_id}", str(path).encode())
 
     def remove_job(self, job_id: str) -> None:
         """A job that reached a globally terminal state is not recovered by the next leader."""
-        for sub in ("jobgraphs", "checkpoints", "checkpoint-counter"):
+        for sub in ("jobgraphs", "checkpoints", "checkpoint-counter", "attempt"):
             self.client.delete(f"{self.root}/{sub}/{job_id}") if self.client.exists(
                 f"{self.root}/{sub}/{job_id}") else None
         (self.storage / f"jobgraph-{job_id}").unlink(missing_ok=True)
@@ -221,6 +225,15 @@ class ZooKeeperHaServices:
         """Non-blocking (kazoo's async set): the trigger must not wait for ZooKeeper."""
         # the node exists: put_job_graph made it
         self.client.set_async(f"{self.root}/checkpoint-counter/{job_id}", str(checkpoint_id).encode())
+
+    def attempt_deployed(self, job_id: str, attempt: int) -> None:
+        """Blocking, on the loop, and only at a deployment: the number must be in ZooKeeper before
+        any task of it runs (a leader that cannot reach ZooKeeper is revoked anyway)."""
+        self.client.set(f"{self.root}/attempt/{job_id}", str(attempt).encode())
+
+    def last_attempt(self, job_id: str) -> int:
+        path = f"{self.root}/attempt/{job_id}"
+        return int(self.client.get(path)[0]) if self.client.exists(path) else 0
 
     def checkpoint_counter(self, job_id: str) -> int:
         path = f"{self.root}/checkpoint-counter/{job_id}"

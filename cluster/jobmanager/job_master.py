@@ -187,6 +187,8 @@ class JobMaster:
         if gone is not None:  # lost since the allocation; its loss event may still be on its way
             self._feed(s.DeploymentFailed(gone[0].execution_id, f"TaskManager {gone[1].task_manager_id} is gone"))
             return
+        if self.ha is not None:
+            self.ha.attempt_deployed(self.job_id, i.attempt)
         # the wire form of every vertex and the configuration, once for all subtasks
         vertices = {v["id"]: v for v in self.job_graph.to_dict()["vertices"]}
         job_config = self.conf.to_dict()

@@ -59,6 +59,7 @@ def test_with_zookeeper_one_leader_then_the_standby_and_the_stores_survive(zooke
     first.put_job_graph("job-a", {"job_graph": {"name": "a"}, "result_address": None})
     first.checkpoint_triggered("job-a", 7)
     first.checkpoint_completed("job-a", 6, "/x/chk-6")
+    first.attempt_deployed("job-a", 3)
     first.close()  # the leader's session ends: the standby leads
     assert second.wait_for_leadership(10)
     assert revoked == ["the ZooKeeper session is LOST"]  # the old leader stepped down itself
@@ -66,6 +67,7 @@ def test_with_zookeeper_one_leader_then_the_standby_and_the_stores_survive(zooke
     assert second.job_graphs() == {"job-a": {"job_graph": {"name": "a"}, "result_address": None}}
     assert second.latest_checkpoint("job-a") == (6, "/x/chk-6")
     assert second.checkpoint_counter("job-a") == 7
+    assert second.last_attempt("job-a") == 3
     wait = 10.0
     while retriever.leader() != {"rpc": "tcp://127.0.0.1:2"} and wait > 0:
         seen.clear()

@@ -81,6 +81,8 @@ def test_the_leader_is_killed_three_times_and_the_output_is_exactly_once(zookeep
                      and all(v["status"] == "RUNNING" for v in job["vertices"]),
                      60, f"the job running again under leader {kill + 1}")
             failovers.append(time.monotonic() - killed_at)
+            # a new attempt number: the old leader's tasks, maybe still cancelling, use the last one
+            assert status_at_leader(ha, job_id).attempt == kill + 2
         client.close()
         wait_for(lambda: status_at_leader(ha, job_id).state in ("FINISHED", "FAILED", "CANCELED"), 180,
                  "the job to end")
