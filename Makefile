@@ -31,11 +31,12 @@ check-java:
 	  echo "  Debian/Ubuntu: sudo apt-get install openjdk-17-jre-headless"; \
 	  echo "  conda:         conda env create -f environment.yml (it includes openjdk 17)"; exit 1; }
 
-# Servers and a browser the tests use for real: redis-server (Redis Streams connectors) and
-# Debian's chromium (the JupyterLab browser test).
+# Servers and a browser the tests use for real: redis-server (Redis Streams connectors),
+# Debian's chromium (the JupyterLab browser test) and Debian's zookeeper (the HA tests).
 system-deps:
 	@missing=""; command -v redis-server >/dev/null || missing="$$missing redis-server"; \
 	  command -v chromium >/dev/null || missing="$$missing chromium"; \
+	  [ -x /usr/share/zookeeper/bin/zkServer.sh ] || missing="$$missing zookeeper"; \
 	  if [ -n "$$missing" ]; then \
 	    if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	      echo "installing$$missing"; apt-get update -qq && \

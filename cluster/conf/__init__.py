@@ -237,6 +237,22 @@ OPTIONS: dict[str, ConfigOption] = {
                      "which restarts (0: never)."),
         ConfigOption("cluster.evenly-spread-out-slots", _bool,
                      "Spread a job's slots over all TaskManagers (false: fill one TaskManager first, as Flink)."),
+        ConfigOption("high-availability.type", _enum("none", "zookeeper"),
+                     "none: one JobManager, its jobs die with it; zookeeper: JobManagers elect a leader in "
+                     "ZooKeeper and a standby that wins recovers every running job."),
+        ConfigOption("high-availability.zookeeper.quorum", _str_or_empty,
+                     "ZooKeeper servers, host:port[,host:port...] (required with high-availability.type zookeeper)."),
+        ConfigOption("high-availability.zookeeper.path.root", _str,
+                     "ZooKeeper node under which every cluster keeps its HA data."),
+        ConfigOption("high-availability.cluster-id", _str,
+                     "Names this cluster's HA data under the root node: clusters sharing a ZooKeeper differ in it."),
+        ConfigOption("high-availability.storageDir", _str_or_empty,
+                     "Folder for the HA payloads (job graphs) ZooKeeper points to; every JobManager must reach it "
+                     "(empty: <cluster-dir>/ha)."),
+        ConfigOption("high-availability.zookeeper.client.session-timeout", _positive_duration_ms,
+                     "ZooKeeper session timeout: how long a dead leader still holds leadership."),
+        ConfigOption("high-availability.zookeeper.client.connection-timeout", _positive_duration_ms,
+                     "How long a JobManager or TaskManager waits to connect to ZooKeeper at start."),
         ConfigOption("resourcemanager.provider", _enum("standalone", "process"),
                      "standalone: hand out the slots of the TaskManagers that registered; process: also "
                      "start TaskManager processes on this machine when requests wait for slots."),

@@ -11,16 +11,16 @@ import shutil
 from collections import OrderedDict
 from concurrent.futures import Executor
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from cluster.clock import now_ms
-from cluster.checkpoint.storage import local_path, read_metadata
+from cluster.checkpoint.storage import CheckpointStorage, local_path, read_metadata
 from cluster.conf import ConfigError
 from cluster.graph.job_graph import MAX_SIZE_KEY, GraphValidationError, JobGraph
 from cluster.protocol import messages as m
 from cluster.protocol.endpoint import DeferredReply, Peer, RpcEndpoint, RpcError
 
-from .job_master import JobMaster
+from .job_master import JobMaster, find_restore_point
 from .resource_manager import ResourceManager
 from .views import job_json, overview_json, subtasks_json, taskmanagers_json
 
@@ -52,6 +52,7 @@ class Dispatcher:
         # jobstore.expiration-time (running jobs are never dropped)
         self.archived: OrderedDict[str, None] = OrderedDict()
         self.job_added_listeners: list[Callable[[JobMaster], None]] = []  # e.g. the event publisher
+        self.ha: Optional[Any] = None  # ZooKeeperHaServices when this JobManager leads an HA cluster
         resource_manager.task_manager_lost_listeners.append(self._task_manager_lost)
         resource_manager.task_metrics_listeners.append(self._task_metrics)
         self.handlers = {
@@ -82,32 +83,54 @@ class Dispatcher:
         if bad:
             raise RpcError(f"job rejected: configuration key {bad[0]!r} is cluster-wide and cannot be set per job")
         try:
-            conf = self.conf.copy().update(graph.config, f"the configuration of job '{graph.name}'")
+            conf = self._job_conf(graph)
         except ConfigError as exc:
             raise RpcError(f"job rejected: {exc}") from None
         reply = DeferredReply()
+        if self.ha is not None:  # stored before it starts: a new leader recovers what was accepted
+            def stored(_result, error: Optional[BaseException]) -> None:
+                if error is not None:
+                    reply.fail(f"job rejected: storing it for high availability failed: {error}")
+                else:
+                    self._start_submitted(graph, conf, msg.result_address, reply)
+            self.endpoint.run_blocking(self.storage_executor, self.ha.put_job_graph, graph.job_id,
+                                       {"job_graph": msg.job_graph, "result_address": msg.result_address},
+                                       then=stored)
+            return reply
+        self._start_submitted(graph, conf, msg.result_address, reply)
+        return reply
+
+    def _job_conf(self, graph: JobGraph):
+        return self.conf.copy().update(graph.config, f"the configuration of job '{graph.name}'")
+
+    def _start_submitted(self, graph: JobGraph, conf, result_address: Optional[str], reply: DeferredReply) -> None:
         savepoint = conf["execution.savepoint.path"]
         if not savepoint:
-            self._start_job(graph, conf, msg.result_address, None, reply)
-            return reply
+            self._start_job(graph, conf, result_address, None, reply)
+            return
 
         def read(body, error: Optional[BaseException]) -> None:
             if error is not None:
                 reply.fail(f"job rejected: cannot start from savepoint {savepoint}: {error}")
             else:
-                self._start_job(graph, conf, msg.result_address, (body, str(local_path(savepoint))), reply)
+                self._start_job(graph, conf, result_address, (body, str(local_path(savepoint))), reply)
         self.endpoint.run_blocking(self.storage_executor, read_metadata, Path(local_path(savepoint)), then=read)
-        return reply
 
     def _start_job(self, graph: JobGraph, conf, result_address: Optional[str],
-                   savepoint: Optional[tuple[dict, str]], reply: DeferredReply) -> None:
+                   savepoint: Optional[tuple[dict, str]], reply: DeferredReply, is_savepoint: bool = True,
+                   checkpoint_ids_after: int = 0, attempts_after: int = 0) -> None:
         if graph.job_id in self.jobs:  # submitted twice while its savepoint was read
             reply.fail(f"job rejected: a job with id {graph.job_id} exists already")
             return
         master = JobMaster(graph, conf, self.endpoint, self.rm, result_address, self.storage_executor,
                            on_terminated=self._job_terminated)
+        master.ha = self.ha
+        master.checkpointing.coordinator.start_ids_after(checkpoint_ids_after)
+        if attempts_after:  # a recovered job: its next attempt is a number no old task has
+            master.graph.attempt = attempts_after
+            master.graph.reset_executions()
         try:
-            master.start(savepoint)  # refuses an unusable savepoint before the job is registered
+            master.start(savepoint, is_savepoint)  # refuses an unusable savepoint before the job is registered
         except RpcError as exc:
             reply.fail(f"job rejected: {exc}")
             return
@@ -116,6 +139,40 @@ class Dispatcher:
             listener(master)
         log.info("job %s (%s) submitted", graph.job_id, graph.name)
         reply.resolve(m.JobSubmitted(graph.job_id))
+
+    # ------------------------------------------------------------------ HA recovery
+    def recover_jobs(self) -> None:
+        """A new leader starts every job the last one ran, each from its latest completed
+        checkpoint (Flink's JobGraphStore and CompletedCheckpointStore, read off the loop)."""
+        def recovered(jobs, error: Optional[BaseException]) -> None:
+            if error is not None:
+                log.error("recovering the jobs stored in ZooKeeper failed: %s", error)
+                return
+            for graph, conf, result_address, restore, is_savepoint, counter, attempt in jobs:
+                reply = DeferredReply()  # nobody waits for it: the outcome is logged
+                self._start_job(graph, conf, result_address, restore, reply, is_savepoint, counter, attempt)
+                log.info("job %s (%s) recovered%s", graph.job_id, graph.name,
+                         f" from {restore[1]}" if restore else " from the start (no completed checkpoint)")
+        self.endpoint.run_blocking(self.storage_executor, self._read_recoverable_jobs, then=recovered)
+
+    def _read_recoverable_jobs(self) -> list:
+        """Storage executor: each stored job with its restore point (the pointer in ZooKeeper,
+        or a newer checkpoint completed on disk; else the savepoint it was submitted with)."""
+        assert self.ha is not None
+        jobs = []
+        for job_id, submission in self.ha.job_graphs().items():
+            graph = JobGraph.from_dict(submission["job_graph"])
+            conf = self._job_conf(graph)
+            pointer = self.ha.latest_checkpoint(job_id)
+            job_dir = CheckpointStorage(conf["execution.checkpointing.dir"], conf["state.savepoints.dir"], job_id).job_dir
+            body, directory = find_restore_point((pointer,) if pointer else (), str(job_dir), job_id)
+            restore, is_savepoint = ((body, directory), False) if body is not None else (None, True)
+            if restore is None and conf["execution.savepoint.path"]:
+                savepoint = str(local_path(conf["execution.savepoint.path"]))
+                restore = (read_metadata(Path(savepoint)), savepoint)
+            jobs.append((graph, conf, submission["result_address"], restore, is_savepoint,
+                         self.ha.checkpoint_counter(job_id), self.ha.last_attempt(job_id)))
+        return jobs
 
     def request_job_status(self, msg: m.RequestJobStatus, peer: Peer) -> m.JobStatus:
         return self.job(msg.job_id).status()
@@ -162,6 +219,8 @@ class Dispatcher:
         checkpoint history), not its pickled functions; the oldest ended jobs beyond
         jobstore.max-capacity go, and each goes after jobstore.expiration-time."""
         master.job_graph.drop_user_code()
+        if self.ha is not None:  # globally terminal: no later leader recovers it
+            self.storage_executor.submit(self.ha.remove_job, master.job_id)
         self.archived[master.job_id] = None
         while len(self.archived) > self.conf["jobstore.max-capacity"]:
             self._forget(next(iter(self.archived)))

@@ -28,6 +28,7 @@ from cluster.protocol.endpoint import RpcEndpoint
 from .application import Application
 from .dispatcher import Dispatcher
 from .events import JobEventPublisher
+from .ha import ZooKeeperHaServices, exit_on_revocation, ha_enabled
 from .resource_manager import ResourceManager, task_manager_provider
 from .rest import RestServer
 
@@ -107,9 +108,23 @@ def main(argv=None) -> None:
         parser.error(f"--application {args.application}: no such job script")
     conf = Configuration.from_file(args.cluster_dir / "config.yaml")
     configure_process_logging(args.log_file, conf)
+    ha = None
+    if ha_enabled(conf):
+        # a standby binds nothing and serves nothing until it leads
+        ha = ZooKeeperHaServices(conf, args.cluster_dir.resolve())
+        ha.start()
+        ha.contend(on_revoked=exit_on_revocation)
+        log.info("standby JobManager: waiting for leadership in ZooKeeper under %s", ha.root)
+        signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+        ha.wait_for_leadership()
+        log.info("leadership granted")
     jm = JobManager(conf, load_secret(args.cluster_dir / "secret"), args.cluster_dir.resolve())
+    jm.dispatcher.ha = ha
     jm.start()
     info = {"rpc": jm.rpc_address, "events": jm.events.address, "rest": jm.rest_address, "pid": os.getpid()}
+    if ha is not None:
+        ha.publish_leader(info)
+        jm.endpoint.call_soon(jm.dispatcher.recover_jobs)
     tmp = args.cluster_dir / "jobmanager.json.tmp"
     tmp.write_text(json.dumps(info))
     tmp.replace(args.cluster_dir / "jobmanager.json")  # readers never see half a file

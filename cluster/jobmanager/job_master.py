@@ -60,6 +60,7 @@ class JobMaster:
         self.result_address = result_address
         self.storage_executor = storage_executor
         self.on_terminated = on_terminated
+        self.ha: Optional[Any] = None  # ZooKeeperHaServices in HA mode: checkpoint pointer and id counter
         sm = resource_manager.slot_manager
         self.scheduler = s.DefaultScheduler(job_graph, conf, now_ms, result_address,
                                             lambda: (sm.free_slots, sm.total_slots))
@@ -136,12 +137,12 @@ class JobMaster:
         finally:
             self._handling = False
 
-    def start(self, savepoint: Optional[tuple[dict, str]] = None) -> None:
+    def start(self, savepoint: Optional[tuple[dict, str]] = None, is_savepoint: bool = True) -> None:
         """Begin scheduling, from a savepoint's metadata if given (raises RpcError, before anything
         happened, if the savepoint does not fit this job)."""
         if savepoint is not None:
             try:
-                self.scheduler.restore_from_savepoint(*savepoint)
+                self.scheduler.restore_from_savepoint(*savepoint, is_savepoint=is_savepoint)
             except s.SchedulerError as exc:
                 raise RpcError(f"cannot start from savepoint {savepoint[1]}: {exc}") from None
         self._feed(s.StartScheduling())
@@ -186,6 +187,8 @@ class JobMaster:
         if gone is not None:  # lost since the allocation; its loss event may still be on its way
             self._feed(s.DeploymentFailed(gone[0].execution_id, f"TaskManager {gone[1].task_manager_id} is gone"))
             return
+        if self.ha is not None:
+            self.ha.attempt_deployed(self.job_id, i.attempt)
         # the wire form of every vertex and the configuration, once for all subtasks
         vertices = {v["id"]: v for v in self.job_graph.to_dict()["vertices"]}
         job_config = self.conf.to_dict()
@@ -228,6 +231,8 @@ class JobMaster:
         self._timers[i.name] = self.endpoint.call_later(i.delay_ms / 1000, self._feed, s.TimerFired(i.name))
 
     def _trigger_checkpoint(self, i: s.TriggerCheckpoint) -> None:
+        if self.ha is not None:
+            self.ha.checkpoint_triggered(self.job_id, i.checkpoint_id)
         for tm_id, execution_id in i.sources:
             gateway = self.rm.task_executor_gateway(tm_id)
             if gateway is not None:
@@ -237,7 +242,14 @@ class JobMaster:
     def _write_metadata(self, i: s.WriteMetadata) -> None:
         def written(_result, error: Optional[BaseException]) -> None:
             self._feed(s.MetadataWritten(i.checkpoint_id, None if error is None else str(error)))
-        self.endpoint.run_blocking(self.storage_executor, write_metadata, Path(i.directory), i.body, then=written)
+        self.endpoint.run_blocking(self.storage_executor, self._store_checkpoint, i, then=written)
+
+    def _store_checkpoint(self, i: s.WriteMetadata) -> None:
+        """``_metadata``, then in HA mode the pointer in ZooKeeper (storage executor): both before
+        the sinks are told to commit, so a new leader restores no older checkpoint than they did."""
+        write_metadata(Path(i.directory), i.body)
+        if self.ha is not None:
+            self.ha.checkpoint_completed(self.job_id, i.checkpoint_id, i.directory)
 
     def _find_restore_point(self, i: s.FindRestorePoint) -> None:
         def found(result, error: Optional[BaseException]) -> None:

@@ -477,14 +477,15 @@ class DefaultScheduler:
         return out
 
     # ------------------------------------------------------------------ savepoint to start from
-    def restore_from_savepoint(self, body: dict, directory: str) -> None:
+    def restore_from_savepoint(self, body: dict, directory: str, is_savepoint: bool = True) -> None:
         """Start from a savepoint (read by the shell); refuses one with state for operators this
-        job does not have."""
+        job does not have. A new HA leader recovering a job starts from its latest checkpoint
+        this way too (``is_savepoint`` False: the job's counters go on)."""
         unknown = set(body["operators"]) - {o.uid for v in self.job_graph.vertices for o in v.operators}
         if unknown:
             raise SchedulerError(f"it has state for {len(unknown)} operator(s) this job does not have "
                                  f"(was the pipeline changed?)")
-        self.checkpointing.restored(body, directory, is_savepoint=True)
+        self.checkpointing.restored(body, directory, is_savepoint)
 
     # ------------------------------------------------------------------ slots and deployment
     def _request_slots(self) -> None:

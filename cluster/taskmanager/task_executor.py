@@ -33,6 +33,7 @@ import psutil
 
 from cluster.checkpoint.barriers import Barrier
 from cluster.conf import Configuration, TaskConfig
+from cluster.jobmanager.ha import ha_enabled
 from cluster.process_logging import configure_process_logging
 from cluster.graph.deployment import TaskDeploymentDescriptor
 from cluster.graph.execution_graph import ExecutionState
@@ -68,8 +69,9 @@ class TaskExecutor:
         self.task_manager_id = task_manager_id or f"tm-{uuid.uuid4().hex[:12]}"
         codec = cluster_codec(conf, secret)
         self.endpoint = RpcEndpoint(self.task_manager_id, codec)
-        self.jobmanager = JobManagerGateway(
-            self.endpoint, self.endpoint.connect_dealer(jobmanager_address, self.task_manager_id.encode()))
+        self.jobmanager_address = jobmanager_address
+        self._jobmanager_peer = self.endpoint.connect_dealer(jobmanager_address, self.task_manager_id.encode())
+        self.jobmanager = JobManagerGateway(self.endpoint, self._jobmanager_peer)
         self.slot_table = TaskSlotTable(conf["taskmanager.numberOfTaskSlots"])
         self.network = NetworkEnvironment(conf["taskmanager.host"], conf["taskmanager.data.port"], codec,
                                           conf["taskmanager.network.memory.buffers-per-channel"],
@@ -173,6 +175,20 @@ class TaskExecutor:
         self._run(self.slot_table.job_manager_lost())
         self.registered = False
         self._register()
+
+    def follow_leader(self, address: str) -> None:
+        """HA: another JobManager leads now (loop thread). The old leader's tasks are cancelled
+        and its slots freed, as on its heartbeat timeout; we register at the new one, which
+        redeploys its recovered jobs."""
+        if address == self.jobmanager_address:
+            return
+        log.warning("the leading JobManager is now at %s (was %s): cancelling %d task(s), registering there",
+                    address, self.jobmanager_address, len(self.tasks))
+        self._jobmanager_peer.socket.disconnect(self.jobmanager_address)
+        self._jobmanager_peer.socket.connect(address)
+        self.jobmanager_address = address
+        if self.registered:
+            self._job_manager_lost()
 
     def _heartbeat(self) -> None:
         if self.registered:
@@ -329,16 +345,28 @@ def restart_command_line(argv: list[str], new_id: str) -> list[str]:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m cluster.taskmanager")
     parser.add_argument("--cluster-dir", required=True, type=Path)
-    parser.add_argument("--jobmanager", help="JobManager address (default: from the cluster dir)")
+    parser.add_argument("--jobmanager", help="JobManager address (default: from the cluster dir); zk: the leader in "
+                        "ZooKeeper (the cluster dir's high-availability.* keys), followed on every change")
     parser.add_argument("--id", help="TaskManager id (default: a random one)")
     parser.add_argument("--log-file", type=Path, help="rolling log file (default: stderr)")
     args = parser.parse_args(argv)
     conf = Configuration.from_file(args.cluster_dir / "config.yaml")
     configure_process_logging(args.log_file, conf)
-    address = args.jobmanager or json.loads((args.cluster_dir / "jobmanager.json").read_text())["rpc"]
+    leader = None
+    if args.jobmanager == "zk" or ha_enabled(conf):
+        # the leader's address comes from ZooKeeper, and again on every change of leader
+        from cluster.jobmanager.ha import LeaderRetriever
+        leader = LeaderRetriever(conf)
+        address = args.jobmanager if args.jobmanager not in (None, "zk") else leader.leader(
+            conf["high-availability.zookeeper.client.connection-timeout"] / 1000 + 60)["rpc"]
+    else:
+        address = args.jobmanager or json.loads((args.cluster_dir / "jobmanager.json").read_text())["rpc"]
     tm = TaskExecutor(conf, load_secret(args.cluster_dir / "secret"), address, args.id,
                       cluster_dir=args.cluster_dir)
     tm.start()
+    if leader is not None:
+        leader.on_change = lambda info: tm.endpoint.call_soon(tm.follow_leader, info["rpc"])
+        tm.endpoint.call_soon(tm.follow_leader, leader.leader()["rpc"])  # a change before the line above
     log.info("TaskManager %s with %d slots, data at %s", tm.task_manager_id, len(tm.slot_table),
              tm.network.data_address)
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=tm.stop, daemon=True).start())

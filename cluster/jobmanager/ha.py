@@ -1,0 +1,304 @@
+"""High availability with ZooKeeper: Flink's HighAvailabilityServices for ``high-availability.type:
+zookeeper``.
+
+Under ``<high-availability.zookeeper.path.root>/<high-availability.cluster-id>`` in ZooKeeper:
+
+* ``leaderlatch/latch-NNNNNNNNNN``: one ephemeral sequential node per JobManager; the lowest one
+  is the leader (the latch recipe: each candidate watches the children, no herd on a lock);
+* ``leader``: the leader's addresses (rpc, events, REST) as JSON, ephemeral: it goes with the
+  leader's session, so a reader never follows a dead leader for longer than its session timeout;
+* ``jobgraphs/<job id>``: the path of the job's pickled submission in ``high-availability.storageDir``
+  (ZooKeeper holds pointers, not megabytes of pickled functions);
+* ``checkpoints/<job id>``: the latest completed checkpoint of the job ``{"id": .., "directory": ..}``,
+  written after its ``_metadata`` and before any sink is told to commit, so a new leader never
+  restores a checkpoint older than what the sinks committed;
+* ``checkpoint-counter/<job id>``: the highest checkpoint id the job triggered, so a new leader
+  never reuses the id (and folder) of a checkpoint that was in flight when the old one died;
+* ``attempt/<job id>``: the last attempt number deployed, written before its tasks are sent: a
+  new leader deploys the next one, never the number whose tasks (and data channels, named by it)
+  may still be cancelling on the TaskManagers.
+
+The leadership decisions are ``Leadership``'s, a pure class (tested without a server); the
+ZooKeeper I/O is ``ZooKeeperHaServices``'s. Losing the session (SUSPENDED or LOST) revokes
+leadership at once: a leader that cannot prove it still holds the latch must not commit anything.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+log = logging.getLogger(__name__)
+
+LATCH_PREFIX = "latch-"
+
+
+class HaConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Granted:
+    pass
+
+
+@dataclass(frozen=True)
+class Revoked:
+    reason: str
+
+
+class Leadership:
+    """Whether this contender leads, from the latch children it sees and its session's state.
+
+    A leader revokes on SUSPENDED already (the session may live, but it cannot know whether a
+    standby leads by now); a standby merely waits through SUSPENDED, and gives up its candidacy
+    when its session is LOST (its latch node went with it). Leadership is granted once per
+    contender: after a revocation the process stops (``exit_on_revocation``)."""
+
+    def __init__(self) -> None:
+        self.own_node: Optional[str] = None
+        self.leading = False
+        self.ended = False
+
+    def latch_created(self, node: str) -> None:
+        self.own_node = node.rsplit("/", 1)[-1]
+
+    def children_changed(self, children: list[str]) -> list:
+        if self.own_node is None or self.ended:
+            return []
+        latches = sorted(c for c in children if c.startswith(LATCH_PREFIX))
+        if self.own_node not in latches:
+            return self._end("our latch node is gone (the session expired)")
+        if latches[0] == self.own_node and not self.leading:
+            self.leading = True
+            return [Granted()]
+        return []
+
+    def session_state(self, state: str) -> list:
+        """kazoo's KazooState: SUSPENDED (connection lost, session may live) or LOST (expired)."""
+        if state == "LOST" or (state == "SUSPENDED" and self.leading):
+            return self._end(f"the ZooKeeper session is {state}")
+        return []
+
+    def _end(self, reason: str) -> list:
+        if self.ended:
+            return []
+        self.ended = True
+        was_leading, self.leading = self.leading, False
+        return [Revoked(reason if was_leading else f"standby: {reason}")]
+
+
+def ha_enabled(conf) -> bool:
+    return conf["high-availability.type"] == "zookeeper"
+
+
+def cluster_root(conf) -> str:
+    root = "/" + conf["high-availability.zookeeper.path.root"].strip("/")
+    cluster_id = conf["high-availability.cluster-id"].strip("/")
+    if not cluster_id:
+        raise HaConfigError("high-availability.cluster-id: must not be empty")
+    return f"{root}/{cluster_id}"
+
+
+def storage_dir(conf, cluster_dir: Optional[Path]) -> Path:
+    configured = conf["high-availability.storageDir"]
+    if configured:
+        return Path(configured.removeprefix("file://"))
+    if cluster_dir is None:
+        raise HaConfigError("high-availability.storageDir: required (no cluster directory to default to)")
+    return Path(cluster_dir) / "ha"
+
+
+def make_client(conf):
+    quorum = conf["high-availability.zookeeper.quorum"]
+    if not quorum:
+        raise HaConfigError("high-availability.zookeeper.quorum: required when high-availability.type is "
+                            "zookeeper (host:port[,host:port...])")
+    from kazoo.client import KazooClient
+    from kazoo.retry import KazooRetry
+    timeout_s = conf["high-availability.zookeeper.client.session-timeout"] / 1000
+    return KazooClient(hosts=quorum, timeout=timeout_s,
+                       connection_retry=KazooRetry(max_tries=-1, delay=0.1, max_delay=1.0),
+                       command_retry=KazooRetry(max_tries=3, delay=0.1, max_delay=1.0))
+
+
+def _connect(client, conf) -> None:
+    client.start(timeout=conf["high-availability.zookeeper.client.connection-timeout"] / 1000)
+
+
+class ZooKeeperHaServices:
+    """One JobManager's view of the HA state. Every method but the callbacks blocks on ZooKeeper:
+    call it from a thread that may wait (the storage executor, startup), never the loop."""
+
+    def __init__(self, conf, cluster_dir: Optional[Path]):
+        self.conf = conf
+        self.root = cluster_root(conf)
+        self.storage = storage_dir(conf, cluster_dir) / conf["high-availability.cluster-id"].strip("/")
+        self.client = make_client(conf)
+        self.leadership = Leadership()
+        self._lock = threading.Lock()  # kazoo calls back on its own threads
+        self._granted = threading.Event()
+        self._on_revoked: Callable[[str], None] = lambda reason: None
+
+    # ------------------------------------------------------------------ leader election
+    def start(self) -> None:
+        _connect(self.client, self.conf)
+        self.client.add_listener(lambda state: self._apply(self.leadership.session_state(str(state))))
+        for sub in ("leaderlatch", "jobgraphs", "checkpoints", "checkpoint-counter", "attempt"):
+            self.client.ensure_path(f"{self.root}/{sub}")
+        self.storage.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+    def contend(self, on_revoked: Callable[[str], None]) -> None:
+        """Join the election; ``wait_for_leadership`` returns once this JobManager leads."""
+        self._on_revoked = on_revoked
+        node = self.client.create(f"{self.root}/leaderlatch/{LATCH_PREFIX}", ephemeral=True, sequence=True)
+        with self._lock:
+            self.leadership.latch_created(node)
+        self.client.ChildrenWatch(f"{self.root}/leaderlatch",
+                                  lambda children: self._apply(self.leadership.children_changed(children)))
+
+    def _apply(self, instructions: list) -> None:
+        for i in instructions:
+            if isinstance(i, Granted):
+                self._granted.set()
+            elif isinstance(i, Revoked):
+                self._on_revoked(i.reason)
+
+    def wait_for_leadership(self, timeout: Optional[float] = None) -> bool:
+        return self._granted.wait(timeout)
+
+    def publish_leader(self, info: dict) -> None:
+        path = f"{self.root}/leader"
+        data = json.dumps(info).encode()
+        try:
+            self.client.create(path, data, ephemeral=True)
+        except Exception as exc:  # NodeExistsError: the last leader's session is not expired yet
+            from kazoo.exceptions import NodeExistsError
+            if not isinstance(exc, NodeExistsError):
+                raise
+            self.client.delete(path)
+            self.client.create(path, data, ephemeral=True)
+
+    # ------------------------------------------------------------------ job graphs
+    def put_job_graph(self, job_id: str, submission: dict) -> None:
+        path = self.storage / f"jobgraph-{job_id}"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(pickle.dumps(submission))
+        tmp.replace(path)  # a reader never sees half a file
+        for sub in ("checkpoint-counter", "attempt"):
+            if not self.client.exists(f"{self.root}/{sub}/{job_id}"):
+                self.client.create(f"{self.root}/{sub}/{job_id}", b"0")
+        self._set(f"{self.root}/jobgraphs/{job_id}", str(path).encode())
+
+    def remove_job(self, job_id: str) -> None:
+        """A job that reached a globally terminal state is not recovered by the next leader."""
+        for sub in ("jobgraphs", "checkpoints", "checkpoint-counter", "attempt"):
+            self.client.delete(f"{self.root}/{sub}/{job_id}") if self.client.exists(
+                f"{self.root}/{sub}/{job_id}") else None
+        (self.storage / f"jobgraph-{job_id}").unlink(missing_ok=True)
+
+    def job_graphs(self) -> dict[str, dict]:
+        out = {}
+        for job_id in sorted(self.client.get_children(f"{self.root}/jobgraphs")):
+            location, _ = self.client.get(f"{self.root}/jobgraphs/{job_id}")
+            out[job_id] = pickle.loads(Path(location.decode()).read_bytes())
+        return out
+
+    # ------------------------------------------------------------------ checkpoints
+    def checkpoint_completed(self, job_id: str, checkpoint_id: int, directory: str) -> None:
+        self._set(f"{self.root}/checkpoints/{job_id}",
+                  json.dumps({"id": checkpoint_id, "directory": directory}).encode())
+
+    def latest_checkpoint(self, job_id: str) -> Optional[tuple[int, str]]:
+        path = f"{self.root}/checkpoints/{job_id}"
+        if not self.client.exists(path):
+            return None
+        pointer = json.loads(self.client.get(path)[0])
+        return pointer["id"], pointer["directory"]
+
+    def checkpoint_triggered(self, job_id: str, checkpoint_id: int) -> None:
+        """Non-blocking (kazoo's async set): the trigger must not wait for ZooKeeper."""
+        # the node exists: put_job_graph made it
+        self.client.set_async(f"{self.root}/checkpoint-counter/{job_id}", str(checkpoint_id).encode())
+
+    def attempt_deployed(self, job_id: str, attempt: int) -> None:
+        """Blocking, on the loop, and only at a deployment: the number must be in ZooKeeper before
+        any task of it runs (a leader that cannot reach ZooKeeper is revoked anyway)."""
+        self.client.set(f"{self.root}/attempt/{job_id}", str(attempt).encode())
+
+    def last_attempt(self, job_id: str) -> int:
+        path = f"{self.root}/attempt/{job_id}"
+        return int(self.client.get(path)[0]) if self.client.exists(path) else 0
+
+    def checkpoint_counter(self, job_id: str) -> int:
+        path = f"{self.root}/checkpoint-counter/{job_id}"
+        return int(self.client.get(path)[0]) if self.client.exists(path) else 0
+
+    def _set(self, path: str, data: bytes) -> None:
+        if self.client.exists(path):
+            self.client.set(path, data)
+        else:
+            self.client.create(path, data, makepath=True)
+
+    def close(self) -> None:
+        try:
+            self.client.stop()
+            self.client.close()
+        except Exception:  # a session already gone: nothing to release
+            pass
+
+
+class LeaderRetriever:
+    """Follows the leader's addresses in ZooKeeper (TaskManagers, clients): ``on_change(info)``
+    for every leader published; ``leader(timeout)`` for the current one."""
+
+    def __init__(self, conf, on_change: Callable[[dict], None] = lambda info: None):
+        self.root = cluster_root(conf)
+        self.client = make_client(conf)
+        _connect(self.client, conf)
+        self._current: Optional[dict] = None
+        self._known = threading.Condition()
+        self.on_change = on_change
+        self.client.DataWatch(f"{self.root}/leader", self._changed)
+
+    def _changed(self, data, stat) -> None:
+        if not data:
+            return  # no leader now (the last one's session ended): keep following the last one
+        info = json.loads(data)
+        with self._known:
+            changed, self._current = info != self._current, info
+            self._known.notify_all()
+        if changed:
+            self.on_change(info)
+
+    def leader(self, timeout: float = 30.0) -> dict:
+        with self._known:
+            if not self._known.wait_for(lambda: self._current is not None, timeout):
+                raise TimeoutError(f"no leading JobManager published in ZooKeeper under {self.root} "
+                                   f"within {timeout:g} s")
+            assert self._current is not None
+            return self._current
+
+    def close(self) -> None:
+        try:
+            self.client.stop()
+            self.client.close()
+        except Exception:
+            pass
+
+
+def exit_on_revocation(reason: str) -> None:
+    """A leader that lost its session stops at once: its JobMasters, its REST and its sockets go
+    with the process, so nothing it still holds can commit a checkpoint beside the new leader.
+    (Flink keeps the process as a standby; a supervisor or ``streamlab cluster`` restarts ours.)"""
+    log.critical("leadership revoked: %s; stopping this JobManager", reason)
+    logging.shutdown()
+    os._exit(EXIT_LEADERSHIP_REVOKED)
+
+
+EXIT_LEADERSHIP_REVOKED = 70

@@ -1,0 +1,86 @@
+"""Leader election and the HA stores: the pure decisions, then the same against a real ZooKeeper."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from cluster.conf import Configuration
+from cluster.jobmanager.ha import Granted, LeaderRetriever, Leadership, Revoked, ZooKeeperHaServices
+
+
+def test_the_lowest_latch_leads_and_a_lost_session_revokes_at_once():
+    a = Leadership()
+    a.latch_created("/flink/x/leaderlatch/latch-0000000003")
+    assert a.children_changed(["latch-0000000002", "latch-0000000003"]) == []  # another leads
+    assert a.children_changed(["latch-0000000003"]) == [Granted()]
+    assert a.children_changed(["latch-0000000003", "latch-0000000004"]) == []  # granted once
+    assert a.session_state("SUSPENDED") == [Revoked("the ZooKeeper session is SUSPENDED")]
+    assert not a.leading
+    assert a.children_changed(["latch-0000000003"]) == []  # never again in this process
+
+
+def test_a_standby_waits_through_a_suspended_session_and_ends_when_it_is_lost():
+    b = Leadership()
+    b.latch_created("latch-0000000005")
+    b.children_changed(["latch-0000000004", "latch-0000000005"])
+    assert b.session_state("SUSPENDED") == []
+    assert b.session_state("CONNECTED") == []
+    assert b.session_state("LOST") == [Revoked("standby: the ZooKeeper session is LOST")]
+
+
+def test_a_leader_whose_latch_node_vanished_steps_down():
+    c = Leadership()
+    c.latch_created("latch-0000000001")
+    assert c.children_changed(["latch-0000000001"]) == [Granted()]
+    assert c.children_changed(["latch-0000000002"]) == [Revoked("our latch node is gone (the session expired)")]
+
+
+def ha_conf(zookeeper, cluster_id: str) -> Configuration:
+    return Configuration({"high-availability.type": "zookeeper", "high-availability.zookeeper.quorum": zookeeper.quorum,
+                          "high-availability.cluster-id": cluster_id,
+                          "high-availability.zookeeper.client.session-timeout": "2 s"}, "the test")
+
+
+def test_with_zookeeper_one_leader_then_the_standby_and_the_stores_survive(zookeeper, tmp_path):
+    conf = ha_conf(zookeeper, "election")
+    revoked: list[str] = []
+    first, second = ZooKeeperHaServices(conf, tmp_path), ZooKeeperHaServices(conf, tmp_path)
+    for services in (first, second):
+        services.start()
+        services.contend(on_revoked=revoked.append)
+    assert first.wait_for_leadership(10)
+    assert not second.wait_for_leadership(1)
+    leaders = []
+    seen = threading.Event()
+    retriever = LeaderRetriever(conf, on_change=lambda info: (leaders.append(info), seen.set()))
+    first.publish_leader({"rpc": "tcp://127.0.0.1:1"})
+    assert retriever.leader(10) == {"rpc": "tcp://127.0.0.1:1"}
+    first.put_job_graph("job-a", {"job_graph": {"name": "a"}, "result_address": None})
+    first.checkpoint_triggered("job-a", 7)
+    first.checkpoint_completed("job-a", 6, "/x/chk-6")
+    first.attempt_deployed("job-a", 3)
+    first.close()  # the leader's session ends: the standby leads
+    assert second.wait_for_leadership(10)
+    assert revoked == ["the ZooKeeper session is LOST"]  # the old leader stepped down itself
+    second.publish_leader({"rpc": "tcp://127.0.0.1:2"})
+    assert second.job_graphs() == {"job-a": {"job_graph": {"name": "a"}, "result_address": None}}
+    assert second.latest_checkpoint("job-a") == (6, "/x/chk-6")
+    assert second.checkpoint_counter("job-a") == 7
+    assert second.last_attempt("job-a") == 3
+    wait = 10.0
+    while retriever.leader() != {"rpc": "tcp://127.0.0.1:2"} and wait > 0:
+        seen.clear()
+        seen.wait(0.5)
+        wait -= 0.5
+    assert leaders[-1] == {"rpc": "tcp://127.0.0.1:2"}
+    second.remove_job("job-a")
+    assert second.job_graphs() == {} and second.latest_checkpoint("job-a") is None
+    retriever.close()
+    second.close()
+
+
+def test_a_missing_quorum_is_a_clear_error(tmp_path):
+    conf = Configuration({"high-availability.type": "zookeeper"}, "the test")
+    with pytest.raises(ValueError, match="high-availability.zookeeper.quorum: required"):
+        ZooKeeperHaServices(conf, tmp_path)
