@@ -31,7 +31,7 @@ from cluster.protocol.endpoint import RpcError
 from . import processes
 from .client import JobClient
 from .cli_options import dynamic_option, dynamic_properties
-from .local_cluster import ClusterInfo, ClusterNotRunning
+from .local_cluster import ClusterInfo, ClusterNotRunning, wait_for_jobmanager
 
 JOB_SCRIPT, PACKAGE_CONFIG = "job.py", "config.yaml"
 
@@ -109,14 +109,10 @@ def run_application(taskmanagers, slots, dynamic, detached, cluster_dir, timeout
     # `streamlab cluster stop --cluster-dir` finds it; it stops the TaskManagers it started itself
     (cluster_dir / processes.PIDS_FILE).write_text(json.dumps({"jobmanager": jobmanager.pid, "taskmanagers": []}))
     deadline = time.monotonic() + timeout
-    while not (cluster_dir / "jobmanager.json").exists():
-        if jobmanager.poll() is not None:
-            raise click.ClickException(launch.exit_report(jobmanager, cluster_dir, "jobmanager"))
-        if time.monotonic() > deadline:
-            raise click.ClickException(f"the JobManager did not start within {timeout:g} s; "
-                                       f"see {launch.log_path(cluster_dir, 'jobmanager')}")
-        time.sleep(0.05)
-    info = ClusterInfo.load(cluster_dir)
+    try:
+        info = wait_for_jobmanager(cluster_dir, jobmanager, timeout)
+    except (RuntimeError, TimeoutError) as exc:
+        raise click.ClickException(str(exc)) from None
     click.echo(f"Application {script} started in {cluster_dir}: JobManager {info.rpc_address} "
                f"(pid {jobmanager.pid}), REST {info.rest_address}")
     if detached:
