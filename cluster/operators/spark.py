@@ -78,6 +78,10 @@ class SparkRunner:
     # The cluster's directory, set by the TaskManager: the TaskManagers of one machine start
     # their JVMs a few at a time (see _start_slot). None: no coordination.
     lock_dir: Optional[Path] = None
+    # The TaskManager's own configuration, set by it: the session is the TaskManager's, so its
+    # master and driver address are its own even when a job's task starts the session (lazy
+    # startup), whose job configuration is the JobManager's (another taskmanager.host).
+    taskmanager_config: Optional[TaskConfig] = None
 
     def __init__(self, config: TaskConfig):
         self.config = config
@@ -94,7 +98,7 @@ class SparkRunner:
         """The session, started by the first caller: a task, or the TaskManager at its start."""
         with cls._lock:
             if cls._instance is None:
-                cls._instance = SparkRunner(config)
+                cls._instance = SparkRunner(cls.taskmanager_config or config)
                 cls._instance._thread.start()
             return cls._instance
 
