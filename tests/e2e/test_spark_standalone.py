@@ -89,7 +89,11 @@ class SparkStandalone:
         self._start("worker", "org.apache.spark.deploy.worker.Worker", self.url, "--host", "127.0.0.1",
                     "--cores", "1", "--memory", "1g", "--webui-port", str(self.worker_webui),
                     "--work-dir", str(self.directory / "work"))
-        wait_for(self._worker_alive, 90, f"the Spark worker registered with {self.url} ({self.directory})")
+        try:
+            wait_for(self._worker_alive, 90, f"the Spark worker registered with {self.url} ({self.directory})")
+        except BaseException:
+            self.stop()  # a fixture that fails to start is not torn down
+            raise
         return self
 
     def _worker_alive(self) -> bool:
@@ -98,7 +102,7 @@ class SparkStandalone:
                 raise AssertionError(f"{p.args[1]} exited with {p.returncode}: see {self.directory}")
         try:
             return any(w["state"] == "ALIVE" for w in master_json(self.webui)["workers"])
-        except OSError:
+        except (OSError, ValueError):  # not listening yet, or an empty page while the UI starts
             return False
 
     def stop(self) -> None:
@@ -150,6 +154,9 @@ def on_spark_cluster(spark_standalone, tmp_path_factory):
     local.stop()
 
 
+# 4-5 JVMs start before the first batch (master, worker, executor, the TaskManagers' drivers):
+# setup alone took over 120 s at load average 14 here
+@pytest.mark.timeout(600)
 def test_batches_run_on_the_standalone_executor_with_the_local_results(spark_standalone, on_spark_cluster, cluster):
     started = time.monotonic()
     remote = run_pipeline(on_spark_cluster, "on a Spark cluster")
