@@ -71,3 +71,37 @@ def test_task_config_reads_the_job_configuration():
 def test_a_bad_job_configuration_is_an_error_naming_the_key(values, expected):
     with pytest.raises(ConfigError, match=expected):
         TaskConfig.from_dict(values, "the configuration of job j")
+
+
+@pytest.mark.parametrize("master", ["local", "local[2]", "local[*]", "local[2,3]", "spark://10.0.0.5:7077",
+                                    "spark://a:7077,b:7077", "k8s://https://api.example:6443", "yarn"])
+def test_spark_masters(master):
+    assert TaskConfig.from_dict({"taskmanager.spark.master": master}).spark_master == master
+
+
+@pytest.mark.parametrize("master", ["spark://10.0.0.5", "local[0]", "spark:/h:7077", "mesos://h:5050", "cluster"])
+def test_a_bad_spark_master_is_an_error_naming_the_key(master):
+    with pytest.raises(ConfigError, match=r"'taskmanager.spark.master' in job j: expected a Spark master: .*spark://HOST:PORT"):
+        TaskConfig.from_dict({"taskmanager.spark.master": master}, "job j")
+
+
+def test_spark_settings_pass_through_by_sparks_names(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("taskmanager:\n  spark:\n    conf:\n      spark.executor.instances: 4\n"
+                 "taskmanager.spark.conf.spark.network.timeout: 60s\n")
+    conf = Configuration.from_file(f, {"taskmanager.spark.conf.spark.executor.instances": 2})
+    config = TaskConfig.from_configuration(conf)
+    assert config.spark_properties == {"spark.executor.instances": "2", "spark.network.timeout": "60s"}
+    # the job's configuration travels as a dict and is parsed again on the TaskManager
+    assert TaskConfig.from_dict(conf.to_dict()).spark_properties == config.spark_properties
+
+
+@pytest.mark.parametrize("values,expected", [
+    ({"taskmanager.spark.conf.spark.executor.memory": "2g"},
+     r"'taskmanager.spark.conf'.*no spark.executor.memory here: 'taskmanager.spark.executor-memory' sets it"),
+    ({"taskmanager.spark.conf.executor.memory": "2g"}, r"'taskmanager.spark.conf'.*start with 'spark.'"),
+    ({"taskmanager.spark.executor-memory": "a lot"}, r"'taskmanager.spark.executor-memory'.*\"512m\""),
+])
+def test_bad_spark_settings_name_the_key(values, expected):
+    with pytest.raises(ConfigError, match=expected):
+        Configuration(values)

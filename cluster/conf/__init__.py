@@ -172,6 +172,58 @@ def _enum(*choices: str) -> Callable[[Any], str]:
     return parse
 
 
+# Spark's own settings of each TaskManager's session, passed through under this key, as a map or
+# one by one ("taskmanager.spark.conf.spark.executor.instances: 4"), as Flink passes "flink.hadoop.*".
+SPARK_CONF = "taskmanager.spark.conf"
+SPARK_CONF_PREFIX = SPARK_CONF + "."
+# Spark keys that streamlab keys set: one way to say each, so that the two cannot disagree
+_SPARK_KEYS_OF_OURS = {"spark.master": "taskmanager.spark.master",
+                       "spark.driver.memory": "taskmanager.spark.driver-memory",
+                       "spark.executor.cores": "taskmanager.spark.executor-cores",
+                       "spark.executor.memory": "taskmanager.spark.executor-memory",
+                       "spark.cores.max": "taskmanager.spark.cores-max"}
+
+_SPARK_MASTER = re.compile(r"^(local(\[(\*|[1-9]\d*)(,\d+)?\])?"
+                           r"|spark://[^\s:/,]+:\d{1,5}(,[^\s:/,]+:\d{1,5})*"
+                           r"|k8s://\S+|yarn)$")
+
+
+def _spark_master(value: Any) -> str:
+    if not isinstance(value, str) or not _SPARK_MASTER.match(value.strip()):
+        raise ValueError("a Spark master: local, local[N], local[*], spark://HOST:PORT (a standalone cluster; "
+                         "several masters comma-separated), k8s://https://HOST:PORT or yarn")
+    return value.strip()
+
+
+def _spark_memory(value: Any) -> str:
+    if value is None or value == "":
+        return ""
+    if not isinstance(value, str) or not re.match(r"^\d+[kmgt]?$", value.strip().lower()):
+        raise ValueError('a JVM memory size as Spark writes it, such as "512m" or "2g"')
+    return value.strip().lower()
+
+
+def _spark_properties(value: Any) -> dict[str, str]:
+    """A map of Spark's own settings by Spark's names (nested maps joined with dots)."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ValueError("a map of Spark settings, such as {spark.executor.instances: 4}")
+    return dict(sorted(_spark_property(key, raw) for key, raw in _flatten(value, "", nested=True).items()))
+
+
+def _spark_property(key: str, value: Any) -> tuple[str, str]:
+    if not key.startswith("spark."):
+        raise ValueError(f"Spark settings, whose names start with 'spark.' (not {key!r})")
+    if key in _SPARK_KEYS_OF_OURS:
+        raise ValueError(f"no {key} here: {_SPARK_KEYS_OF_OURS[key]!r} sets it")
+    if isinstance(value, bool):
+        return key, str(value).lower()
+    if not isinstance(value, (str, int, float)) or value == "":
+        raise ValueError(f"a string or a number for {key}")
+    return key, str(value)
+
+
 @dataclass(frozen=True)
 class ConfigOption:
     key: str
@@ -281,8 +333,20 @@ OPTIONS: dict[str, ConfigOption] = {
                      "How often TaskManagers report task metrics (and heartbeat)."),
         ConfigOption("taskmanager.spark.startup", _enum("eager", "lazy"),
                      "eager: start the SparkSession when the TaskManager starts; lazy: on the first Spark task."),
-        ConfigOption("taskmanager.spark.master", _str, "Spark master of each TaskManager's session."),
+        ConfigOption("taskmanager.spark.master", _spark_master,
+                     "Spark master of each TaskManager's session: local[N], or a cluster (spark://HOST:PORT, "
+                     "k8s://https://HOST:PORT, yarn) whose executors run the per-batch plans."),
         ConfigOption("taskmanager.spark.driver-memory", _str, "JVM heap of each TaskManager's SparkSession."),
+        ConfigOption("taskmanager.spark.executor-cores", _int(0),
+                     "spark.executor.cores of each TaskManager's Spark application on a cluster (0: Spark's default)."),
+        ConfigOption("taskmanager.spark.executor-memory", _spark_memory,
+                     "spark.executor.memory of each TaskManager's Spark application on a cluster (empty: Spark's default)."),
+        ConfigOption("taskmanager.spark.cores-max", _int(0),
+                     "spark.cores.max: most executor cores one TaskManager's application takes from a standalone "
+                     "cluster (0: Spark's default, every free core, which leaves none for the next TaskManager)."),
+        ConfigOption(SPARK_CONF, _spark_properties,
+                     "Spark's own settings of each TaskManager's session, by Spark's names (a map, or one "
+                     "key each: taskmanager.spark.conf.spark.executor.instances)."),
         ConfigOption("execution.spark.max-batch-rows", _int(1),
                      "Most rows one Spark job of a task takes (the input that waits while Spark is busy)."),
         ConfigOption("execution.spark.max-batch-size", _size(1),
@@ -327,13 +391,14 @@ def _float(value: Any, minimum: float) -> float:
     return number
 
 
-def _flatten(data: Mapping, prefix: str = "") -> dict[str, Any]:
-    # Flink accepts both "a.b.c: v" and nested maps; so do we.
+def _flatten(data: Mapping, prefix: str = "", nested: bool = False) -> dict[str, Any]:
+    # Flink accepts both "a.b.c: v" and nested maps; so do we. A map-valued option stays a map
+    # (unless ``nested``: the map's own nesting).
     flat: dict[str, Any] = {}
     for key, value in data.items():
         full = f"{prefix}{key}"
-        if isinstance(value, Mapping) and full not in OPTIONS:
-            flat.update(_flatten(value, full + "."))
+        if isinstance(value, Mapping) and (nested or full not in OPTIONS):
+            flat.update(_flatten(value, full + ".", nested))
         else:
             flat[full] = value
     return flat
@@ -358,13 +423,18 @@ class Configuration:
 
     def update(self, values: Mapping[str, Any], source: str = "configuration") -> "Configuration":
         for key, raw in _flatten(values).items():
+            if key.startswith(SPARK_CONF_PREFIX):  # one Spark setting: merged into the map
+                key, raw = SPARK_CONF, {key[len(SPARK_CONF_PREFIX):]: raw}
             option = OPTIONS.get(key)
             if option is None:
                 close = [k for k in OPTIONS if k.split(".")[-1] == key.split(".")[-1]]
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise ConfigError(f"unknown configuration key {key!r} in {source}{hint}")
+            previous = self._values.get(key)
             try:
                 self._values[key] = option.parse(raw)
+                if key == SPARK_CONF:  # later sources add to (or override) earlier ones, key by key
+                    self._values[key] = (previous or {}) | self._values[key]
             except ValueError as exc:
                 raise ConfigError(f"invalid value {raw!r} for {key!r} in {source}: expected {exc}") from None
             self._explicit.add(key)
@@ -421,9 +491,16 @@ class TaskConfig:
     tmp_dir: str = _key("io.tmp.dirs")
     spark_master: str = _key("taskmanager.spark.master")
     spark_driver_memory: str = _key("taskmanager.spark.driver-memory")
+    spark_executor_cores: int = _key("taskmanager.spark.executor-cores")
+    spark_executor_memory: str = _key("taskmanager.spark.executor-memory")
+    spark_cores_max: int = _key("taskmanager.spark.cores-max")
+    # the address executors of a Spark cluster reach the TaskManager's driver at, and its bind address
+    host: str = _key("taskmanager.host")
+    bind_host: str = _key("taskmanager.bind-host")
     spark_max_batch_rows: int = _key("execution.spark.max-batch-rows")
     spark_max_batch_bytes: int = _key("execution.spark.max-batch-size")
     spark_max_concurrent_batches: int = _key("execution.spark.max-concurrent-batches")
+    spark_properties: dict[str, str] = _key(SPARK_CONF)
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any], source: str = "the job configuration") -> "TaskConfig":
@@ -433,6 +510,11 @@ class TaskConfig:
     @classmethod
     def from_configuration(cls, conf: Configuration) -> "TaskConfig":
         return cls(**{f.name: conf[f.metadata["key"]] for f in fields(cls)})
+
+    @property
+    def spark_local(self) -> bool:
+        """The session runs its plans in its own JVM (not on a cluster's executors)."""
+        return self.spark_master.startswith("local")
 
     @property
     def checkpointing(self) -> bool:

@@ -35,14 +35,23 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+def driver_host(config: TaskConfig) -> str:
+    """Where the session's driver is reached: loopback in local mode; on a Spark cluster the
+    TaskManager's advertised host, which the executors connect back to."""
+    return "127.0.0.1" if config.spark_local else config.host
+
+
 def spark_conf(config: TaskConfig) -> dict[str, str]:
-    return {
+    conf = {
         "spark.master": config.spark_master,
         "spark.driver.memory": config.spark_driver_memory,
         "spark.app.name": "streamlab-taskmanager",
         "spark.ui.enabled": "false",
-        "spark.driver.host": "127.0.0.1",
-        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.driver.host": driver_host(config),
+        "spark.driver.bindAddress": "127.0.0.1" if config.spark_local else (config.bind_host or config.host),
+        # the Python of executors' workers (pandas UDFs): this interpreter, which must exist at the
+        # same path on every Spark worker host
+        "spark.pyspark.python": sys.executable,
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.sql.execution.arrow.localRelationThreshold": "0",
         "spark.sql.execution.arrow.maxRecordsPerBatch": "250000",
@@ -52,6 +61,13 @@ def spark_conf(config: TaskConfig) -> dict[str, str]:
         "spark.log.level": "WARN",
         "spark.ui.showConsoleProgress": "false",
     }
+    if not config.spark_local:
+        for key, value in (("spark.executor.cores", config.spark_executor_cores),
+                           ("spark.executor.memory", config.spark_executor_memory),
+                           ("spark.cores.max", config.spark_cores_max)):
+            if value:  # 0 or empty: Spark's default
+                conf[key] = str(value)
+    return conf | config.spark_properties
 
 
 class SparkRunner:
@@ -62,6 +78,10 @@ class SparkRunner:
     # The cluster's directory, set by the TaskManager: the TaskManagers of one machine start
     # their JVMs a few at a time (see _start_slot). None: no coordination.
     lock_dir: Optional[Path] = None
+    # The TaskManager's own configuration, set by it: the session is the TaskManager's, so its
+    # master and driver address are its own even when a job's task starts the session (lazy
+    # startup), whose job configuration is the JobManager's (another taskmanager.host).
+    taskmanager_config: Optional[TaskConfig] = None
 
     def __init__(self, config: TaskConfig):
         self.config = config
@@ -78,7 +98,7 @@ class SparkRunner:
         """The session, started by the first caller: a task, or the TaskManager at its start."""
         with cls._lock:
             if cls._instance is None:
-                cls._instance = SparkRunner(config)
+                cls._instance = SparkRunner(cls.taskmanager_config or config)
                 cls._instance._thread.start()
             return cls._instance
 
@@ -92,7 +112,7 @@ class SparkRunner:
         return waited + (", after another TaskManager's)" if self.queued else ")")
 
     def _start(self) -> None:
-        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        os.environ.setdefault("SPARK_LOCAL_IP", driver_host(self.config))
         # Python workers (UDFs) must run this interpreter, which has pandas and pyarrow.
         os.environ["PYSPARK_PYTHON"] = sys.executable
         os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
