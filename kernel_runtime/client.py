@@ -24,11 +24,12 @@ from cluster.graph.job_graph import MAX_SIZE_KEY, JobGraph
 from cluster.protocol import messages as m
 from cluster.protocol.codec import Codec
 from cluster.protocol.curve import cluster_codec
-from cluster.protocol.endpoint import RpcClient, bind_socket, local_address_towards, make_socket
+from cluster.protocol.endpoint import R, RpcClient, RpcError, bind_socket, local_address_towards, make_socket
 from cluster.protocol.serde import ipc_to_table
 
 from .cells import with_notebook_cells
 from .events import ClusterEvents, JobView, JobWatch
+from .leader import LeaderWatch
 from .local_cluster import ClusterInfo
 from .results import KEEP_ALL, ResultBuffer, ResultMode
 
@@ -395,8 +396,8 @@ class _Acknowledger:
     """Sends the acknowledgements of collect barriers to the JobManager from a thread of its own,
     so the result socket never waits for an answer."""
 
-    def __init__(self, rpc: RpcClient):
-        self.rpc = rpc
+    def __init__(self, client: "JobClient"):
+        self.client = client
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="result acks", daemon=True)
         self._thread.start()
@@ -407,7 +408,7 @@ class _Acknowledger:
     def _run(self) -> None:
         while (ack := self._queue.get()) is not None:
             try:
-                self.rpc.request(ack, timeout=5, expect=m.Acknowledge)
+                self.client.request(ack, timeout=5, expect=m.Acknowledge)
             except Exception as exc:  # the job ended or restarted meanwhile: the checkpoint is moot
                 log.warning("could not acknowledge checkpoint %s of job %s: %s", ack.checkpoint_id, ack.job_id, exc)
 
@@ -417,17 +418,50 @@ class _Acknowledger:
 
 
 class JobClient:
+    """Any thread may call its methods. Of an HA cluster it follows the leading JobManager
+    (kernel_runtime.leader): a request that the old leader left unanswered is asked again of the
+    new one, except a submission (the old leader may have stored the job, which the new one
+    then recovers: asking again would run it twice)."""
+
     def __init__(self, cluster: ClusterInfo, timeout: float = 10.0):
         self.cluster = cluster
-        self.codec = cluster_codec(cluster.configuration(), cluster.secret)
+        conf = cluster.configuration()
+        self.codec = cluster_codec(conf, cluster.secret)
         self.rpc = RpcClient(cluster.rpc_address, self.codec, timeout)
-        self.max_job_graph_bytes: int = cluster.configuration()[MAX_SIZE_KEY]
+        self.max_job_graph_bytes: int = conf[MAX_SIZE_KEY]
         self._results: Optional[ResultReceiver] = None
+        self._leader_lock = threading.Lock()
+        self._leader = LeaderWatch.of(conf)
+        if self._leader is not None:
+            self._leader.subscribe(self._leader_changed)
+            self._leader_changed(self._leader.leader(timeout))  # it may have changed since ``cluster`` was read
+
+    def _leader_changed(self, leader: dict) -> None:
+        """A ZooKeeper thread (or the constructor): point the control socket at the new leader."""
+        with self._leader_lock:
+            cluster = self.cluster.with_leader(leader)
+            if cluster.rpc_address == self.rpc.address or self.rpc.closed:
+                return
+            log.warning("following the new leading JobManager at %s", cluster.rpc_address)
+            old, self.rpc = self.rpc, RpcClient(cluster.rpc_address, self.codec, self.rpc.timeout)
+            self.cluster = cluster
+        old.close()  # what waits on the old leader fails now, and is asked again (request)
+
+    def request(self, msg: m.Message, *, expect: type[R], timeout: Optional[float] = None, again: bool = True) -> R:
+        """Ask the leading JobManager; if the leader changed before it answered, ask the new one
+        (``again``), once."""
+        rpc = self.rpc
+        try:
+            return rpc.request(msg, expect=expect, timeout=timeout)
+        except (RpcError, TimeoutError):
+            if not again or self.rpc is rpc:
+                raise
+        return self.rpc.request(msg, expect=expect, timeout=timeout)
 
     @property
     def results(self) -> ResultReceiver:
         if self._results is None:
-            self._acknowledger = _Acknowledger(self.rpc)
+            self._acknowledger = _Acknowledger(self)
             self._results = ResultReceiver(self.codec, self._acknowledger.send,
                                            host=local_address_towards(self.cluster.rpc_address))
         return self._results
@@ -448,11 +482,11 @@ class JobClient:
                        for name, uid in sinks.items()}
             self.results.expect(job_graph.job_id, buffers)
             result_address = self.results.address
-        reply = self.rpc.request(m.SubmitJob(job_graph.to_dict(), result_address), expect=m.JobSubmitted)
+        reply = self.request(m.SubmitJob(job_graph.to_dict(), result_address), expect=m.JobSubmitted, again=False)
         return JobHandle(self, reply.job_id, job_graph.name, sinks, job_graph, detached)
 
     def job_status(self, job_id: str) -> m.JobStatus:
-        return self.rpc.request(m.RequestJobStatus(job_id), expect=m.JobStatus)
+        return self.request(m.RequestJobStatus(job_id), expect=m.JobStatus)
 
     def follow(self, job_id: str, listener: Optional[Callable[[JobView], None]] = None) -> JobWatch:
         """Follow a job's events (through this process's one subscription to the cluster);
@@ -461,35 +495,38 @@ class JobClient:
 
     def control_stats(self) -> dict[str, int]:
         """How many control messages the JobManager handled since it started, per op."""
-        return self.rpc.request(m.RequestControlStats(), expect=m.ControlStats).handled
+        return self.request(m.RequestControlStats(), expect=m.ControlStats).handled
 
     def list_jobs(self) -> list[dict]:
-        return self.rpc.request(m.ListJobs(), expect=m.JobList).jobs
+        return self.request(m.ListJobs(), expect=m.JobList).jobs
 
     def cancel(self, job_id: str) -> None:
-        self.rpc.request(m.CancelJob(job_id), expect=m.Acknowledge)
+        self.request(m.CancelJob(job_id), expect=m.Acknowledge)
 
     def cluster_overview(self) -> m.ClusterOverview:
-        return self.rpc.request(m.RequestClusterOverview(), expect=m.ClusterOverview)
+        return self.request(m.RequestClusterOverview(), expect=m.ClusterOverview)
 
     def job_details(self, job_id: str) -> dict:
         """GET /jobs/<jobid> as a dict, plus "subtasks": state, TaskManager, slot and metrics of each."""
-        return self.rpc.request(m.RequestJobDetails(job_id), expect=m.JobDetails).details
+        return self.request(m.RequestJobDetails(job_id), expect=m.JobDetails).details
 
     def trigger_savepoint(self, job_id: str, target_directory: Optional[str] = None, stop: bool = False,
                           timeout: float = 600.0) -> str:
         """Take a savepoint (stop=True: then end the job); returns its location once complete."""
-        return self.rpc.request(m.TriggerSavepoint(job_id, target_directory, stop), timeout=timeout,
+        return self.request(m.TriggerSavepoint(job_id, target_directory, stop), timeout=timeout,
                                 expect=m.SavepointCompleted).location
 
     def dispose_savepoint(self, location: str) -> None:
-        self.rpc.request(m.DisposeSavepoint(location), expect=m.Acknowledge)
+        self.request(m.DisposeSavepoint(location), expect=m.Acknowledge)
 
     def shutdown_cluster(self) -> None:
-        self.rpc.request(m.ShutdownCluster(), expect=m.Acknowledge)
+        self.request(m.ShutdownCluster(), expect=m.Acknowledge)
 
     def close(self) -> None:
+        if self._leader is not None:
+            self._leader.release(self._leader_changed)
         if self._results is not None:
             self._results.close()
             self._acknowledger.close()
-        self.rpc.close()
+        with self._leader_lock:
+            self.rpc.close()

@@ -31,6 +31,7 @@ from cluster.protocol import messages as m
 from cluster.protocol.curve import cluster_codec
 from cluster.protocol.endpoint import RpcClient, RpcError, connect_socket, inproc_pair, make_socket
 
+from .leader import LeaderWatch
 from .local_cluster import ClusterInfo
 
 log = logging.getLogger(__name__)
@@ -146,8 +147,19 @@ class ClusterEvents:
         self.fetches = 0  # RequestJobSnapshot sent (tests, benches)
         self.received = 0  # events received
         self.closed = False
+        self._sub: Optional[zmq.Socket] = None  # these three: the events thread's
+        self._rpc: Optional[RpcClient] = None
+        self._poller = zmq.Poller()
+        self._leader = LeaderWatch.of(cluster.configuration())
+        if self._leader is not None:  # an HA cluster: follow its leader
+            self._leader.subscribe(self._leader_changed)
         self._thread = threading.Thread(target=self._run, name=f"job events {cluster.events_address}", daemon=True)
         self._thread.start()
+
+    def _leader_changed(self, leader: dict) -> None:
+        """A ZooKeeper thread: the events thread re-subscribes at the new leader."""
+        with self._lock:
+            self._command(("leader", leader))
 
     # ------------------------------------------------------------------ watchers (any thread)
     def _watch(self, job_id: str, listener: Optional[Callable[[JobView], None]]) -> JobWatch:
@@ -202,25 +214,43 @@ class ClusterEvents:
             pass  # a wake-up is pending already
 
     # ------------------------------------------------------------------ the events thread
-    def _run(self) -> None:
-        sub = make_socket(self.ctx, zmq.SUB)
-        connect_socket(sub, self.cluster.events_address, self.codec)
+    def _connect(self, cluster: ClusterInfo) -> None:
+        """Events thread: subscribe at ``cluster``'s JobManager (again, after a change of leader:
+        then every sequence starts over, as the new leader's do)."""
+        again = self._sub is not None
+        if self._sub is not None:
+            self._poller.unregister(self._sub)
+            self._sub.close(0)
+        if self._rpc is not None:
+            self._rpc.close()
+        self.cluster = cluster
+        self._sub = sub = make_socket(self.ctx, zmq.SUB)
+        connect_socket(sub, cluster.events_address, self.codec)
         sub.setsockopt(zmq.SUBSCRIBE, CLUSTER_TOPIC)
-        rpc = RpcClient(self.cluster.rpc_address, self.codec, FETCH_TIMEOUT_S, self.ctx)
-        poller = zmq.Poller()
-        poller.register(sub, zmq.POLLIN)
-        poller.register(self._wake_recv, zmq.POLLIN)
+        self._rpc = RpcClient(cluster.rpc_address, self.codec, FETCH_TIMEOUT_S, self.ctx)
+        self._poller.register(sub, zmq.POLLIN)
+        self.cluster_sequence = 0
+        with self._lock:
+            for job in self._jobs.values() if again else ():  # else their subscribe commands are queued
+                sub.setsockopt(zmq.SUBSCRIBE, job_topic(job.view.job_id))
+                job.sequence, job.needs_fetch = 0, True
+
+    def _run(self) -> None:
+        self._connect(self.cluster)
+        self._poller.register(self._wake_recv, zmq.POLLIN)
         try:
             while True:
                 silence_at = self.last_heard + SILENT_INTERVALS * self.interval_s
                 wait_ms = 0 if any(j.needs_fetch for j in list(self._jobs.values())) \
                     else max(0, int((silence_at - time.monotonic()) * 1000)) + 1
-                ready = dict(poller.poll(wait_ms))
+                ready = dict(self._poller.poll(wait_ms))
                 if self._wake_recv in ready:
                     while self._wake_recv.poll(0):
                         self._wake_recv.recv()
-                if not self._run_commands(sub):
+                if not self._run_commands():
                     return
+                sub, rpc = self._sub, self._rpc
+                assert sub is not None and rpc is not None
                 if sub in ready:
                     for _ in range(1000):  # bounded: fetches and commands get their turn
                         try:
@@ -245,18 +275,29 @@ class ClusterEvents:
                     del ClusterEvents._shared[self._key]
                 self.closed = True
                 self._lock.notify_all()
-            sub.close(0)
-            rpc.close()
+            if self._sub is not None:
+                self._sub.close(0)
+            if self._rpc is not None:
+                self._rpc.close()
+            if self._leader is not None:
+                self._leader.release(self._leader_changed)
             self._wake_recv.close(0)
             self._wake_send.close(0)
 
-    def _run_commands(self, sub: zmq.Socket) -> bool:
+    def _run_commands(self) -> bool:
         while self._commands:
             command = self._commands.popleft()
             if command[0] == "close":
                 return False
+            if command[0] == "leader":
+                leader = self.cluster.with_leader(command[1])
+                if leader.events_address != self.cluster.events_address:
+                    log.warning("job events: following the new leading JobManager at %s", leader.rpc_address)
+                    self._connect(leader)
+                continue
             kind, job_id = command
-            sub.setsockopt(zmq.SUBSCRIBE if kind == "subscribe" else zmq.UNSUBSCRIBE, job_topic(job_id))
+            assert self._sub is not None
+            self._sub.setsockopt(zmq.SUBSCRIBE if kind == "subscribe" else zmq.UNSUBSCRIBE, job_topic(job_id))
             if kind == "subscribe":
                 with self._lock:
                     job = self._jobs.get(job_id)

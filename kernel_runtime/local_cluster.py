@@ -12,12 +12,13 @@ import json
 import os
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from cluster import launch
 from cluster.conf import Configuration
+from cluster.jobmanager.ha import ha_enabled
 from cluster.protocol.auth import create_secret, load_secret, rest_token
 
 from . import processes
@@ -46,6 +47,10 @@ class ClusterInfo:
     @classmethod
     def load(cls, cluster_dir: Optional[Path] = None) -> "ClusterInfo":
         cluster_dir = Path(cluster_dir or default_cluster_dir())
+        if (cluster_dir / "config.yaml").exists():
+            conf = Configuration.from_file(cluster_dir / "config.yaml")
+            if ha_enabled(conf):
+                return cls._of_leader(cluster_dir, conf)
         info_file = cluster_dir / "jobmanager.json"
         if not info_file.exists():
             raise ClusterNotRunning(f"no cluster is running in {cluster_dir} "
@@ -54,6 +59,28 @@ class ClusterInfo:
         if not processes.alive(info.get("pid")):
             raise ClusterNotRunning(f"the JobManager of {cluster_dir} (pid {info.get('pid')}) is not running")
         return cls(cluster_dir, info["rpc"], info["rest"], info["events"], load_secret(cluster_dir / "secret"))
+
+    @classmethod
+    def _of_leader(cls, cluster_dir: Path, conf: Configuration, timeout: float = 10.0) -> "ClusterInfo":
+        """The leader ZooKeeper names (it may be on another host: no pid to check here); a client
+        made from it follows later leaders itself (kernel_runtime.leader)."""
+        from .leader import LeaderWatch
+        try:
+            watch = LeaderWatch.of(conf)
+        except ConnectionError as exc:
+            raise ClusterNotRunning(f"cannot find the leading JobManager of {cluster_dir}: {exc}") from None
+        assert watch is not None
+        try:
+            leader = watch.leader(timeout)
+        except TimeoutError as exc:
+            raise ClusterNotRunning(f"no JobManager of {cluster_dir} leads: {exc}") from None
+        finally:
+            watch.release()
+        return cls(cluster_dir, "", "", "", load_secret(cluster_dir / "secret")).with_leader(leader)
+
+    def with_leader(self, leader: dict) -> "ClusterInfo":
+        """This cluster reached through another leading JobManager (its published addresses)."""
+        return replace(self, rpc_address=leader["rpc"], rest_address=leader["rest"], events_address=leader["events"])
 
     def configuration(self) -> Configuration:
         """The cluster's configuration, as its JobManager read it (config.yaml of its directory)."""

@@ -52,45 +52,72 @@ class Revoked:
     reason: str
 
 
+@dataclass(frozen=True)
+class JoinElection:
+    """Create a latch node (again): a standby whose session expired lost its node with it."""
+
+    reason: str
+
+
 class Leadership:
     """Whether this contender leads, from the latch children it sees and its session's state.
 
     A leader revokes on SUSPENDED already (the session may live, but it cannot know whether a
-    standby leads by now); a standby merely waits through SUSPENDED, and gives up its candidacy
-    when its session is LOST (its latch node went with it). Leadership is granted once per
-    contender: after a revocation the process stops (``exit_on_revocation``)."""
+    standby leads by now), and leadership is granted once per contender: after a revocation the
+    process stops (``exit_on_revocation``). A standby merely waits through SUSPENDED; when its
+    session is LOST (its latch node went with it) it joins the election again once the client
+    has a new session, so a ZooKeeper outage never leaves a cluster without standbys. One
+    ``JoinElection`` at a time: another is asked for only after ``latch_created``.
+
+    Not thread-safe: the caller serialises the calls (kazoo calls back on several threads).
+    """
 
     def __init__(self) -> None:
         self.own_node: Optional[str] = None
         self.leading = False
         self.ended = False
+        self.joining = True  # the first latch node is being created (contend)
+        self.lost = False  # the session expired: join again once connected
 
     def latch_created(self, node: str) -> None:
-        self.own_node = node.rsplit("/", 1)[-1]
+        self.own_node, self.joining = node.rsplit("/", 1)[-1], False
 
     def children_changed(self, children: list[str]) -> list:
         if self.own_node is None or self.ended:
             return []
         latches = sorted(c for c in children if c.startswith(LATCH_PREFIX))
         if self.own_node not in latches:
-            return self._end("our latch node is gone (the session expired)")
+            if self.leading:
+                return self._end("our latch node is gone (the session expired)")
+            return self._rejoin("our latch node is gone")
         if latches[0] == self.own_node and not self.leading:
             self.leading = True
             return [Granted()]
         return []
 
     def session_state(self, state: str) -> list:
-        """kazoo's KazooState: SUSPENDED (connection lost, session may live) or LOST (expired)."""
-        if state == "LOST" or (state == "SUSPENDED" and self.leading):
-            return self._end(f"the ZooKeeper session is {state}")
-        return []
-
-    def _end(self, reason: str) -> list:
+        """kazoo's KazooState: SUSPENDED (connection lost, session may live), LOST (expired), CONNECTED."""
         if self.ended:
             return []
+        if self.leading and state in ("SUSPENDED", "LOST"):
+            return self._end(f"the ZooKeeper session is {state}")
+        if state == "LOST":
+            self.own_node, self.lost = None, True  # the node went with the session
+        elif state == "CONNECTED" and self.lost:
+            self.lost = False
+            return self._rejoin("the ZooKeeper session was LOST")
+        return []
+
+    def _rejoin(self, reason: str) -> list:
+        if self.joining:
+            return []
+        self.own_node, self.joining = None, True
+        return [JoinElection(f"standby: {reason}; joining the election again")]
+
+    def _end(self, reason: str) -> list:
         self.ended = True
-        was_leading, self.leading = self.leading, False
-        return [Revoked(reason if was_leading else f"standby: {reason}")]
+        self.leading = False
+        return [Revoked(reason)]
 
 
 def ha_enabled(conf) -> bool:
@@ -148,7 +175,7 @@ class ZooKeeperHaServices:
     # ------------------------------------------------------------------ leader election
     def start(self) -> None:
         _connect(self.client, self.conf)
-        self.client.add_listener(lambda state: self._apply(self.leadership.session_state(str(state))))
+        self.client.add_listener(lambda state: self._decide(lambda: self.leadership.session_state(str(state))))
         for sub in ("leaderlatch", "jobgraphs", "checkpoints", "checkpoint-counter", "attempt"):
             self.client.ensure_path(f"{self.root}/{sub}")
         self.storage.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -156,18 +183,38 @@ class ZooKeeperHaServices:
     def contend(self, on_revoked: Callable[[str], None]) -> None:
         """Join the election; ``wait_for_leadership`` returns once this JobManager leads."""
         self._on_revoked = on_revoked
+        self._join()
+        self.client.ChildrenWatch(f"{self.root}/leaderlatch",
+                                  lambda children: self._decide(lambda: self.leadership.children_changed(children)))
+
+    def _join(self) -> None:
         node = self.client.create(f"{self.root}/leaderlatch/{LATCH_PREFIX}", ephemeral=True, sequence=True)
         with self._lock:
             self.leadership.latch_created(node)
-        self.client.ChildrenWatch(f"{self.root}/leaderlatch",
-                                  lambda children: self._apply(self.leadership.children_changed(children)))
+        # the children may have changed before the node existed: decide on what is there now
+        children = self.client.get_children(f"{self.root}/leaderlatch")
+        self._decide(lambda: self.leadership.children_changed(children))
 
-    def _apply(self, instructions: list) -> None:
+    def _rejoin(self) -> None:
+        try:
+            self._join()
+        except Exception as exc:  # the connection went again: the next CONNECTED asks once more
+            log.warning("joining the election again failed: %s", exc)
+            with self._lock:
+                self.leadership.joining, self.leadership.lost = False, True
+
+    def _decide(self, decision: Callable[[], list]) -> None:
+        with self._lock:
+            instructions = decision()
         for i in instructions:
             if isinstance(i, Granted):
                 self._granted.set()
             elif isinstance(i, Revoked):
                 self._on_revoked(i.reason)
+            elif isinstance(i, JoinElection):
+                log.warning("%s", i.reason)
+                # kazoo's state listeners must not block: the create runs on a thread of its handler
+                self.client.handler.spawn(self._rejoin)
 
     def wait_for_leadership(self, timeout: Optional[float] = None) -> bool:
         return self._granted.wait(timeout)

@@ -402,6 +402,10 @@ class RpcClient:
         fut: Future = Future()
         with self._pending_lock:
             self._pending[cid] = fut
+        if self._closed.is_set():  # closed meanwhile: close() may not have seen this future
+            with self._pending_lock:
+                self._pending.pop(cid, None)
+            raise RpcError("the client is closed")
         try:
             with self._send_lock:  # frames leave in the order of their sequence numbers
                 self._outbox.send_multipart(self.codec.encode(msg, cid))
@@ -418,6 +422,10 @@ class RpcClient:
         if not isinstance(reply, expect):
             raise RpcError(f"the JobManager answered {msg.op} with {reply.op}, not {expect.__name__}")
         return reply
+
+    @property
+    def closed(self) -> bool:
+        return self._closed.is_set()
 
     def _run(self) -> None:
         poller = zmq.Poller()
@@ -461,6 +469,14 @@ class RpcClient:
                 fut.set_result(reply)
 
     def close(self) -> None:
+        """Close the socket; a request still waiting fails now (RpcError) rather than at its
+        timeout, so its caller may ask elsewhere (a client following a new leader does)."""
         self._closed.set()
+        with self._pending_lock:
+            pending, self._pending = self._pending, {}
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(RpcError(f"the connection to the JobManager at {self.address} was closed "
+                                           "before it answered"))
         if threading.current_thread() is not self._thread:
             self._thread.join(2)

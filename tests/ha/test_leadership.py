@@ -6,7 +6,7 @@ import threading
 import pytest
 
 from cluster.conf import Configuration
-from cluster.jobmanager.ha import Granted, LeaderRetriever, Leadership, Revoked, ZooKeeperHaServices
+from cluster.jobmanager.ha import Granted, JoinElection, LeaderRetriever, Leadership, Revoked, ZooKeeperHaServices
 
 
 def test_the_lowest_latch_leads_and_a_lost_session_revokes_at_once():
@@ -20,13 +20,27 @@ def test_the_lowest_latch_leads_and_a_lost_session_revokes_at_once():
     assert a.children_changed(["latch-0000000003"]) == []  # never again in this process
 
 
-def test_a_standby_waits_through_a_suspended_session_and_ends_when_it_is_lost():
+def test_a_standby_waits_through_a_suspended_session_and_rejoins_when_it_is_lost():
     b = Leadership()
     b.latch_created("latch-0000000005")
     b.children_changed(["latch-0000000004", "latch-0000000005"])
     assert b.session_state("SUSPENDED") == []
-    assert b.session_state("CONNECTED") == []
-    assert b.session_state("LOST") == [Revoked("standby: the ZooKeeper session is LOST")]
+    assert b.session_state("CONNECTED") == []  # the same session: its node is still there
+    assert b.session_state("LOST") == []
+    assert b.children_changed(["latch-0000000004"]) == []  # no node of ours to decide on
+    rejoin = b.session_state("CONNECTED")  # a new session
+    assert rejoin == [JoinElection("standby: the ZooKeeper session was LOST; joining the election again")]
+    assert b.children_changed(["latch-0000000004"]) == []  # one JoinElection at a time
+    b.latch_created("latch-0000000009")
+    assert b.children_changed(["latch-0000000009"]) == [Granted()]  # and it can still lead
+
+
+def test_a_standby_whose_node_vanished_joins_again_once():
+    d = Leadership()
+    d.latch_created("latch-0000000002")
+    assert d.children_changed(["latch-0000000001"]) == [
+        JoinElection("standby: our latch node is gone; joining the election again")]
+    assert d.children_changed(["latch-0000000001"]) == []
 
 
 def test_a_leader_whose_latch_node_vanished_steps_down():
@@ -78,6 +92,41 @@ def test_with_zookeeper_one_leader_then_the_standby_and_the_stores_survive(zooke
     assert second.job_graphs() == {} and second.latest_checkpoint("job-a") is None
     retriever.close()
     second.close()
+
+
+def expire_session(zookeeper, client) -> None:
+    """ZooKeeper's own way to expire a session in a test: a second client with the same session id
+    and password connects and closes, which ends the session for the first (it sees LOST)."""
+    from kazoo.client import KazooClient
+    session_id, password = client.client_id
+    twin = KazooClient(hosts=zookeeper.quorum, client_id=(session_id, password))
+    twin.start(10)
+    twin.stop()
+    twin.close()
+
+
+def test_with_zookeeper_a_standby_whose_session_expired_joins_again_and_can_lead(zookeeper, tmp_path):
+    conf = ha_conf(zookeeper, "rejoin")
+    revoked: list[str] = []
+    leader, standby = ZooKeeperHaServices(conf, tmp_path), ZooKeeperHaServices(conf, tmp_path)
+    for services in (leader, standby):
+        services.start()
+        services.contend(on_revoked=revoked.append)
+    assert leader.wait_for_leadership(10)
+    first_node = standby.leadership.own_node
+    expire_session(zookeeper, standby.client)
+    latches = f"{standby.root}/leaderlatch"
+    wait = 15.0
+    while (standby.leadership.own_node in (None, first_node)) and wait > 0:
+        threading.Event().wait(0.1)
+        wait -= 0.1
+    assert standby.leadership.own_node not in (None, first_node), "the standby did not join again"
+    assert sorted(leader.client.get_children(latches)) == sorted(
+        [leader.leadership.own_node, standby.leadership.own_node])  # the expired node is gone
+    assert revoked == []  # a standby is never revoked: it stands by again
+    leader.close()
+    assert standby.wait_for_leadership(10)
+    standby.close()
 
 
 def test_a_missing_quorum_is_a_clear_error(tmp_path):
