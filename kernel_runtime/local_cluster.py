@@ -109,6 +109,11 @@ class LocalCluster:
         """The leading JobManager (as of start)."""
         return self.jobmanagers[0] if self.jobmanagers else None
 
+    @jobmanager.setter
+    def jobmanager(self, proc: subprocess.Popen) -> None:
+        """A JobManager started in place of the leader (a test replacing a killed one)."""
+        self.jobmanagers[:1] = [proc]
+
     @property
     def standbys(self) -> list[subprocess.Popen]:
         return self.jobmanagers[1:]
