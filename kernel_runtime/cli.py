@@ -55,16 +55,22 @@ def cluster() -> None:
 @cluster.command("start")
 @click.option("--taskmanagers", "-n", default=1, show_default=True, help="Number of TaskManagers.")
 @click.option("--slots", "-s", default=1, show_default=True, help="Slots per TaskManager.")
+@click.option("--ha", is_flag=True,
+              help="High availability with ZooKeeper: several JobManagers, one leads, the others stand by; "
+                   "a ZooKeeper of the cluster's own unless high-availability.zookeeper.quorum is configured.")
+@click.option("--jobmanagers", type=click.IntRange(min=1), default=None,
+              help="Number of JobManagers (with --ha; default 2).")
 @click.option("--config", "-c", "config_file", type=click.Path(exists=True, path_type=Path),
               help="A YAML file of configuration keys (Flink's names).")
 @dynamic_option
 @cluster_dir_option
-def cluster_start(taskmanagers, slots, config_file, dynamic, cluster_dir) -> None:
+def cluster_start(taskmanagers, slots, ha, jobmanagers, config_file, dynamic, cluster_dir) -> None:
     import yaml
     config = yaml.safe_load(config_file.read_text()) if config_file else {}
     config.update(dynamic_properties(dynamic))
     try:
-        local = LocalCluster(cluster_dir, taskmanagers=taskmanagers, slots=slots, config=config)
+        local = LocalCluster(cluster_dir, taskmanagers=taskmanagers, slots=slots, config=config,
+                             ha=ha, jobmanagers=jobmanagers or (2 if ha else 1))
         local.start()
     except (ConfigError, RuntimeError, TimeoutError) as exc:
         raise click.ClickException(str(exc)) from None
@@ -73,6 +79,14 @@ def cluster_start(taskmanagers, slots, config_file, dynamic, cluster_dir) -> Non
                       f"{local.cluster_dir}: pids {', '.join(map(str, local.ended_stale))}")
     console.print(f"Cluster started in {local.cluster_dir}: JobManager {local.info.rpc_address}, "
                   f"REST {local.info.rest_address}, {taskmanagers} TaskManager(s) x {slots} slot(s)")
+    if local.ha:
+        leader = local.jobmanager
+        assert leader is not None  # started
+        standbys = ", ".join(str(p.pid) for p in local.standbys) or "none"
+        own = f" (the cluster's own, in {local.cluster_dir / 'zookeeper'})" if local.own_zookeeper else ""
+        console.print(f"High availability: leader pid {leader.pid}, standby JobManager pid(s) {standbys}; "
+                      f"ZooKeeper {local.quorum}{own}, cluster-id "
+                      f"{local.conf['high-availability.cluster-id']}")
 
 
 @cluster.command("stop")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -24,7 +25,7 @@ from cluster.protocol.auth import create_secret, parse_secret, write_secret
 
 from . import processes
 from .cli_options import dynamic_option, dynamic_properties
-from .local_cluster import default_cluster_dir, wait_for_jobmanager
+from .local_cluster import ClusterInfo, published_pid, default_cluster_dir, standing_by, wait_for_jobmanager
 
 START_TIMEOUT_S = 60.0
 REGISTERED = "registered at the ResourceManager"  # the TaskManager's log line once it is
@@ -40,11 +41,9 @@ def jobmanager_address(value: str) -> str:
     return f"tcp://{match['host']}:{match['port']}"
 
 
-def prepare_cluster_dir(cluster_dir: Path, config_file: Optional[Path], secret_file: Optional[Path],
-                        dynamic: tuple[str, ...], may_create_secret: bool) -> Configuration:
-    """Write the process's config.yaml and secret into ``cluster_dir``; return the configuration."""
-    cluster_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    (cluster_dir / "log").mkdir(mode=0o700, exist_ok=True)
+def process_configuration(cluster_dir: Path, config_file: Optional[Path], dynamic: tuple[str, ...]) -> Configuration:
+    """The configuration a process started from ``cluster_dir`` gets: ``-c`` (else the directory's
+    config.yaml), then ``-D``."""
     existing = cluster_dir / "config.yaml"
     try:
         if config_file is not None:
@@ -56,7 +55,16 @@ def prepare_cluster_dir(cluster_dir: Path, config_file: Optional[Path], secret_f
         conf.update(dynamic_properties(dynamic), "-D")
     except (ConfigError, OSError) as exc:
         raise click.ClickException(str(exc)) from None
-    conf.write(existing)
+    return conf
+
+
+def prepare_cluster_dir(cluster_dir: Path, config_file: Optional[Path], secret_file: Optional[Path],
+                        dynamic: tuple[str, ...], may_create_secret: bool) -> Configuration:
+    """Write the process's config.yaml and secret into ``cluster_dir``; return the configuration."""
+    conf = process_configuration(cluster_dir, config_file, dynamic)
+    cluster_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    (cluster_dir / "log").mkdir(mode=0o700, exist_ok=True)
+    conf.write(cluster_dir / "config.yaml")
     secret_path = cluster_dir / "secret"
     if secret_file is not None:
         # A Kubernetes Secret volume file is group-readable (fsGroup) and owned by root: it is
@@ -76,10 +84,14 @@ def prepare_cluster_dir(cluster_dir: Path, config_file: Optional[Path], secret_f
 
 def _stop(cluster_dir: Path, role: str, what: str) -> None:
     procs = processes.stale_processes(cluster_dir, role)
-    if not processes.stop([p.pid for p in procs], timeout=10):
-        raise click.ClickException(f"could not stop the {what} processes {[p.pid for p in procs]}")
+    # the standby JobManagers before the leader: a standby left running would win and recover
+    # the jobs that stopping the leader ends
+    leader = [p for p in procs if p.pid == published_pid(cluster_dir / "jobmanager.json")]
+    for batch in ([p for p in procs if p not in leader], leader):
+        if not processes.stop([p.pid for p in batch], timeout=10):
+            raise click.ClickException(f"could not stop the {what} processes {[p.pid for p in batch]}")
     if role == "jobmanager":
-        processes.record_pids(cluster_dir, keep_jobmanager=False)
+        processes.record_pids(cluster_dir, keep_jobmanagers=False)
         (cluster_dir / "jobmanager.json").unlink(missing_ok=True)
     else:
         processes.record_pids(cluster_dir, keep_taskmanagers=False)
@@ -105,17 +117,59 @@ def jobmanager() -> None:
     """Start or stop a JobManager on this host (Flink's jobmanager.sh)."""
 
 
-def _prepare_jobmanager(cluster_dir, config_file, secret_file, dynamic) -> Path:
+def _prepare_jobmanager(cluster_dir, config_file, secret_file, dynamic) -> tuple[Path, Configuration, str]:
+    """The JobManager's directory, configuration and log name. With high availability several
+    JobManagers may run from one directory (one leads, the others stand by), each its own log."""
     cluster_dir = (cluster_dir or default_cluster_dir()).resolve()
+    ha = process_configuration(cluster_dir, config_file, dynamic)["high-availability.type"] == "zookeeper"
     # by its command line, not only a live pid: a container restarted in its pod keeps the
     # emptyDir, and the pid its JobManager had (1) is now this process's
     running = processes.stale_processes(cluster_dir, "jobmanager")
-    if running:
+    if running and not ha:
         raise click.ClickException(f"a JobManager (pid {running[0].pid}) is already running from {cluster_dir}; "
                                    "stop it first (streamlab jobmanager stop)")
-    prepare_cluster_dir(cluster_dir, config_file, secret_file, dynamic, may_create_secret=True)
-    (cluster_dir / "jobmanager.json").unlink(missing_ok=True)
-    return cluster_dir
+    conf = prepare_cluster_dir(cluster_dir, config_file, secret_file, dynamic, may_create_secret=True)
+    name = "jobmanager"
+    if running:
+        index = 1
+        while launch.log_path(cluster_dir, f"jobmanager-{index}").exists():
+            index += 1
+        name = f"jobmanager-{index}"
+    else:  # a leader's jobmanager.json is the running one's to replace
+        (cluster_dir / "jobmanager.json").unlink(missing_ok=True)
+    return cluster_dir, conf, name
+
+
+def _wait_for_ha_jobmanager(cluster_dir: Path, conf: Configuration, proc: subprocess.Popen, name: str,
+                            timeout: float) -> str:
+    """Until the HA JobManager ``proc`` leads (its jobmanager.json) or stands by (it joined the
+    election and ZooKeeper names another leader): what to say about it."""
+    from cluster.jobmanager.ha import LeaderRetriever
+    deadline = time.monotonic() + timeout
+    retriever = None
+    try:
+        while True:
+            if published_pid(cluster_dir / "jobmanager.json") == proc.pid:
+                info = ClusterInfo.load(cluster_dir)
+                return f"leader, rpc {info.rpc_address}, REST {info.rest_address}"
+            if retriever is None and standing_by(cluster_dir, name):
+                retriever = LeaderRetriever(conf)  # ZooKeeper answers: the JobManager reached it
+            if retriever is not None:
+                try:
+                    leader = retriever.leader(timeout=0.1)
+                except TimeoutError:
+                    leader = {}
+                if leader.get("pid") not in (None, proc.pid):
+                    return f"standby, the leader is at rpc {leader['rpc']} (pid {leader['pid']})"
+            if proc.poll() is not None:
+                raise RuntimeError(launch.exit_report(proc, cluster_dir, name))
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the JobManager neither leads nor stands by within {timeout:g} s; "
+                                   f"see {launch.log_path(cluster_dir, name)}")
+            time.sleep(0.05)
+    finally:
+        if retriever is not None:
+            retriever.close()
 
 
 @jobmanager.command("start")
@@ -125,18 +179,22 @@ def _prepare_jobmanager(cluster_dir, config_file, secret_file, dynamic) -> Path:
 @dynamic_option
 @timeout_option
 def jobmanager_start(cluster_dir, config_file, secret_file, dynamic, timeout) -> None:
-    """Start a JobManager in the background; return once it listens."""
-    cluster_dir = _prepare_jobmanager(cluster_dir, config_file, secret_file, dynamic)
-    proc = launch.spawn("cluster.jobmanager", "jobmanager", cluster_dir)
-    processes.record_pids(cluster_dir, jobmanager=proc.pid)
+    """Start a JobManager in the background; return once it listens (with high availability:
+    once it leads, or stands by for leadership)."""
+    cluster_dir, conf, name = _prepare_jobmanager(cluster_dir, config_file, secret_file, dynamic)
+    proc = launch.spawn("cluster.jobmanager", name, cluster_dir)
+    processes.record_pids(cluster_dir, add_jobmanagers=[proc.pid])
     try:
-        info = wait_for_jobmanager(cluster_dir, proc, timeout)
+        if conf["high-availability.type"] == "zookeeper":
+            state = _wait_for_ha_jobmanager(cluster_dir, conf, proc, name, timeout)
+        else:
+            info = wait_for_jobmanager(cluster_dir, proc, timeout, name)
+            state = f"rpc {info.rpc_address}, REST {info.rest_address}"
     except (RuntimeError, TimeoutError) as exc:
         processes.stop([proc.pid])
-        processes.record_pids(cluster_dir, keep_jobmanager=False)
+        processes.record_pids(cluster_dir, drop=[proc.pid])
         raise click.ClickException(str(exc)) from None
-    click.echo(f"JobManager started from {cluster_dir} (pid {proc.pid}): rpc {info.rpc_address}, "
-               f"REST {info.rest_address}")
+    click.echo(f"JobManager started from {cluster_dir} (pid {proc.pid}): {state}")
 
 
 @jobmanager.command("start-foreground")
@@ -146,8 +204,8 @@ def jobmanager_start(cluster_dir, config_file, secret_file, dynamic, timeout) ->
 @dynamic_option
 def jobmanager_start_foreground(cluster_dir, config_file, secret_file, dynamic) -> None:
     """Run a JobManager in this process (logging to stderr), as a container's main process."""
-    cluster_dir = _prepare_jobmanager(cluster_dir, config_file, secret_file, dynamic)
-    processes.record_pids(cluster_dir, jobmanager=os.getpid())  # exec keeps the pid
+    cluster_dir, _, _ = _prepare_jobmanager(cluster_dir, config_file, secret_file, dynamic)
+    processes.record_pids(cluster_dir, add_jobmanagers=[os.getpid()])  # exec keeps the pid
     launch.exec_foreground("cluster.jobmanager", cluster_dir)
 
 

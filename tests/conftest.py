@@ -49,6 +49,18 @@ def spark():
     session.stop()
 
 
+@pytest.fixture(scope="session")
+def zookeeper(tmp_path_factory):
+    """A real ZooKeeper (Debian's ``zookeeper`` package, ``make system-deps``) for the HA tests,
+    started by the session and stopped after it."""
+    from kernel_runtime.ha_cluster import ZK_SERVER, LocalZooKeeper
+    if not ZK_SERVER.exists():
+        pytest.fail(f"{ZK_SERVER} is missing: install Debian's zookeeper package (make system-deps)")
+    server = LocalZooKeeper(tmp_path_factory.mktemp("zookeeper")).start()
+    yield server
+    server.stop()
+
+
 @pytest.fixture
 def client(cluster):
     c = JobClient(cluster.info)
