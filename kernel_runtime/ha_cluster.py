@@ -5,7 +5,8 @@ folder, a free client port of 127.0.0.1, no admin server). ``HaLocalCluster`` wr
 configuration into a cluster directory and starts its JobManagers (the first to win leads, the
 others stand by) and TaskManagers (``--jobmanager zk``: they follow the leader) one by one, so a
 test or a benchmark can kill and replace them. The leader's addresses are in the directory's
-``jobmanager.json``, which every new leader rewrites.
+``jobmanager.json``, which every new leader rewrites; a standby's REST address (it answers for
+the leader) in ``jobmanager-standby-<pid>.json``.
 """
 from __future__ import annotations
 
@@ -127,6 +128,19 @@ class HaLocalCluster:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no new leader within {timeout:g} s")
             time.sleep(0.05)
+
+    def standby_rest(self, name: str, timeout: float = 60.0) -> str:
+        """The REST address a standby JobManager answers at for the leader (its standby file)."""
+        proc = self.jobmanagers[name]
+        path = self.cluster_dir / f"jobmanager-standby-{proc.pid}.json"
+        deadline = time.monotonic() + timeout
+        while not path.exists():
+            if proc.poll() is not None:
+                raise RuntimeError(launch.exit_report(proc, self.cluster_dir, name))
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{name} published no standby REST address within {timeout:g} s")
+            time.sleep(0.05)
+        return json.loads(path.read_text())["rest"]
 
     def process_of(self, pid: int) -> tuple[str, subprocess.Popen]:
         return next((n, p) for n, p in self.jobmanagers.items() if p.pid == pid)

@@ -1,9 +1,11 @@
 import dataclasses
+import re
 
 import pytest
 import yaml
 
-from cluster.conf import DEFAULTS_FILE, OPTIONS, ConfigError, Configuration, TaskConfig, parse_duration_ms
+from cluster.conf import (DEFAULTS_FILE, OPTIONS, ConfigError, Configuration, TaskConfig, parse_duration_ms,
+                          port_candidates)
 
 
 def test_defaults_follow_flink():
@@ -105,3 +107,40 @@ def test_spark_settings_pass_through_by_sparks_names(tmp_path):
 def test_bad_spark_settings_name_the_key(values, expected):
     with pytest.raises(ConfigError, match=expected):
         Configuration(values)
+
+
+@pytest.mark.parametrize("given,canonical,ports", [
+    ("50100", "50100", [50100]),
+    (50100, "50100", [50100]),
+    ("50100,50101", "50100,50101", [50100, 50101]),
+    ("50100-50103", "50100-50103", [50100, 50101, 50102, 50103]),
+    (" 50105 , 50100-50101,0", "50105,50100-50101,0", [50105, 50100, 50101, 0]),
+    ("65535-65535", "65535-65535", [65535]),
+])
+def test_rest_bind_port_takes_lists_and_ranges_in_order(given, canonical, ports):
+    spec = Configuration({"rest.bind-port": given})["rest.bind-port"]
+    assert spec == canonical
+    assert list(port_candidates(spec)) == ports
+
+
+def test_rest_bind_port_not_set_is_empty():
+    # empty: the REST server binds rest.port (Flink's fallback key)
+    assert Configuration()["rest.bind-port"] == ""
+    assert not Configuration().is_set("rest.bind-port")
+
+
+@pytest.mark.parametrize("given,why", [
+    ("http", "'http' is not one"),
+    ("50100,,50101", "'' is not one"),
+    ("50100-", "'50100-' is not one"),
+    ("-50100", "'-50100' is not one"),
+    ("50100-50200-50300", "'50100-50200-50300' is not one"),
+    ("65536", "'65536' is beyond 65535"),
+    ("50100-70000", "'50100-70000' is beyond 65535"),
+    ("50200-50100", "the range '50200-50100' runs backwards"),
+    (True, "a port, a list of ports"),
+    (1.5, "a port, a list of ports"),
+])
+def test_rest_bind_port_errors_name_the_key_and_the_bad_part(given, why):
+    with pytest.raises(ConfigError, match=rf"invalid value .* for 'rest.bind-port' in test.yaml: expected .*{re.escape(why)}"):
+        Configuration({"rest.bind-port": given}, "test.yaml")

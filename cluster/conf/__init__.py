@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field, fields
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 import yaml
 
@@ -146,6 +146,38 @@ def _str_list(value: Any) -> list[str]:
     return [v.strip() for v in value if v.strip()]
 
 
+_PORT_RANGE_HELP = ('a port, a list of ports ("50100,50101"), a range ("50100-50200") or a combination of '
+                    'both, each port in [0, 65535] (0: any free port)')
+
+
+def _port_range(value: Any) -> str:
+    """Flink's port-range notation (rest.bind-port), kept as its canonical text; ``port_candidates``
+    reads it. Empty: the key is not set (rest.port is bound)."""
+    if value is None or value == "":
+        return ""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ValueError(_PORT_RANGE_HELP)
+    parts = []
+    for part in str(value).split(","):
+        low, dash, high = (p.strip() for p in part.partition("-"))
+        if not low.isdigit() or (dash and not high.isdigit()):
+            raise ValueError(f"{_PORT_RANGE_HELP}; {part.strip()!r} is not one")
+        first, last = int(low), int(high) if dash else int(low)
+        if last > 65535:
+            raise ValueError(f"{_PORT_RANGE_HELP}; {part.strip()!r} is beyond 65535")
+        if first > last:
+            raise ValueError(f"{_PORT_RANGE_HELP}; the range {part.strip()!r} runs backwards")
+        parts.append(f"{first}-{last}" if dash else str(first))
+    return ",".join(parts)
+
+
+def port_candidates(spec: str) -> Iterator[int]:
+    """The ports of a canonical port range (``_port_range``), in the order a server tries them."""
+    for part in spec.split(","):
+        low, _, high = part.partition("-")
+        yield from range(int(low), int(high or low) + 1)
+
+
 def _enum_exact(*choices: str) -> Callable[[Any], str]:
     def parse(value: Any) -> str:
         text = str(value).upper().replace("-", "_") if isinstance(value, str) else ""
@@ -245,6 +277,10 @@ OPTIONS: dict[str, ConfigOption] = {
         ConfigOption("rest.bind-address", _str_or_empty,
                      "Address the REST API binds to, e.g. 0.0.0.0 in a container (empty: rest.address)."),
         ConfigOption("rest.port", _int(0, 65535), "REST API port (0: any free port)."),
+        ConfigOption("rest.bind-port", _port_range,
+                     "Ports the REST API binds, the first free one: a list (\"50100,50101\"), a range "
+                     "(\"50100-50200\") or both, so several JobManagers of one host share a configuration "
+                     "(empty: rest.port)."),
         ConfigOption("rest.auth", _enum("all", "mutating"),
                      "Routes that need the REST token: all, or only mutating ones (read-only GETs open)."),
         ConfigOption("rest.allowed-hosts", _str_list,

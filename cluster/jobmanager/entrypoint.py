@@ -3,7 +3,9 @@
 Dispatcher, ResourceManager and JobMasters are separate classes with separate handler tables;
 this entry point binds the socket, merges their tables into the endpoint's (a message type
 belongs to exactly one component), starts the REST server and publishes the bound addresses in
-``<cluster-dir>/jobmanager.json`` for launchers and clients.
+``<cluster-dir>/jobmanager.json`` for launchers and clients. A standby (HA) binds no control
+socket until it leads; its REST endpoint answers for the leader meanwhile (rest_forward.py), at
+the address in ``<cluster-dir>/jobmanager-standby-<pid>.json``.
 """
 from __future__ import annotations
 
@@ -13,10 +15,12 @@ import json
 import logging
 import os
 import signal
+import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from cluster.conf import Configuration
 from cluster.process_logging import configure_process_logging
@@ -28,15 +32,17 @@ from cluster.protocol.endpoint import RpcEndpoint
 from .application import Application
 from .dispatcher import Dispatcher
 from .events import JobEventPublisher
-from .ha import ZooKeeperHaServices, exit_on_revocation, ha_enabled
+from .ha import LeaderRetriever, ZooKeeperHaServices, exit_on_revocation, ha_enabled
 from .resource_manager import ResourceManager, task_manager_provider
-from .rest import RestServer
+from .rest import RestServer, bind_rest_sockets
+from .rest_forward import RestForwarder
 
 log = logging.getLogger("streamlab.jobmanager")
 
 
 class JobManager:
-    def __init__(self, conf: Configuration, secret: bytes, cluster_dir: Path):
+    def __init__(self, conf: Configuration, secret: bytes, cluster_dir: Path,
+                 rest_sockets: Optional[list[socket.socket]] = None):
         for key, folder in (("execution.checkpointing.dir", "checkpoints"), ("state.savepoints.dir", "savepoints")):
             if not conf[key]:  # Flink has no default folder; a local cluster keeps them in its own
                 conf.update({key: str(cluster_dir / folder)}, "the cluster directory")
@@ -62,7 +68,7 @@ class JobManager:
                 raise RuntimeError(f"message types handled twice: {clash}")
             handlers: dict[type[m.Message], Callable] = component.handlers
             self.endpoint.handlers.update({t: self._counted(t.op, h) for t, h in handlers.items()})
-        self.rest = RestServer(self.dispatcher, conf, rest_token(secret))
+        self.rest = RestServer(self.dispatcher, conf, rest_token(secret), rest_sockets)
         self.rest_address = f"http://{conf['rest.address']}:{self.rest.port}"
         self.stopped = threading.Event()  # stop() began
         self.terminated = threading.Event()  # stop() ended: the process may exit
@@ -95,6 +101,54 @@ class JobManager:
         self.terminated.set()
 
 
+def write_json(path: Path, info: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(info))
+    tmp.replace(path)  # readers never see half a file
+
+
+def stand_by(conf: Configuration, ha: ZooKeeperHaServices, standby_file: Path) -> Optional[list[socket.socket]]:
+    """Wait for leadership, serving REST for the leader meanwhile (Flink: every JobManager's REST
+    endpoint answers). Its address is in ``standby_file`` while it stands by. Returns the REST
+    sockets for the leader's own RestServer (None: the standby found no free port and served none)."""
+    try:
+        sockets = bind_rest_sockets(conf)
+    except OSError as exc:
+        # a fixed rest.port the leader holds: the standby serves no REST, as before rest.bind-port
+        log.warning("standby JobManager serves no REST: %s", exc)
+        sockets = None
+    forwarder: Optional[RestForwarder] = None
+    retriever: Optional[LeaderRetriever] = None
+    if sockets is not None:
+        retriever = LeaderRetriever(conf)
+        forwarder = RestForwarder(conf, partial(_leader_rest, retriever), ha.root, sockets)
+        forwarder.start()
+        write_json(standby_file, {"rest": f"http://{conf['rest.address']}:{forwarder.port}", "pid": os.getpid()})
+
+    def terminate(*_) -> None:
+        standby_file.unlink(missing_ok=True)
+        os._exit(0)
+    signal.signal(signal.SIGTERM, terminate)
+    signal.signal(signal.SIGINT, terminate)
+    log.info("standby JobManager: waiting for leadership in ZooKeeper under %s%s", ha.root,
+             f"; REST answers for the leader at port {forwarder.port}" if forwarder is not None else "")
+    ha.wait_for_leadership()
+    if forwarder is None or retriever is None:
+        return None
+    handed_over = forwarder.hand_over_sockets()
+    retriever.close()
+    standby_file.unlink(missing_ok=True)
+    return handed_over
+
+
+def _leader_rest(retriever: LeaderRetriever) -> Optional[str]:
+    """The leader's REST address as last published, without waiting (None: none published yet)."""
+    try:
+        return retriever.leader(timeout=0)["rest"]
+    except TimeoutError:
+        return None
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m cluster.jobmanager")
     parser.add_argument("--cluster-dir", required=True, type=Path)
@@ -109,25 +163,27 @@ def main(argv=None) -> None:
     conf = Configuration.from_file(args.cluster_dir / "config.yaml")
     configure_process_logging(args.log_file, conf)
     ha = None
+    rest_sockets = None
     if ha_enabled(conf):
-        # a standby binds nothing and serves nothing until it leads
         ha = ZooKeeperHaServices(conf, args.cluster_dir.resolve())
         ha.start()
-        ha.contend(on_revoked=exit_on_revocation)
-        log.info("standby JobManager: waiting for leadership in ZooKeeper under %s", ha.root)
-        signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
-        ha.wait_for_leadership()
+        standby_file = args.cluster_dir / f"jobmanager-standby-{os.getpid()}.json"
+
+        def leave(reason: str) -> None:
+            standby_file.unlink(missing_ok=True)
+            exit_on_revocation(reason)
+        ha.contend(on_revoked=leave)
+        if not ha.wait_for_leadership(0):
+            rest_sockets = stand_by(conf, ha, standby_file)
         log.info("leadership granted")
-    jm = JobManager(conf, load_secret(args.cluster_dir / "secret"), args.cluster_dir.resolve())
+    jm = JobManager(conf, load_secret(args.cluster_dir / "secret"), args.cluster_dir.resolve(), rest_sockets)
     jm.dispatcher.ha = ha
     jm.start()
     info = {"rpc": jm.rpc_address, "events": jm.events.address, "rest": jm.rest_address, "pid": os.getpid()}
     if ha is not None:
         ha.publish_leader(info)
         jm.endpoint.call_soon(jm.dispatcher.recover_jobs)
-    tmp = args.cluster_dir / "jobmanager.json.tmp"
-    tmp.write_text(json.dumps(info))
-    tmp.replace(args.cluster_dir / "jobmanager.json")  # readers never see half a file
+    write_json(args.cluster_dir / "jobmanager.json", info)
     signal.signal(signal.SIGTERM, lambda *_: jm.stop())
     signal.signal(signal.SIGINT, lambda *_: jm.stop())
     application = Application(jm, args.application, args.application_arg) if args.application else None

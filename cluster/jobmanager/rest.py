@@ -23,12 +23,14 @@ Errors have Flink's shape, ``{"errors": ["..."]}``.
 from __future__ import annotations
 
 import asyncio
+import errno
 import hmac
 import ipaddress
 import json
 import logging
 import os
 import re
+import socket
 import threading
 from http import HTTPStatus
 from pathlib import Path
@@ -41,7 +43,7 @@ from tornado.ioloop import IOLoop
 from tornado.netutil import bind_sockets
 
 from cluster.checkpoint.storage import local_path
-from cluster.conf import Configuration
+from cluster.conf import Configuration, port_candidates
 from cluster.protocol.endpoint import RpcError
 
 from .views import (NotFound, backpressure_json, checkpoint_config_json, checkpoint_details_json, checkpoints_json,
@@ -88,10 +90,11 @@ class RequestGuard:
         # bound to every interface: any of the machine's addresses reaches it
         self.any_ip = bind is not None and bind.is_unspecified
 
-    def check(self, request) -> None:
+    def check(self, request, check_token: bool = True) -> None:
+        """``check_token=False``: a standby's forwarder, whose leader checks the token itself."""
         self._check_host(request.host)
         mutating = request.method in MUTATING_METHODS
-        if mutating or self.auth == "all" or "Authorization" in request.headers:
+        if check_token and (mutating or self.auth == "all" or "Authorization" in request.headers):
             self._check_token(request.headers.get("Authorization", ""))
         if mutating:
             self._check_content_type(request.headers)
@@ -530,22 +533,35 @@ def _log_request(handler: tornado.web.RequestHandler) -> None:
             1000 * handler.request.request_time())
 
 
-class RestServer:
-    def __init__(self, dispatcher: "Dispatcher", conf: Configuration, token: str):
-        self.dispatcher = dispatcher
-        self.guard = RequestGuard(conf, token)
-        # a trigger id the client chose -> ours; Flink treats a repeated trigger id as the same
-        # operation (loop thread only)
-        self._client_triggers: dict[tuple[str, str], str] = {}
-        self.application = tornado.web.Application(
-            route_table(self), default_handler_class=NotFoundHandler, default_handler_args={"server": self},
-            log_function=_log_request)
-        self._sockets = bind_sockets(conf["rest.port"], conf["rest.bind-address"] or conf["rest.address"])
-        self.port = self._sockets[0].getsockname()[1]
+def bind_rest_sockets(conf: Configuration) -> list[socket.socket]:
+    """Listening sockets at rest.bind-address on the first free port of rest.bind-port (Flink's
+    port list and ranges; not set: rest.port), so JobManagers of one host share one config.yaml."""
+    host = conf["rest.bind-address"] or conf["rest.address"]
+    spec = conf["rest.bind-port"] or str(conf["rest.port"])
+    key = "rest.bind-port" if conf["rest.bind-port"] else "rest.port"
+    last_error: Optional[OSError] = None
+    for port in port_candidates(spec):
+        try:
+            return bind_sockets(port, host)
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise OSError(exc.errno, f"REST: cannot bind {host}:{port} ({key} {spec}): {exc.strerror}") from exc
+            last_error = exc
+    raise OSError(errno.EADDRINUSE, f"REST: no free port in {key} {spec!r} at {host}: every one is in use "
+                                    "(give a list or a range of ports, or 0 for any free one)") from last_error
+
+
+class HttpServerThread:
+    """A tornado application served on given listening sockets by a thread and IOLoop of its own."""
+
+    def __init__(self, application: tornado.web.Application, sockets: list[socket.socket], name: str):
+        self.application = application
+        self._sockets = sockets
+        self.port = sockets[0].getsockname()[1]
         self._io_loop: Optional[IOLoop] = None
         self._stopping = asyncio.Event()
         self._started = threading.Event()
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._serve()), name="rest", daemon=True)
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._serve()), name=name, daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -556,6 +572,15 @@ class RestServer:
             self._io_loop.add_callback(self._stopping.set)
             self._thread.join(5)
 
+    def hand_over_sockets(self) -> list[socket.socket]:
+        """Stop serving but keep listening: the sockets for the next server. Connections that arrive
+        meanwhile wait in the kernel's backlog instead of being refused."""
+        kept = [s.dup() for s in self._sockets]
+        for s in kept:
+            s.setblocking(False)
+        self.stop()  # closes our descriptors; the duplicates keep each socket open
+        return kept
+
     async def _serve(self) -> None:
         # our own limit is checked by the handlers (413 in Flink's shape), so tornado's is lifted
         server = HTTPServer(self.application, max_body_size=2**62, idle_connection_timeout=300, body_timeout=300)
@@ -564,6 +589,25 @@ class RestServer:
         self._started.set()
         await self._stopping.wait()
         server.stop()
+        await self._drained()
+
+    async def _drained(self) -> None:
+        """After accepting stopped, before the loop ends (and with it every open connection)."""
+
+
+class RestServer(HttpServerThread):
+    def __init__(self, dispatcher: "Dispatcher", conf: Configuration, token: str,
+                 sockets: Optional[list[socket.socket]] = None):
+        self.dispatcher = dispatcher
+        self.guard = RequestGuard(conf, token)
+        # a trigger id the client chose -> ours; Flink treats a repeated trigger id as the same
+        # operation (loop thread only)
+        self._client_triggers: dict[tuple[str, str], str] = {}
+        application = tornado.web.Application(
+            route_table(self), default_handler_class=NotFoundHandler, default_handler_args={"server": self},
+            log_function=_log_request)
+        # a standby's forwarder hands over its listening sockets: the address it served keeps answering
+        super().__init__(application, sockets if sockets is not None else bind_rest_sockets(conf), "rest")
 
     # ------------------------------------------------------------------ loop thread
     def savepoint_folders(self, job_id: str) -> tuple[str, list[str]]:
