@@ -66,7 +66,7 @@ class TaskExecutor:
         self.conf = conf
         if cluster_dir is not None:
             SparkRunner.lock_dir = cluster_dir  # JVM starts of this machine's TaskManagers take turns
-        SparkRunner.taskmanager_config = TaskConfig.from_configuration(conf)
+        self.spark_config = SparkRunner.taskmanager_config = TaskConfig.from_configuration(conf)
         self.task_manager_id = task_manager_id or f"tm-{uuid.uuid4().hex[:12]}"
         codec = cluster_codec(conf, secret)
         self.endpoint = RpcEndpoint(self.task_manager_id, codec)
@@ -109,7 +109,7 @@ class TaskExecutor:
         self.endpoint.start()
         self.endpoint.call_soon(self._register)
         if self.conf["taskmanager.spark.startup"] == "eager":
-            SparkRunner.get(SparkRunner.taskmanager_config)  # starts in the background
+            SparkRunner.get(self.spark_config)  # starts in the background
 
     def stop(self, reason: str = "shut down") -> None:
         if self.stopped.is_set():
