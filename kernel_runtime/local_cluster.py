@@ -122,6 +122,10 @@ class LocalCluster:
             ha_keys: dict[str, Any] = {"high-availability.type": "zookeeper"}
             if not self.conf.is_set("high-availability.cluster-id"):
                 ha_keys["high-availability.cluster-id"] = self.cluster_dir.resolve().name
+            port = self.conf["rest.port"]
+            if port and not self.conf.is_set("rest.bind-port") and jobmanagers > 1:
+                # JobManagers of one host: each standby's REST (answering for the leader) on a port of its own
+                ha_keys["rest.bind-port"] = f"{port}-{port + jobmanagers - 1}"
             self.conf.update(ha_keys, "--ha")
         # without a configured quorum the cluster runs a ZooKeeper of its own, in its directory
         self.own_zookeeper = self.ha and not self.conf["high-availability.zookeeper.quorum"]

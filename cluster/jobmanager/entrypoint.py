@@ -17,6 +17,7 @@ import os
 import signal
 import socket
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -107,10 +108,23 @@ def write_json(path: Path, info: dict) -> None:
     tmp.replace(path)  # readers never see half a file
 
 
+LEADER_FIRST_S = 5.0
+
+
 def stand_by(conf: Configuration, ha: ZooKeeperHaServices, standby_file: Path) -> Optional[list[socket.socket]]:
     """Wait for leadership, serving REST for the leader meanwhile (Flink: every JobManager's REST
     endpoint answers). Its address is in ``standby_file`` while it stands by. Returns the REST
     sockets for the leader's own RestServer (None: the standby found no free port and served none)."""
+    retriever: Optional[LeaderRetriever] = LeaderRetriever(conf)
+    assert retriever is not None
+    # JobManagers started together: the winner binds its REST port only after it won, so a
+    # standby binds once a leader has published (the leader's port is taken by then), or not at
+    # all if it wins first; with no leader for LEADER_FIRST_S (ZooKeeper names none) it binds
+    deadline = time.monotonic() + LEADER_FIRST_S
+    while _leader_rest(retriever) is None and time.monotonic() < deadline:
+        if ha.wait_for_leadership(0.1):
+            retriever.close()
+            return None
     try:
         sockets = bind_rest_sockets(conf)
     except OSError as exc:
@@ -118,9 +132,10 @@ def stand_by(conf: Configuration, ha: ZooKeeperHaServices, standby_file: Path) -
         log.warning("standby JobManager serves no REST: %s", exc)
         sockets = None
     forwarder: Optional[RestForwarder] = None
-    retriever: Optional[LeaderRetriever] = None
-    if sockets is not None:
-        retriever = LeaderRetriever(conf)
+    if sockets is None:
+        retriever.close()
+        retriever = None
+    else:
         forwarder = RestForwarder(conf, partial(_leader_rest, retriever), ha.root, sockets)
         forwarder.start()
         write_json(standby_file, {"rest": f"http://{conf['rest.address']}:{forwarder.port}", "pid": os.getpid()})
