@@ -86,7 +86,10 @@ def test_cluster_start_ha_survives_a_leader_kill(tmp_path):
         wait_for(lambda: (directory / "jobmanager.json").exists() and leader_pid(directory) == standby, 60,
                  "the standby to lead")
         wait_for(lambda: job_running(directory, job_id), 60, "the job RUNNING under the new leader")
-        assert rest(leader(directory), "/overview")[1]["taskmanagers"] == 2  # they followed the leader
+        # both follow the leader: one by ZooKeeper's news, or first by its heartbeat timeout, then registering
+        # again (the job may run on the other's slots meanwhile)
+        wait_for(lambda: rest(leader(directory), "/overview")[1]["taskmanagers"] == 2, 30,
+                 "both TaskManagers registered at the new leader")
         status = JobClient(ClusterInfo.load(directory))
         try:
             wait_for(lambda: status.job_status(job_id).state in ("FINISHED", "FAILED", "CANCELED"), 180,
