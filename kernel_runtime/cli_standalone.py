@@ -144,7 +144,7 @@ def _wait_for_ha_jobmanager(cluster_dir: Path, conf: Configuration, proc: subpro
                             timeout: float) -> str:
     """Until the HA JobManager ``proc`` leads (its jobmanager.json) or stands by (it joined the
     election and ZooKeeper names another leader): what to say about it."""
-    from cluster.jobmanager.ha import LeaderRetriever
+    from .leader import LeaderWatch
     deadline = time.monotonic() + timeout
     retriever = None
     try:
@@ -153,7 +153,7 @@ def _wait_for_ha_jobmanager(cluster_dir: Path, conf: Configuration, proc: subpro
                 info = ClusterInfo.load(cluster_dir)
                 return f"leader, rpc {info.rpc_address}, REST {info.rest_address}"
             if retriever is None and standing_by(cluster_dir, name):
-                retriever = LeaderRetriever(conf)  # ZooKeeper answers: the JobManager reached it
+                retriever = LeaderWatch.of(conf)  # ZooKeeper answers: the JobManager reached it
             if retriever is not None:
                 try:
                     leader = retriever.leader(timeout=0.1)
@@ -169,7 +169,7 @@ def _wait_for_ha_jobmanager(cluster_dir: Path, conf: Configuration, proc: subpro
             time.sleep(0.05)
     finally:
         if retriever is not None:
-            retriever.close()
+            retriever.release()
 
 
 @jobmanager.command("start")

@@ -18,7 +18,7 @@ from kernel_runtime import JobClient
 from kernel_runtime.local_cluster import ClusterInfo
 from tests.conftest import rest, wait_for
 from tests.e2e.test_exactly_once import committed, expected, run_job
-from tests.e2e.test_standalone import sh
+from tests.e2e.test_standalone import gone, sh
 
 pytestmark = pytest.mark.slow
 FAST = ["-D", "heartbeat.interval=200 ms", "-D", "heartbeat.timeout=2 s",
@@ -44,16 +44,6 @@ def job_running(directory: Path, job_id: str) -> bool:
     except Exception:  # no leader published yet, or the job not recovered yet
         return False
     return job["state"] == "RUNNING" and all(v["status"] == "RUNNING" for v in job["vertices"])
-
-
-def gone(pids: list[int], timeout: float = 10) -> list[psutil.Process]:
-    procs = []
-    for pid in pids:
-        try:
-            procs.append(psutil.Process(pid))
-        except psutil.NoSuchProcess:
-            pass
-    return psutil.wait_procs(procs, timeout=timeout)[1]
 
 
 @pytest.mark.timeout(420)

@@ -101,13 +101,7 @@ def test_a_cluster_assembled_process_by_process(tmp_path):
 
         assert "Stopped 2 TaskManager" in sh("taskmanager", "stop", "--cluster-dir", str(tm_dir)).stdout
         assert "Stopped 1 JobManager" in sh("jobmanager", "stop", "--cluster-dir", str(jm_dir)).stdout
-        procs = []
-        for pid in pids:
-            try:
-                procs.append(psutil.Process(pid))
-            except psutil.NoSuchProcess:
-                pass
-        _, alive = psutil.wait_procs(procs, timeout=5)
+        alive = gone(pids, timeout=5)
         assert not alive, f"left running after stop: {alive}"
         assert not (jm_dir / "jobmanager.json").exists() and not (jm_dir / "cluster.json").exists()
         assert not (tm_dir / "cluster.json").exists()
@@ -137,3 +131,14 @@ def test_bad_input_is_refused_with_what_and_where(tmp_path):
                     str(tmp_path / "not-a-secret"), check=False)
     assert bad_secret.returncode == 1 and "not-a-secret is not a hex string" in bad_secret.stderr
     assert not list(tmp_path.glob("*/jobmanager.json"))
+
+
+def gone(pids: list[int], timeout: float = 10) -> list[psutil.Process]:
+    """Waits up to ``timeout`` for the processes to exit; those still running."""
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    return psutil.wait_procs(procs, timeout=timeout)[1]

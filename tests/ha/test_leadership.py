@@ -6,6 +6,7 @@ import threading
 import pytest
 
 from cluster.conf import Configuration
+from tests.conftest import wait_for
 from cluster.jobmanager.ha import Granted, JoinElection, LeaderRetriever, Leadership, Revoked, ZooKeeperHaServices
 
 
@@ -56,14 +57,20 @@ def ha_conf(zookeeper, cluster_id: str) -> Configuration:
                           "high-availability.zookeeper.client.session-timeout": "2 s"}, "the test")
 
 
-def test_with_zookeeper_one_leader_then_the_standby_and_the_stores_survive(zookeeper, tmp_path):
-    conf = ha_conf(zookeeper, "election")
-    revoked: list[str] = []
+def leader_and_standby(conf: Configuration, tmp_path, revoked: list[str]):
+    """Two contenders; the first to join leads once the election decided."""
     first, second = ZooKeeperHaServices(conf, tmp_path), ZooKeeperHaServices(conf, tmp_path)
     for services in (first, second):
         services.start()
         services.contend(on_revoked=revoked.append)
     assert first.wait_for_leadership(10)
+    return first, second
+
+
+def test_with_zookeeper_one_leader_then_the_standby_and_the_stores_survive(zookeeper, tmp_path):
+    conf = ha_conf(zookeeper, "election")
+    revoked: list[str] = []
+    first, second = leader_and_standby(conf, tmp_path, revoked)
     assert not second.wait_for_leadership(1)
     leaders = []
     seen = threading.Event()
@@ -108,19 +115,11 @@ def expire_session(zookeeper, client) -> None:
 def test_with_zookeeper_a_standby_whose_session_expired_joins_again_and_can_lead(zookeeper, tmp_path):
     conf = ha_conf(zookeeper, "rejoin")
     revoked: list[str] = []
-    leader, standby = ZooKeeperHaServices(conf, tmp_path), ZooKeeperHaServices(conf, tmp_path)
-    for services in (leader, standby):
-        services.start()
-        services.contend(on_revoked=revoked.append)
-    assert leader.wait_for_leadership(10)
+    leader, standby = leader_and_standby(conf, tmp_path, revoked)
     first_node = standby.leadership.own_node
     expire_session(zookeeper, standby.client)
     latches = f"{standby.root}/leaderlatch"
-    wait = 15.0
-    while (standby.leadership.own_node in (None, first_node)) and wait > 0:
-        threading.Event().wait(0.1)
-        wait -= 0.1
-    assert standby.leadership.own_node not in (None, first_node), "the standby did not join again"
+    wait_for(lambda: standby.leadership.own_node not in (None, first_node), 15, "the standby to join again")
     assert sorted(leader.client.get_children(latches)) == sorted(
         [leader.leadership.own_node, standby.leadership.own_node])  # the expired node is gone
     assert revoked == []  # a standby is never revoked: it stands by again
