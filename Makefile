@@ -52,7 +52,7 @@ lab: setup
 
 # mypy first: a type error fails the run before the long suite starts
 test: setup system-deps typecheck
-	$(PY) -m pytest
+	$(PY) -m pytest --durations=25
 
 test-fast: setup system-deps typecheck
 	$(PY) -m pytest -m "not slow"

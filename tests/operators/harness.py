@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -18,6 +17,7 @@ from cluster.graph.job_graph import OperatorSpec
 from cluster.operators import OPERATORS
 from cluster.operators.base import OperatorContext
 from cluster.operators.records import MALFORMED
+from kernel_runtime.ha_cluster import free_port
 
 WHERE = "operator 'under test' (test.py:1)"
 
@@ -69,12 +69,6 @@ class Driven:
 
 def rows(tables: list[pa.Table]) -> list[dict]:
     return [row for t in tables for row in t.to_pylist()]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class RedisServer:
