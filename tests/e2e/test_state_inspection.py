@@ -4,6 +4,7 @@ without checkpoints: test_state_inspection_fresh.py (this module's jobs run unti
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 
 import numpy as np
@@ -100,6 +101,18 @@ def test_state_equals_pandas_at_its_checkpoint_while_the_job_runs(running_job):
     (later,) = wait_for(newer, 30, "a newer checkpoint")
     assert_counts(later)
     assert running_job.status == "RUNNING"
+
+
+def test_reads_while_newer_checkpoints_subsume_the_one_read(running_job):
+    # one checkpoint retained (the default), one every 300 ms: the one being read is soon
+    # subsumed, and its folder is deleted only after the read (pinned by the JobMaster)
+    seen, reads, deadline = set(), 0, time.monotonic() + 30
+    while len(seen) < 4 and time.monotonic() < deadline:
+        frame = running_job.state("count")
+        assert_counts(frame)
+        seen.add(frame.attrs["checkpoint_id"])
+        reads += 1
+    assert len(seen) >= 4, f"{reads} reads saw checkpoints {sorted(seen)} only"
 
 
 def test_the_uid_names_the_operator_too(running_job):
