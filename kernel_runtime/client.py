@@ -305,7 +305,8 @@ class JobHandle:
         state as its value, list state as a list, map state as a dict; aggregates by the names
         given). Read at the newest completed checkpoint, or at one taken now with ``fresh=True``;
         the job runs on. ``key``: that key's row only (a tuple for several key columns), an empty
-        frame if it has none.
+        frame if it has none. The state columns are those some key holds (a process function
+        creates its states as it goes); a key without one of them has None there.
 
         ``attrs``: ``checkpoint_id``, ``operator``, ``uid`` and ``sources``, each source
         operator's subtask positions at the checkpoint (what input the state covers)."""
