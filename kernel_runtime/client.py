@@ -299,6 +299,26 @@ class JobHandle:
             return None
         return self.client.trigger_savepoint(self.job_id, target_directory, stop=True, timeout=timeout)
 
+    def state(self, operator: str, key=None, fresh: bool = False, timeout: float = 120.0) -> pd.DataFrame:
+        """The keyed state of ``operator`` (its name, e.g. "count", or its uid) as pandas: one row
+        per key, the key columns first, then one column per state (a process function's value
+        state as its value, list state as a list, map state as a dict; aggregates by the names
+        given). Read at the newest completed checkpoint, or at one taken now with ``fresh=True``;
+        the job runs on. ``key``: that key's row only (a tuple for several key columns), an empty
+        frame if it has none. The state columns are those some key holds (a process function
+        creates its states as it goes); a key without one of them has None there.
+
+        ``attrs``: ``checkpoint_id``, ``operator``, ``uid`` and ``sources``, each source
+        operator's subtask positions at the checkpoint (what input the state covers)."""
+        from cluster.state.inspection import decode_entries, encode_key, state_frame
+        answer = self.client.request(
+            m.RequestKeyedState(self.job_id, operator, None if key is None else encode_key(key), fresh),
+            expect=m.KeyedState, timeout=timeout)
+        frame = state_frame(decode_entries(answer.entries), answer.operator)
+        frame.attrs.update(checkpoint_id=answer.checkpoint_id, operator=answer.operator["name"],
+                           uid=answer.operator["uid"], sources=answer.sources)
+        return frame
+
     def metrics(self) -> pd.DataFrame:
         """One row per subtask: vertex, subtask, attempt, status, TaskManager, slot and its metrics."""
         rows = []

@@ -64,6 +64,7 @@ class Dispatcher:
             m.RequestJobDetails: self.request_job_details,
             m.TriggerSavepoint: self.trigger_savepoint,
             m.DisposeSavepoint: self.dispose_savepoint,
+            m.RequestKeyedState: self.request_keyed_state,
             m.ShutdownCluster: self.shutdown_cluster,
         }
         for op in (m.OfferSlots, m.UpdateTaskExecutionState, m.AcknowledgeCheckpoint, m.DeclineCheckpoint,
@@ -196,6 +197,14 @@ class Dispatcher:
 
     def trigger_savepoint(self, msg: m.TriggerSavepoint, peer: Peer):
         return self.job(msg.job_id).trigger_savepoint(msg.target_directory, msg.stop)
+
+    def request_keyed_state(self, msg: m.RequestKeyedState, peer: Peer) -> DeferredReply:
+        reply = DeferredReply()
+
+        def done(answer: Optional[m.KeyedState], error: Optional[BaseException]) -> None:
+            reply.resolve(answer) if answer is not None else reply.fail(str(error))
+        self.job(msg.job_id).request_keyed_state(msg.operator, msg.key, msg.fresh, done)
+        return reply
 
     def dispose_savepoint(self, msg: m.DisposeSavepoint, peer: Peer) -> DeferredReply:
         reply = DeferredReply()

@@ -25,6 +25,7 @@ from cluster.graph.execution_graph import Execution, ExecutionState
 from cluster.graph.job_graph import JobGraph, ShipStrategy
 from cluster.protocol import messages as m
 from cluster.protocol.endpoint import DeferredReply, Peer, RpcEndpoint, RpcError
+from cluster.state.inspection import StateQueryError, find_operator, operator_info, read_checkpoint_state
 
 from . import scheduler as s
 from .resource_manager import ResourceManager
@@ -67,6 +68,11 @@ class JobMaster:
         self._timers: dict[str, Any] = {}
         self._savepoint_replies: dict[str, DeferredReply] = {}
         self._events: deque = deque()
+        # checkpoint folders being read for a state query -> readers; a retained checkpoint that
+        # is subsumed meanwhile is deleted once its last reader is done (Flink's shared state
+        # registry keeps files alive while referenced, the same idea)
+        self._pinned: dict[str, int] = {}
+        self._dispose_when_unpinned: set[str] = set()
         self._handling = False
         self.handlers: dict[type, Callable[[Any, Peer], Optional[m.Message]]] = {
             m.OfferSlots: lambda msg, peer: self._feed(s.SlotsOffered(tuple(msg.allocation_ids))),
@@ -94,7 +100,7 @@ class JobMaster:
                 i.task_managers, lambda g: g.notify_checkpoint_complete(self.job_id, i.checkpoint_id)),
             s.NotifyCheckpointAborted: lambda i: self._each_gateway(
                 i.task_managers, lambda g: g.notify_checkpoint_aborted(self.job_id, i.checkpoint_id)),
-            s.DisposeCheckpoint: lambda i: self.storage_executor.submit(shutil.rmtree, i.directory, True),
+            s.DisposeCheckpoint: lambda i: self._dispose(i.directory),
             s.FindRestorePoint: self._find_restore_point,
             s.SavepointFinished: self._savepoint_finished,
             s.JobTerminated: self._terminated,
@@ -179,6 +185,72 @@ class JobMaster:
         reply = DeferredReply()
         self._savepoint_replies[self.trigger_savepoint_async(target, stop)] = reply
         return reply
+
+    def request_keyed_state(self, operator: str, key: Optional[bytes], fresh: bool,
+                            done: Callable[[Optional[m.KeyedState], Optional[BaseException]], None]) -> None:
+        """Read ``operator``'s keyed state at the newest completed checkpoint, or at one triggered
+        now (``fresh``); ``done(answer, error)`` is called on the loop thread. Raises RpcError at
+        once for a request that cannot be served (unknown operator, no checkpoint)."""
+        self.endpoint.assert_loop_thread()
+        operators = [op for v in self.job_graph.vertices for op in v.operators]
+        try:
+            spec = find_operator(operators, operator, f"'{self.job_graph.name}' ({self.job_id})")
+        except StateQueryError as exc:
+            raise RpcError(str(exc)) from None
+        coordinator = self.checkpointing.coordinator
+        if not fresh:
+            latest = coordinator.latest()
+            if latest is None:
+                raise RpcError(f"job '{self.job_graph.name}' ({self.job_id}) has no completed checkpoint yet: "
+                               "enable checkpointing (execution.checkpointing.interval) or pass fresh=True "
+                               "(?fresh=true) to take one now")
+            self._read_keyed_state(spec, key, latest.directory, done)
+            return
+
+        def checkpointed(completed, failure: Optional[str]) -> None:
+            # in the scheduler's callback, right at completion: pinned before anything can subsume it
+            newest = coordinator.latest()
+            if completed is None and newest is not None and newest.checkpoint_id > before:
+                completed = newest  # subsumed by a checkpoint that completed after the request
+            if completed is None:
+                self.endpoint.call_soon(done, None, RpcError(f"the checkpoint taken for the state query failed: {failure}"))
+            else:
+                self._read_keyed_state(spec, key, completed.directory, done)
+        before = latest.checkpoint_id if (latest := coordinator.latest()) else 0
+        try:
+            self._feed(s.CheckpointRequested(checkpointed))
+        except s.SchedulerError as exc:
+            raise RpcError(str(exc)) from None
+
+    def _read_keyed_state(self, spec, key: Optional[bytes], directory: str,
+                          done: Callable[[Optional[m.KeyedState], Optional[BaseException]], None]) -> None:
+        self._pinned[directory] = self._pinned.get(directory, 0) + 1
+        names = {op.uid: op.name for v in self.job_graph.vertices for op in v.operators}
+
+        def read(result, error: Optional[BaseException]) -> None:
+            self._unpin(directory)
+            if error is not None:
+                done(None, RpcError(f"reading the state of '{spec.name}' at {directory} failed: {error}"))
+                return
+            entries, positions, checkpoint_id = result
+            sources = {names.get(uid, uid): subtasks for uid, subtasks in positions.items()}
+            done(m.KeyedState(self.job_id, checkpoint_id, operator_info(spec), sources, entries), None)
+        self.endpoint.run_blocking(self.storage_executor, read_checkpoint_state, Path(directory), spec.uid, key,
+                                   then=read)
+
+    def _unpin(self, directory: str) -> None:
+        left = self._pinned.pop(directory) - 1
+        if left:
+            self._pinned[directory] = left
+        elif directory in self._dispose_when_unpinned:
+            self._dispose_when_unpinned.discard(directory)
+            self._dispose(directory)
+
+    def _dispose(self, directory: str) -> None:
+        if directory in self._pinned:
+            self._dispose_when_unpinned.add(directory)
+        else:
+            self.storage_executor.submit(shutil.rmtree, directory, True)
 
     # ------------------------------------------------------------------ instructions out
     def _deploy(self, i: s.DeployTasks) -> None:

@@ -45,6 +45,8 @@ from tornado.netutil import bind_sockets
 from cluster.checkpoint.storage import local_path
 from cluster.conf import Configuration, port_candidates
 from cluster.protocol.endpoint import RpcError
+from cluster.state.inspection import decode_entries, encode_key, json_rows, state_frame
+from cluster.state.snapshot_format import UnsupportedKeyError
 
 from .views import (NotFound, backpressure_json, checkpoint_config_json, checkpoint_details_json, checkpoints_json,
                     config_json, exceptions_json, job_json, job_master, jobs_overview_json, overview_json, plan_json,
@@ -57,6 +59,7 @@ log = logging.getLogger(__name__)
 
 # How long a handler waits for the JobManager's loop before it answers 503.
 LOOP_TIMEOUT_S = 10.0
+STATE_TIMEOUT_S = 120.0  # a fresh checkpoint of a job under load, then the read
 MUTATING_METHODS = frozenset({"POST", "PATCH", "PUT", "DELETE"})
 # Every body a route here reads is a small JSON object (a savepoint request is a few hundred bytes);
 # Flink's cap (100 MB by default, sized for jar uploads, which streamlab has none of) applies on top.
@@ -472,6 +475,66 @@ class SavepointStatusHandler(FlinkHandler):
         await self.view(lambda d: savepoint_status_json(d, job_id, self.server.savepoint_trigger(job_id, trigger_id)))
 
 
+# -- keyed state
+class JobStateHandler(FlinkHandler):
+    """GET /jobs/<id>/state?operator=NAME[&key=K][&fresh=true]: an operator's keyed state at the
+    newest completed checkpoint (or one taken now), one row per key (cluster.state.inspection).
+    ``key`` is JSON (``3``, ``"a"``, ``[1, "a"]`` for several key columns) or else a plain string."""
+
+    async def get(self, job_id: str) -> None:
+        job_id = self.hex_id(job_id, "job id")
+        operator = self.get_query_argument("operator", "")
+        if not operator:
+            raise RestError(HTTPStatus.BAD_REQUEST, "GET /jobs/<id>/state: give the operator, "
+                                                    "?operator=<its name or uid>")
+        fresh = self.get_query_argument("fresh", "false").lower()
+        if fresh not in ("true", "false"):
+            raise RestError(HTTPStatus.BAD_REQUEST, f"GET /jobs/<id>/state: fresh must be true or false, not {fresh!r}")
+        key = self.get_query_argument("key", None)
+        try:
+            encoded = None if key is None else encode_key(_key_argument(key))
+        except UnsupportedKeyError as exc:
+            raise RestError(HTTPStatus.BAD_REQUEST, f"GET /jobs/<id>/state: key {key!r}: {exc}") from None
+        io_loop = IOLoop.current()
+        answered: asyncio.Future = asyncio.get_running_loop().create_future()
+
+        def settle(answer, error) -> None:  # IOLoop thread
+            if not answered.done():
+                answered.set_exception(error) if error is not None else answered.set_result(answer)
+
+        def start() -> None:  # JobManager loop thread
+            try:
+                job_master(self.dispatcher, job_id).request_keyed_state(
+                    operator, encoded, fresh == "true", lambda a, e: io_loop.add_callback(settle, a, e))
+            except Exception as exc:  # NotFound, RpcError: answers
+                io_loop.add_callback(settle, None, exc)
+
+        self.dispatcher.endpoint.call_soon(start)
+        try:
+            answer = await asyncio.wait_for(answered, STATE_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            raise RestError(HTTPStatus.SERVICE_UNAVAILABLE,
+                            f"The state of {operator!r} was not read within {STATE_TIMEOUT_S:g} s") from None
+        # unpickling and encoding may take a while: not on this IOLoop, which serves every route
+        self.write(await io_loop.run_in_executor(None, _state_json, answer))
+
+
+def _key_argument(text: str) -> Any:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _state_json(answer) -> bytes:
+    frame = state_frame(decode_entries(answer.entries, lenient=True), answer.operator)
+    columns, rows = json_rows(frame)
+    return json.dumps({"checkpoint_id": answer.checkpoint_id, "operator": answer.operator["name"],
+                       "uid": answer.operator["uid"], "key_columns": answer.operator["key"],
+                       "sources": answer.sources, "columns": columns, "rows": rows}).encode()
+
+
 # -- vertices
 class VertexHandler(FlinkHandler):
     async def get(self, job_id: str, vertex_id: str) -> None:
@@ -518,6 +581,7 @@ def route_table(server: "RestServer") -> list:
         (_JOB + r"/savepoints", SavepointHandler),
         (_JOB + r"/savepoints/(?P<trigger_id>[^/]+)", SavepointStatusHandler),
         (_JOB + r"/stop", StopWithSavepointHandler),
+        (_JOB + r"/state", JobStateHandler),                              # keyed state, ?operator=
         (_JOB + r"/vertices/(?P<vertex_id>[^/]+)", VertexHandler),
         (_JOB + r"/vertices/(?P<vertex_id>[^/]+)/backpressure", BackpressureHandler),
         (_JOB + r"/vertices/(?P<vertex_id>[^/]+)/watermarks", WatermarksHandler),

@@ -103,6 +103,13 @@ class SavepointRequested(Event):
 
 
 @dataclass(frozen=True)
+class CheckpointRequested(Event):
+    """A checkpoint now, outside the periodic rules (Flink's manual checkpoint trigger);
+    ``on_done(completed or None, failure or None)`` is called when it completes or fails."""
+    on_done: Callable[[Optional[CompletedCheckpoint], Optional[str]], None]
+
+
+@dataclass(frozen=True)
 class CheckpointAcknowledged(Event):
     checkpoint_id: int
     participant: str  # an execution id, or collect/<sink uid>/<subtask> for a client's acknowledgement
@@ -316,6 +323,11 @@ class JobCheckpointing:
                                         None if completed else f"the savepoint of job {self.s.job_id} failed: {reason}"))
         pending.on_done.append(done)
 
+    def trigger_checkpoint(self, on_done: Callable[[Optional[CompletedCheckpoint], Optional[str]], None]) -> None:
+        if not self.all_running():
+            raise SchedulerError(f"job {self.s.job_id} is {self.s.state}: a checkpoint needs every task RUNNING")
+        self.trigger(CheckpointKind.CHECKPOINT).on_done.append(on_done)
+
     def source_exhausted(self, execution_id: str) -> None:
         self._exhausted.add(execution_id)
         sources = {e.execution_id for e in self.s.graph.executions.values() if e.vertex.is_source}
@@ -454,6 +466,7 @@ class DefaultScheduler:
             CancelRequested: lambda e: self._cancel(),
             SavepointRequested: lambda e: self.checkpointing.trigger_savepoint(e.request_id, e.target_directory,
                                                                                e.stop),
+            CheckpointRequested: lambda e: self.checkpointing.trigger_checkpoint(e.on_done),
             CheckpointAcknowledged: self.checkpointing.acknowledge,
             CheckpointDeclined: self.checkpointing.decline,
             SourceExhausted: lambda e: self.checkpointing.source_exhausted(e.execution_id),

@@ -181,6 +181,25 @@ class DisposeSavepoint(Message, op="dispose-savepoint"):
 
 
 @dataclass(frozen=True)
+class RequestKeyedState(Message, op="request-keyed-state"):
+    """The keyed state of one operator of a running job at a completed checkpoint (the newest,
+    or with ``fresh`` one triggered for this request); the job runs on."""
+    job_id: str
+    operator: str           # its name as the user gave it, or its uid
+    key: Optional[bytes]    # one key's entries only (KeyCodec bytes), or None for every key
+    fresh: bool
+
+
+@dataclass(frozen=True)
+class KeyedState(Message, op="keyed-state"):
+    job_id: str
+    checkpoint_id: int
+    operator: dict          # name, uid, kind, key columns (cluster.state.inspection.operator_info)
+    sources: dict           # source operator name -> each subtask's position at the checkpoint
+    entries: bytes          # Arrow IPC stream: state, key (KeyCodec), value (pickle), undecoded
+
+
+@dataclass(frozen=True)
 class AcknowledgeCollect(Message, op="acknowledge-collect"):
     """The client received every row a collect sink subtask sent before checkpoint barrier n."""
     job_id: str

@@ -302,3 +302,16 @@ def _verified_groups(path: Path, index: int, batch: pa.RecordBatch,
         raise StateFormatError(path, f"record batch {index} is not sorted by key group "
                                      f"within {first}..{last}")
     return groups
+
+
+def read_entries(paths: Sequence[Path], max_parallelism: int, key: Optional[bytes] = None
+                 ) -> Iterator[tuple[str, bytes, bytes]]:
+    """Every (state, encoded key, pickled value) of snapshot files, across all key groups, for
+    looking at state rather than restoring it; ``key`` (KeyCodec bytes) keeps one key's entries.
+    Read and verified as a restore reads them."""
+    every_group = range(max_parallelism)
+    for path in paths:
+        for _, states, keys, values in read_key_groups(Path(path), max_parallelism, every_group):
+            for state, encoded, value in zip(states, keys, values):
+                if key is None or encoded == key:
+                    yield state, encoded, value
