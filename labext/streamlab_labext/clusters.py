@@ -158,7 +158,7 @@ def job_entry(overview: dict, details: Optional[dict]) -> dict:
     fed = {i["id"] for n in nodes for i in n.get("inputs", [])}
     sources = {n["id"] for n in nodes if not n.get("inputs")}
     sinks = {v["id"] for v in vertices} - fed
-    levels = [v.get("backpressure-level", "ok") for v in vertices]
+    levels = [v["backpressure-level"] for v in vertices]
     entry |= {"records_in": _sum(vertices, sources, "read-records"),
               "records_out": _sum(vertices, sinks, "read-records"),
               "backpressure": max(levels, key=_LEVELS.index, default="ok")}
@@ -207,7 +207,7 @@ async def job_detail(known: KnownCluster, job_id: str) -> dict:
     return {
         "job": job_entry(overview, details),
         "vertices": [{"id": v["id"], "name": v["name"], "parallelism": v["parallelism"],
-                      "backpressure": v.get("backpressure-level", "ok"),
+                      "backpressure": v["backpressure-level"],
                       "records_in": v["metrics"].get("read-records", 0),
                       "records_out": v["metrics"].get("write-records", 0)} for v in details.get("vertices", [])],
         "edges": [{"source": i["id"], "target": n["id"], "ship_strategy": i["ship_strategy"]}
