@@ -128,8 +128,11 @@ def others(tmp_path_factory):
     started["down"].jobmanager.kill()
     started["down"].jobmanager.wait(10)
     yield started
-    for local in started.values():
-        local.stop()
+    stopping = [threading.Thread(target=local.stop) for local in started.values()]
+    for t in stopping:
+        t.start()
+    for t in stopping:
+        t.join()
 
 
 @pytest.fixture(scope="module")
