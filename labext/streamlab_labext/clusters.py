@@ -25,6 +25,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from kernel_runtime.lab_registry import REGISTRY_FOLDER, cluster_id
 from kernel_runtime.local_cluster import ClusterInfo, ClusterNotRunning
+from kernel_runtime.processes import alive
 
 log = logging.getLogger(__name__)
 
@@ -76,12 +77,13 @@ def kernel_registrations(runtime_dir: Path, running: set[str]) -> list[tuple[str
     for path in sorted((Path(runtime_dir) / REGISTRY_FOLDER).glob("kernel-*.json")):
         try:
             body = json.loads(path.read_text())
-            kernel_id, cluster_dir = body["kernel_id"], body["cluster_dir"]
+            kernel_id, cluster_dir, pid = body["kernel_id"], body["cluster_dir"], body["pid"]
         except (OSError, ValueError, KeyError, TypeError) as exc:
             log.warning("streamlab: ignoring the registry file %s: %s", path, exc)
             continue
-        # the file's name is the kernel's: a file cannot speak for another kernel
-        if path.name == f"kernel-{kernel_id}.json" and kernel_id in running:
+        # the file's name is the kernel's: a file cannot speak for another kernel; a kernel process
+        # killed outright (then restarted under its id) left its file behind
+        if path.name == f"kernel-{kernel_id}.json" and kernel_id in running and alive(pid):
             found.append((kernel_id, Path(cluster_dir)))
     return found
 
@@ -182,6 +184,14 @@ async def cluster_entry(known: KnownCluster) -> dict:
         return known.entry(f"JobManager not reachable: {exc}")
     except (OSError, asyncio.TimeoutError, HTTPClientError, JobManagerError) as exc:
         return known.entry(f"JobManager not reachable: {type(exc).__name__}: {exc}")
+    try:
+        return _compose(known, overview, taskmanagers, jobs, details)
+    except (KeyError, TypeError, ValueError) as exc:  # a JobManager of another version: its entry says so
+        log.exception("streamlab: cannot read the answers of the JobManager of %s", known.cluster_dir)
+        return known.entry(f"unexpected answer from the JobManager: {type(exc).__name__}: {exc}")
+
+
+def _compose(known: KnownCluster, overview: dict, taskmanagers: dict, jobs: list[dict], details: list) -> dict:
     names = {j["jid"]: j["name"] for j in overview["jobs"]}
     tms = []
     for tm in sorted(taskmanagers["taskmanagers"], key=lambda t: t["id"]):
