@@ -173,13 +173,15 @@ def job_entry(overview: dict, details: Optional[dict]) -> dict:
     return entry
 
 
-async def cluster_entry(known: KnownCluster) -> dict:
-    """The cluster's entry of GET /clusters; its error when its JobManager cannot be asked."""
+async def cluster_entry(known: KnownCluster, ended: Optional[dict[str, dict]] = None) -> dict:
+    """The cluster's entry of GET /clusters; its error when its JobManager cannot be asked.
+    ``ended``: the details of this cluster's ended jobs, kept between refreshes (they no longer change)."""
+    ended = {} if ended is None else ended
     try:
         rest = await JobManagerRest.of(known.cluster_dir)
         overview, taskmanagers = await asyncio.gather(rest.call("/jobs/overview"), rest.call("/taskmanagers"))
         jobs = sorted(overview["jobs"], key=lambda j: j["start-time"], reverse=True)[:MAX_JOBS]
-        details = await asyncio.gather(*(rest.call(f"/jobs/{j['jid']}") for j in jobs), return_exceptions=True)
+        details = await asyncio.gather(*(_details(rest, j, ended) for j in jobs), return_exceptions=True)
     except ClusterNotRunning as exc:
         return known.entry(f"JobManager not reachable: {exc}")
     except (OSError, asyncio.TimeoutError, HTTPClientError, JobManagerError) as exc:
@@ -189,6 +191,16 @@ async def cluster_entry(known: KnownCluster) -> dict:
     except (KeyError, TypeError, ValueError) as exc:  # a JobManager of another version: its entry says so
         log.exception("streamlab: cannot read the answers of the JobManager of %s", known.cluster_dir)
         return known.entry(f"unexpected answer from the JobManager: {type(exc).__name__}: {exc}")
+
+
+async def _details(rest: JobManagerRest, job: dict, ended: dict[str, dict]) -> dict:
+    kept = ended.get(job["jid"])
+    if kept is not None:
+        return kept
+    details = await rest.call(f"/jobs/{job['jid']}")
+    if details["state"] in TERMINAL:
+        ended[job["jid"]] = details
+    return details
 
 
 def _compose(known: KnownCluster, overview: dict, taskmanagers: dict, jobs: list[dict], details: list) -> dict:
@@ -271,6 +283,7 @@ class ClusterList:
         self._at = float("-inf")
         self._value: Optional[dict] = None
         self._refresh: Optional[asyncio.Future] = None
+        self._ended: dict[str, dict[str, dict]] = {}  # cluster id -> job id -> details of an ended job
 
     async def get(self) -> dict:
         if self._value is not None and time.monotonic() - self._at < CACHE_S:
@@ -286,7 +299,11 @@ class ClusterList:
 
     async def _compute(self) -> dict:
         known = await self._find()
-        entries = await asyncio.gather(*(cluster_entry(k) for k in known.values()))
+        self._ended = {cid: self._ended.get(cid, {}) for cid in known}  # forget the clusters gone
+        entries = await asyncio.gather(*(cluster_entry(k, self._ended[cid]) for cid, k in known.items()))
+        for cid, entry in zip(known, entries):  # keep only the ended jobs still listed
+            listed = {j["id"] for j in entry["jobs"]}
+            self._ended[cid] = {jid: d for jid, d in self._ended[cid].items() if jid in listed}
         self._value = {"clusters": list(entries), "refreshed": int(time.time() * 1000)}
         self._at = time.monotonic()
         return self._value
