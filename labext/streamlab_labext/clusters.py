@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Optional
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
@@ -33,6 +33,7 @@ CONNECT_TIMEOUT_S = 2.0
 REQUEST_TIMEOUT_S = 5.0
 CACHE_S = 1.0  # many open panels cost a cluster one refresh a second
 SAVEPOINT_TIMEOUT_S = 120.0
+STATE_TIMEOUT_S = 125.0  # the JobManager answers within its own 120 s (a fresh checkpoint, then the read)
 SAVEPOINT_POLL_S = 0.2
 MAX_JOBS = 20  # the newest jobs of a cluster the list shows (each costs a request per refresh)
 TERMINAL = frozenset({"FINISHED", "CANCELED", "FAILED"})
@@ -241,6 +242,21 @@ async def job_detail(known: KnownCluster, job_id: str) -> dict:
         "exceptions": [{"time": e["timestamp"], "exception": e["stacktrace"], "task": e.get("taskName")}
                        for e in exceptions["exceptionHistory"]["entries"]],
     }
+
+
+STATE_ROWS = 200  # the panel shows a page of keys, not a whole state
+
+
+async def keyed_state(known: KnownCluster, job_id: str, operator: str, key: Optional[str], fresh: bool,
+                      limit: int = STATE_ROWS) -> dict:
+    """An operator's keyed state from the JobManager (GET /jobs/<id>/state), its first ``limit``
+    rows; ``rows_total`` says how many keys there are."""
+    rest = await JobManagerRest.of(known.cluster_dir)
+    query = {"operator": operator, "fresh": "true" if fresh else "false"} | ({"key": key} if key is not None else {})
+    answer = await rest.call(f"/jobs/{quote(job_id, safe='')}/state?{urlencode(query)}", timeout=STATE_TIMEOUT_S)
+    answer["rows_total"] = len(answer["rows"])
+    answer["rows"] = answer["rows"][:limit]
+    return answer
 
 
 async def cancel(known: KnownCluster, job_id: str) -> None:

@@ -1,6 +1,6 @@
 """The routes of the lab extension's server API under ``<base_url>streamlab/api/``, the contract
 with the TypeScript side (labext/src): GET clusters, GET clusters/<cid>/jobs/<jid>, POST
-.../cancel, .../savepoint, .../stop, GET kernels/<kernel id>/cluster, POST export. Authenticated
+.../cancel, .../savepoint, .../stop, GET .../state, GET kernels/<kernel id>/cluster, POST export. Authenticated
 as every Jupyter route (token or cookie with XSRF); errors are ``{"message": ...}``
 (jupyter_server's APIHandler)."""
 from __future__ import annotations
@@ -108,6 +108,26 @@ class StopHandler(SavepointHandler):
     stop = True
 
 
+class StateHandler(StreamlabHandler):
+    """?operator=NAME[&key=K][&fresh=true][&limit=N]: the operator's keyed state, as the
+    JobManager's GET /jobs/<id>/state gives it, its first N rows (200)."""
+
+    @web.authenticated
+    async def get(self, cid: str, jid: str) -> None:
+        operator = self.get_query_argument("operator", "")
+        if not operator:
+            raise web.HTTPError(400, "give the operator whose state to show: ?operator=<its name or uid>")
+        fresh = self.get_query_argument("fresh", "false")
+        if fresh not in ("true", "false"):
+            raise web.HTTPError(400, f"fresh must be true or false, not {fresh!r}")
+        limit = self.get_query_argument("limit", str(clusters.STATE_ROWS))
+        if not limit.isdigit():
+            raise web.HTTPError(400, f"limit must be a number of rows, not {limit!r}")
+        known = await self.cluster(cid)
+        self.reply(await self.on_jobmanager(clusters.keyed_state(
+            known, jid, operator, self.get_query_argument("key", None), fresh == "true", int(limit))))
+
+
 class KernelClusterHandler(StreamlabHandler):
     @web.authenticated
     async def get(self, kernel_id: str) -> None:
@@ -156,6 +176,7 @@ def handlers(base_url: str, lab: "StreamlabLab") -> list:
         (cluster + job + r"/cancel", CancelHandler),
         (cluster + job + r"/savepoint", SavepointHandler),
         (cluster + job + r"/stop", StopHandler),
+        (cluster + job + r"/state", StateHandler),
         (r"/kernels/(?P<kernel_id>[0-9A-Za-z-]+)/cluster", KernelClusterHandler),
         (r"/export", ExportHandler),
     ]

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import queue
-import socket
 import subprocess
 import sys
 import threading
@@ -25,6 +24,7 @@ import pytest
 from jupyter_client import BlockingKernelClient
 
 from kernel_runtime import JobClient, StreamEnvironment
+from kernel_runtime.ha_cluster import free_port
 from kernel_runtime.lab_registry import JOB_MIME_TYPE, cluster_id
 from kernel_runtime.local_cluster import PROJECT_ROOT, stop_cluster
 
@@ -39,12 +39,6 @@ c.StreamMagics.cluster_config = {"taskmanager.spark.startup": "lazy"}
 CELL = """%%stream --name lab-kernel-job
 env.from_generator(rate=200, batch_size=20).key_by("seq").count().collect()
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:
@@ -204,6 +198,20 @@ def test_job_detail(server, cluster, running_job):
     assert edge["source"] in vertices and edge["target"] in vertices and edge["ship_strategy"] == "HASH"
     assert detail["exceptions"] == [] and isinstance(detail["checkpoints"], list)
     assert server.api(f"clusters/{cid}/jobs/{'0' * 32}")[0] == 404
+
+
+def test_keyed_state_of_a_running_job(server, cluster, running_job):
+    path = f"clusters/{cluster_id(cluster.cluster_dir)}/jobs/{running_job.job_id}/state"
+    status, state = server.api(f"{path}?operator=count&fresh=true&limit=5")
+    assert status == 200, state
+    # every generated seq is its own key, counted once up to the checkpoint
+    assert state["operator"] == "count" and state["checkpoint_id"] >= 1 and state["key_columns"] == ["seq"]
+    assert state["columns"] == ["seq", "count"] and len(state["rows"]) == 5 < state["rows_total"]
+    assert all(count == 1 for _, count in state["rows"])
+    assert running_job.status == "RUNNING"
+    assert server.api(path)[0] == 400
+    status, body = server.api(f"{path}?operator=no-such-operator")
+    assert status == 409 and "count" in body["message"], body
 
 
 def test_savepoint_returns_a_location_that_exists(server, cluster, running_job):
