@@ -6,6 +6,7 @@ As in Flink, ``get_execution_environment()`` gives the context's environment: in
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import os
@@ -39,6 +40,7 @@ class StreamEnvironment:
         self.cluster_dir = Path(cluster) if cluster else None
         self._nodes: list[StreamNode] = []
         self._uids: dict[str, int] = {}
+        self._renamed: dict[str, str] = {}  # generated uid -> the uid the user gave (DataStream.uid)
 
     @classmethod
     def get_execution_environment(cls, **kwargs) -> "StreamEnvironment":
@@ -92,6 +94,12 @@ class StreamEnvironment:
         self._uids[basis] = self._uids.get(basis, 0) + 1
         return hashlib.sha1(f"{basis}|{self._uids[basis]}".encode()).hexdigest()[:32]
 
+    def _rename(self, node: StreamNode, uid: str) -> None:
+        """Give ``node`` the user's uid (DataStream.uid). Streams already made from the operator
+        (a side output, a consumer) still name the old one: get_job_graph follows the renaming."""
+        self._renamed[node.uid] = uid
+        node.spec = dataclasses.replace(node.spec, uid=uid)
+
     def _source(self, kind: str, name: str, site: str, params: dict, fn, parallelism) -> DataStream:
         where = f"operator '{name}' ({site})"
         spec = OperatorSpec(uid=self._operator_uid(kind, name, []), kind=kind, name=name, call_site=site,
@@ -109,6 +117,10 @@ class StreamEnvironment:
     def get_job_graph(self, name: str = "streamlab job") -> JobGraph:
         if not any(KINDS[n.spec.kind].is_sink for n in self._nodes):
             raise GraphValidationError("the pipeline has no sink: end it with .collect() or .print()")
+        for node in self._nodes:
+            for edge in node.inputs:
+                while edge.source in self._renamed:  # .uid("a").uid("b") renamed it twice
+                    edge.source = self._renamed[edge.source]
         for node in self._nodes:
             for edge in node.inputs:
                 if edge.ship_strategy == "DEFAULT":  # Flink's rule: forward if it can, else rebalance
