@@ -17,7 +17,8 @@ from cluster.conf import Configuration, ConfigError
 from cluster.graph.chaining import StreamEdge, StreamNode, build_job_graph
 from cluster.graph.job_graph import GraphValidationError, JobGraph, OperatorSpec, ShipStrategy
 from cluster.graph.operator_kinds import KINDS, Role, upsert_key
-from cluster.protocol.job_context import CONTEXT_CLUSTER_DIR, CONTEXT_DETACHED, CONTEXT_SAVEPOINT, CONTEXT_VERBOSE
+from cluster.protocol.job_context import (CONTEXT_ALLOW_NON_RESTORED, CONTEXT_CLUSTER_DIR, CONTEXT_DETACHED,
+                                          CONTEXT_SAVEPOINT, CONTEXT_VERBOSE)
 
 from ..client import JobClient, JobExecutionResult, JobHandle
 from ..local_cluster import ClusterInfo, LocalCluster
@@ -142,6 +143,8 @@ class StreamEnvironment:
         config = dict(self.config)
         if os.environ.get(CONTEXT_SAVEPOINT):  # streamlab run -s PATH
             config.setdefault("execution.savepoint.path", os.environ[CONTEXT_SAVEPOINT])
+            if os.environ.get(CONTEXT_ALLOW_NON_RESTORED) == "1":  # streamlab run -s PATH -n
+                config.setdefault("execution.savepoint.ignore-unclaimed-state", True)
         return build_job_graph(self._nodes, name, self.max_parallelism, config)
 
     # ------------------------------------------------------------------ execution
