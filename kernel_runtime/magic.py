@@ -344,12 +344,13 @@ class StreamMagics(Magics):
         """The running job of this name on the client's cluster, if any, stopped with a savepoint
         (the upgrade to submit) or, with ``restart``, cancelled (None: start from nothing). The
         savepoint of an upgrade that failed is taken up again by the next run of the cell."""
-        pending = self._stopped.pop((str(client.cluster.cluster_dir), name), None)
         running = [j for j in client.list_jobs()
                    if j["name"] == name and j["state"] not in JobState.GLOBALLY_TERMINAL]
         if len(running) > 1:
             raise ValueError(f"{len(running)} jobs named {name!r} run on the cluster ("
                              + ", ".join(j["jid"] for j in running) + "): cancel all but one to upgrade it")
+        # a job of the name that runs now is newer than the savepoint of a refused upgrade
+        pending = self._stopped.pop((str(client.cluster.cluster_dir), name), None)
         if restart:
             for job in running:
                 client.cancel(job["jid"])
