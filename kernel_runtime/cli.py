@@ -15,7 +15,8 @@ from rich.table import Table
 from cluster.conf import ConfigError
 from cluster.protocol.endpoint import RpcError
 
-from cluster.protocol.job_context import CONTEXT_CLUSTER_DIR, CONTEXT_DETACHED, CONTEXT_SAVEPOINT, CONTEXT_VERBOSE
+from cluster.protocol.job_context import (CONTEXT_ALLOW_NON_RESTORED, CONTEXT_CLUSTER_DIR, CONTEXT_DETACHED,
+                                          CONTEXT_SAVEPOINT, CONTEXT_VERBOSE)
 from .cli_options import dynamic_option, dynamic_properties
 from .client import JobCancelledError, JobClient, JobExecutionError
 from .local_cluster import ClusterInfo, ClusterNotRunning, LocalCluster, default_cluster_dir, stop_cluster
@@ -129,10 +130,12 @@ def cluster_rest_token(cluster_dir) -> None:
 @main.command("run", context_settings={"ignore_unknown_options": True})
 @click.option("--detached", "-d", is_flag=True, help="Submit and return the job id.")
 @click.option("--fromSavepoint", "-s", "savepoint", help="Start from this savepoint (or retained checkpoint).")
+@click.option("--allowNonRestoredState", "--allow-non-restored-state", "-n", "allow_non_restored", is_flag=True,
+              help="Start from the savepoint even if some of its state fits no operator of the job: leave it out.")
 @cluster_dir_option
 @click.argument("script", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def run(detached, savepoint, cluster_dir, script, args) -> None:
+def run(detached, savepoint, allow_non_restored, cluster_dir, script, args) -> None:
     """Run a job script on the cluster (as `flink run`): its execute() submits there."""
     info = ClusterInfo.load(cluster_dir) if cluster_dir else None
     try:
@@ -142,8 +145,11 @@ def run(detached, savepoint, cluster_dir, script, args) -> None:
     os.environ[CONTEXT_CLUSTER_DIR] = str(info.cluster_dir)
     os.environ[CONTEXT_DETACHED] = "1" if detached else "0"
     os.environ[CONTEXT_VERBOSE] = "1"
+    if allow_non_restored and not savepoint:
+        raise click.UsageError("--allow-non-restored-state (-n) goes with --fromSavepoint (-s)")
     if savepoint:
         os.environ[CONTEXT_SAVEPOINT] = savepoint
+        os.environ[CONTEXT_ALLOW_NON_RESTORED] = "1" if allow_non_restored else "0"
     sys.argv = [str(script), *args]
     sys.path.insert(0, str(script.parent.resolve()))
     try:

@@ -238,6 +238,7 @@ class JobHandle:
         self.detached = detached
         self._sinks = sinks  # collect sink name -> uid
         self.submitted_at = time.monotonic()
+        self.upgraded_from: Optional[str] = None  # the savepoint a %%stream upgrade started it from
         self._dashboard = None
         # called (on the waiting thread) at every change wait() hears of: the dashboard applies
         # its pending update there, since a cell blocked in wait() holds the kernel's loop

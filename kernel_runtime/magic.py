@@ -13,12 +13,15 @@ do the places of a job's failures (kernel_runtime.cells).
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import threading
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -26,8 +29,11 @@ from IPython.core.interactiveshell import InteractiveShell
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from traitlets import Bool, Dict, Float, Int
 
+from cluster.checkpoint.storage import local_path, read_metadata
 from cluster.conf import OPTIONS, ConfigError
-from cluster.graph.job_graph import GraphValidationError
+from cluster.graph.execution_graph import JobState
+from cluster.graph.job_graph import GraphValidationError, JobGraph, OperatorSpec
+from cluster.jobmanager.scheduler import SavepointFit, saved_operator, savepoint_fit
 from cluster.protocol.endpoint import RpcError
 
 from . import lab_registry, processes
@@ -183,6 +189,56 @@ class StreamSession:
             "a client needs the cluster's secret, which is in its directory: use --cluster DIR")
 
 
+@dataclass(frozen=True)
+class Upgrade:
+    """A job of the cell's name stopped with a savepoint, for the edited pipeline to start from."""
+
+    name: str
+    old_job_id: str
+    location: str
+
+    def graph(self, graph: JobGraph, allow_non_restored_state: bool) -> JobGraph:
+        return dataclasses.replace(graph, config={**graph.config, "execution.savepoint.path": self.location,
+                                                  "execution.savepoint.ignore-unclaimed-state": allow_non_restored_state})
+
+    def failure(self, exc: BaseException) -> str:
+        return (f"The upgrade of job {self.name!r} failed: {type(exc).__name__}: {exc}\n"
+                f"The old job ({self.old_job_id}) is stopped and its state is in the savepoint {self.location}: "
+                "re-run this cell with --allow-non-restored-state to start from it without the state that fits "
+                "no operator, or with --restart to start from nothing.")
+
+    def report(self, graph: JobGraph) -> list[str]:
+        """What the cell prints: the savepoint, and which operators kept their state and which
+        started empty (from the savepoint's metadata, if this machine sees it)."""
+        lines = [f"Upgraded job {self.name!r}: job {self.old_job_id} stopped with savepoint {self.location}; "
+                 f"job {graph.job_id} starts from it."]
+        try:
+            fit = savepoint_fit(read_metadata(Path(local_path(self.location))), graph)
+        except (OSError, ValueError) as exc:  # a cluster whose storage this kernel does not see
+            return lines + [f"  (which operators kept their state is not known here: {exc})"]
+        return lines + upgrade_lines(fit)
+
+
+def upgrade_lines(fit: SavepointFit) -> list[str]:
+    def names(specs: list[OperatorSpec]) -> str:
+        return ", ".join(repr(o.name) for o in specs) or "none"
+    lines = [f"  kept their state: {names(fit.kept)}", f"  started empty: {names(fit.empty)}"]
+    left_out = [saved_operator(uid, e) for uid, e in sorted(fit.unclaimed.items())]
+    left_out += [saved_operator(spec.uid, e) + f" ({e['kind']}, now {spec.kind})" for spec, e in fit.changed]
+    if left_out:
+        lines.append("  state left out (--allow-non-restored-state): " + ", ".join(left_out))
+    return lines
+
+
+def _wait_ended(client: JobClient, job_id: str, timeout: float = 60.0) -> None:
+    """Until the job is over (its slots are free for the job that replaces it)."""
+    deadline = time.monotonic() + timeout
+    while client.job_status(job_id).state not in JobState.GLOBALLY_TERMINAL:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"job {job_id} did not end within {timeout:g} s of being stopped")
+        time.sleep(0.1)
+
+
 def _start_watchdog(directory: Path) -> None:
     # A kernel killed outright (SIGKILL, out of memory) runs no atexit handler, and the cluster's
     # processes live in sessions of their own: this small process stops them when the kernel is gone.
@@ -224,6 +280,9 @@ class StreamMagics(Magics):
         self._session: Optional[StreamSession] = None
         # the handles of the jobs this kernel's cells submitted, by job name (the latest of a name)
         self.jobs: dict[str, JobHandle] = {}
+        # (cluster directory, job name) -> an upgrade whose new job was refused: its old job is
+        # stopped and its state is in the savepoint, which the cell's next run starts from
+        self._stopped: dict[tuple[str, str], Upgrade] = {}
 
     @property
     def ipython(self) -> InteractiveShell:
@@ -256,13 +315,24 @@ class StreamMagics(Magics):
         self._run_body(line, cell, env)
         sites = CellSites(self.ipython)
         name = args.name or f"cell {running_cell(self.ipython)}"
+        upgrade: Optional[Upgrade] = None
         try:
             graph = env.get_job_graph(name)
             result_mode = ResultMode(args.mode, args.max_rows)
             client = self.session.client(args.cluster)
+            if args.name:  # only a name the user gave says "this is that job, edited"
+                upgrade = self._replace_running(client, name, args.restart)
+            if upgrade is not None:
+                graph = upgrade.graph(graph, args.allow_non_restored_state)
             handle = client.submit(graph, detached=args.detached, result_mode=result_mode)
         except EXPECTED_ERRORS as exc:
+            if upgrade is not None:  # kept, so that a re-run with --allow-non-restored-state finds it
+                self._stopped[(str(client.cluster.cluster_dir), name)] = upgrade
+                raise StreamCellError(upgrade.failure(exc)) from None
             raise _expected(exc, sites) from None
+        if upgrade is not None:
+            handle.upgraded_from = upgrade.location
+            print("\n".join(upgrade.report(graph)))
         if args.output:
             self.ipython.user_ns[args.output] = handle
         self.jobs[name] = handle
@@ -272,6 +342,34 @@ class StreamMagics(Magics):
         if in_kernel():  # start the feed now: the first picture is ready when the output shows
             handle.dashboard(poll_interval=self.poll_interval, rows=self.display_rows)
         return handle
+
+    def _replace_running(self, client: JobClient, name: str, restart: bool) -> Optional[Upgrade]:
+        """The running job of this name on the client's cluster, if any, stopped with a savepoint
+        (the upgrade to submit) or, with ``restart``, cancelled (None: start from nothing). The
+        savepoint of an upgrade that failed is taken up again by the next run of the cell."""
+        running = [j for j in client.list_jobs()
+                   if j["name"] == name and j["state"] not in JobState.GLOBALLY_TERMINAL]
+        if len(running) > 1:
+            raise ValueError(f"{len(running)} jobs named {name!r} run on the cluster ("
+                             + ", ".join(j["jid"] for j in running) + "): cancel all but one to upgrade it")
+        # a job of the name that runs now is newer than the savepoint of a refused upgrade
+        pending = self._stopped.pop((str(client.cluster.cluster_dir), name), None)
+        if restart:
+            for job in running:
+                client.cancel(job["jid"])
+                _wait_ended(client, job["jid"])
+                print(f"Cancelled job {name!r} ({job['jid']}): this one starts from nothing (--restart).")
+            return None
+        if not running:
+            return pending
+        job_id = running[0]["jid"]
+        try:
+            location = client.trigger_savepoint(job_id, stop=True)
+        except (RpcError, TimeoutError) as exc:
+            raise RpcError(f"cannot upgrade job {name!r} ({job_id}): stopping it with a savepoint failed: {exc}. "
+                           "It runs on; --restart replaces it without its state") from None
+        _wait_ended(client, job_id)
+        return Upgrade(name, job_id, location)
 
     def _run_body(self, line: str, cell: str, env: StreamEnvironment) -> str:
         """Run the cell body with ``env`` in the user's namespace; returns the body's file name."""

@@ -31,6 +31,8 @@ class StreamArgs:
     output: Optional[str]
     mode: Optional[str]
     max_rows: int
+    restart: bool = False  # a running job of this --name: cancel it and start afresh, not upgrade it
+    allow_non_restored_state: bool = False  # an upgrade may leave out state that fits no operator
 
     def job_config(self) -> dict:
         """Per-cell overrides of the job configuration (Flink's keys)."""
@@ -81,11 +83,21 @@ class ClusterAddress:
                "(also after .changelog()).")
 @argument("--max-rows", type=int, default=DEFAULT_MAX_ROWS, metavar="N",
           help=f"Rows (or keys, in update mode) the kernel keeps (default {DEFAULT_MAX_ROWS:,}).")
+@argument("--restart", action="store_true",
+          help="If a job of this --name runs: cancel it and start from nothing (by default the cell "
+               "upgrades it: stop with a savepoint, start the edited pipeline from it).")
+@argument("--allow-non-restored-state", action="store_true",
+          help="Upgrade even if some of the savepoint's state fits no operator of the edited pipeline "
+               "(one removed, or of another kind under the same uid): start without it (Flink's -n).")
 def stream(line, cell=None):
     """Run the cell's pipeline as a streaming job and return its handle.
 
     The cell is Python that builds a pipeline on ``env`` (a StreamEnvironment) and ends it with
     a sink, e.g. ``env.from_generator(f).key_by("user").count().collect()``.
+
+    Re-running a cell whose --name is a job running on the cluster upgrades that job: it stops
+    with a savepoint and the edited pipeline starts from it, each operator finding the state of
+    the operator of the same uid (``.uid("...")`` pins one across edits).
     """
 
 
@@ -141,10 +153,13 @@ def parse_stream_args(line: str) -> StreamArgs:
         raise UsageError(f"-o {args.output!r}: not a Python variable name")
     if args.cluster is not None:
         ClusterAddress.parse(args.cluster)  # reports a bad port now
+    if args.restart and args.allow_non_restored_state:
+        raise UsageError("--restart starts without any state: --allow-non-restored-state goes with an upgrade")
     return StreamArgs(name=args.name, parallelism=_positive(args.parallelism, "--parallelism"),
                       checkpoint_interval=args.checkpoint_interval, detached=args.detached,
                       cluster=args.cluster, output=args.output, mode=args.mode,
-                      max_rows=_positive(int(args.max_rows), "--max-rows"))  # it has a default
+                      max_rows=_positive(int(args.max_rows), "--max-rows"),  # it has a default
+                      restart=args.restart, allow_non_restored_state=args.allow_non_restored_state)
 
 
 def parse_export_args(line: str):

@@ -405,6 +405,9 @@ OPTIONS: dict[str, ConfigOption] = {
         ConfigOption("state.checkpoints.num-retained", _int(1), "Completed checkpoints kept."),
         ConfigOption("state.backend.type", _enum("hashmap", "heap", "rocksdb"), "Keyed state backend."),
         ConfigOption("execution.savepoint.path", _str_or_empty, "Savepoint (or checkpoint) a job starts from."),
+        ConfigOption("execution.savepoint.ignore-unclaimed-state", _bool,
+                     "Start from a savepoint even if some of its state fits no operator of the job (an operator "
+                     "removed, or of another kind under the same uid): that state is left out (Flink's -n)."),
         ConfigOption("io.tmp.dirs", _str_or_empty, "Working directory of TaskManagers (RocksDB); empty: the system's."),
         ConfigOption("pipeline.auto-watermark-interval", parse_duration_ms,
                      "How often sources emit watermarks (0: after every batch they read, deterministic)."),

@@ -20,7 +20,8 @@ from cluster.checkpoint.coordinator import (CheckpointCoordinator, CheckpointKin
                                             PendingCheckpoint)
 from cluster.checkpoint.storage import CheckpointStorage
 from cluster.graph.execution_graph import Execution, ExecutionGraph, ExecutionState, JobState
-from cluster.graph.job_graph import JobGraph
+from cluster.graph.job_graph import JobGraph, OperatorSpec
+from cluster.graph.operator_kinds import KINDS
 from cluster.protocol.metrics import CHECKPOINTED_COUNTERS, restored_counters
 
 from .restart_strategy import RestartStrategy
@@ -250,6 +251,57 @@ def restore_plan(body: dict, directory: str, is_savepoint: bool = False) -> dict
             "counters": {} if is_savepoint else body.get("counters", {})}
 
 
+def saved_operator(uid: str, entry: dict) -> str:
+    """An operator of a savepoint as a message names it: its name and uid (older savepoints
+    carry no name: their vertex's)."""
+    return f"operator '{entry.get('name') or entry.get('vertex', '?')}' (uid {uid})"
+
+
+@dataclass(frozen=True)
+class SavepointFit:
+    """How a savepoint's state meets a job's operators, matched by uid (as Flink's)."""
+
+    kept: list[OperatorSpec]             # find their state in it
+    empty: list[OperatorSpec]            # stateful operators of the job that start without state
+    unclaimed: dict[str, dict]           # uid -> entry: state of operators the job does not have
+    changed: list[tuple[OperatorSpec, dict]]  # same uid, another kind of operator (another state)
+
+    @property
+    def misfits(self) -> bool:
+        return bool(self.unclaimed or self.changed)
+
+    def refusal(self) -> str:
+        problems = [f"it has state for {saved_operator(uid, e)}, which this job does not have"
+                    for uid, e in sorted(self.unclaimed.items())]
+        problems += [f"the state of {saved_operator(spec.uid, e)} is {e['kind']} state, and the job's operator "
+                     f"'{spec.name}' of that uid is {spec.kind}" for spec, e in self.changed]
+        return ("; ".join(problems) + ". Start without that state with execution.savepoint.ignore-unclaimed-state: "
+                "true (--allow-non-restored-state), or give the operators the uids they had")
+
+    def claimed_body(self, body: dict) -> dict:
+        """The savepoint's metadata with only the state the job takes."""
+        kept = {spec.uid for spec in self.kept}
+        return dict(body, operators={uid: e for uid, e in body["operators"].items() if uid in kept})
+
+
+def savepoint_fit(body: dict, job_graph: JobGraph) -> SavepointFit:
+    specs = [o for v in job_graph.vertices for o in v.operators]
+    saved: dict[str, dict] = body["operators"]
+    kept, empty, changed = [], [], []
+    for spec in specs:
+        entry = saved.get(spec.uid)
+        if entry is None:
+            if KINDS[spec.kind].stateful:
+                empty.append(spec)
+        elif (entry.get("kind") or spec.kind) != spec.kind:  # older savepoints do not say: taken as is
+            changed.append((spec, entry))
+            empty.append(spec)
+        else:
+            kept.append(spec)
+    uids = {spec.uid for spec in specs}
+    return SavepointFit(kept, empty, {uid: e for uid, e in saved.items() if uid not in uids}, changed)
+
+
 # --------------------------------------------------------------------------- checkpoints
 class JobCheckpointing:
     """The checkpoint half of the scheduler: barriers, acknowledgements, ``_metadata``, restore.
@@ -362,6 +414,7 @@ class JobCheckpointing:
 
     def _write_metadata(self, pending: PendingCheckpoint) -> None:
         operators: dict[str, dict] = {}
+        specs = {o.uid: o for v in self.s.job_graph.vertices for o in v.operators}
         counters: dict[str, list[dict]] = {}  # vertex id -> each subtask's counters at the barrier
         tasks: dict[str, dict] = {}
         for participant, state in pending.acks.items():
@@ -380,7 +433,11 @@ class JobCheckpointing:
                 counters.setdefault(execution.vertex.id, []).append(
                     dict(task_counters, subtask=execution.subtask, parallelism=execution.vertex.parallelism))
             for uid, handle in state.items():
+                spec = specs.get(uid)
                 entry = operators.setdefault(uid, {"vertex": execution.vertex.name,
+                                                   # what a restore checks its operator against
+                                                   "name": spec.name if spec else None,
+                                                   "kind": spec.kind if spec else None,
                                                    "max_parallelism": execution.vertex.max_parallelism,
                                                    "subtasks": []})
                 entry["subtasks"].append(dict(handle, subtask=execution.subtask,
@@ -491,14 +548,14 @@ class DefaultScheduler:
 
     # ------------------------------------------------------------------ savepoint to start from
     def restore_from_savepoint(self, body: dict, directory: str, is_savepoint: bool = True) -> None:
-        """Start from a savepoint (read by the shell); refuses one with state for operators this
-        job does not have. A new HA leader recovering a job starts from its latest checkpoint
-        this way too (``is_savepoint`` False: the job's counters go on)."""
-        unknown = set(body["operators"]) - {o.uid for v in self.job_graph.vertices for o in v.operators}
-        if unknown:
-            raise SchedulerError(f"it has state for {len(unknown)} operator(s) this job does not have "
-                                 f"(was the pipeline changed?)")
-        self.checkpointing.restored(body, directory, is_savepoint)
+        """Start from a savepoint (read by the shell); refuses one with state that does not fit
+        this job (see savepoint_fit) unless execution.savepoint.ignore-unclaimed-state, which
+        starts without that state. A new HA leader recovering a job starts from its latest
+        checkpoint this way too (``is_savepoint`` False: the job's counters go on)."""
+        fit = savepoint_fit(body, self.job_graph)
+        if fit.misfits and not self.conf["execution.savepoint.ignore-unclaimed-state"]:
+            raise SchedulerError(fit.refusal())
+        self.checkpointing.restored(fit.claimed_body(body), directory, is_savepoint)
 
     # ------------------------------------------------------------------ slots and deployment
     def _request_slots(self) -> None:

@@ -8,3 +8,4 @@ CONTEXT_CLUSTER_DIR = "STREAMLAB_CONTEXT_CLUSTER_DIR"  # the cluster directory t
 CONTEXT_DETACHED = "STREAMLAB_CONTEXT_DETACHED"  # "1": submit and return the job id
 CONTEXT_VERBOSE = "STREAMLAB_CONTEXT_VERBOSE"  # "1": print the job's progress
 CONTEXT_SAVEPOINT = "STREAMLAB_CONTEXT_SAVEPOINT"  # start from this savepoint
+CONTEXT_ALLOW_NON_RESTORED = "STREAMLAB_CONTEXT_ALLOW_NON_RESTORED"  # "1": leave out its state that fits no operator

@@ -199,6 +199,26 @@ class DataStream:
         side.rowtime = self._side_rowtimes.get(tag)
         return side
 
+    def uid(self, uid: str) -> "DataStream":
+        """Pin this operator's uid (Flink's SingleOutputStreamOperator.uid): a savepoint's state
+        finds its operator by uid, and a generated one follows the operator's place in the
+        pipeline, so an operator inserted before it would change it. Unique within the job."""
+        site = call_site()
+        if self.node is None or self._upstreams != [(self.node.uid, None)]:
+            raise GraphValidationError(f"uid ({site}): a uid belongs to an operator; call it on the stream "
+                                       "an operator returns (not a union or a side output)")
+        if not isinstance(uid, str) or not uid.strip():
+            raise GraphValidationError(f"uid ({site}): expected a non-empty string, got {uid!r}")
+        if uid == self.node.uid:
+            return self
+        taken = next((n for n in self.env._nodes if n.uid == uid), None)
+        if taken is not None:
+            raise GraphValidationError(f"uid ({site}): {taken.spec.where()} has the uid {uid!r} already; "
+                                       "each operator of a job needs its own")
+        self.env._rename(self.node, uid)
+        self._upstreams = [(uid, None)]
+        return self
+
     def set_parallelism(self, parallelism: int) -> "DataStream":
         if self.node is None:
             raise GraphValidationError(f"set_parallelism ({call_site()}): a union has no operator of its own")

@@ -6,6 +6,7 @@ As in Flink, ``get_execution_environment()`` gives the context's environment: in
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import os
@@ -16,7 +17,8 @@ from cluster.conf import Configuration, ConfigError
 from cluster.graph.chaining import StreamEdge, StreamNode, build_job_graph
 from cluster.graph.job_graph import GraphValidationError, JobGraph, OperatorSpec, ShipStrategy
 from cluster.graph.operator_kinds import KINDS, Role, upsert_key
-from cluster.protocol.job_context import CONTEXT_CLUSTER_DIR, CONTEXT_DETACHED, CONTEXT_SAVEPOINT, CONTEXT_VERBOSE
+from cluster.protocol.job_context import (CONTEXT_ALLOW_NON_RESTORED, CONTEXT_CLUSTER_DIR, CONTEXT_DETACHED,
+                                          CONTEXT_SAVEPOINT, CONTEXT_VERBOSE)
 
 from ..client import JobClient, JobExecutionResult, JobHandle
 from ..local_cluster import ClusterInfo, LocalCluster
@@ -39,6 +41,7 @@ class StreamEnvironment:
         self.cluster_dir = Path(cluster) if cluster else None
         self._nodes: list[StreamNode] = []
         self._uids: dict[str, int] = {}
+        self._renamed: dict[str, str] = {}  # generated uid -> the uid the user gave (DataStream.uid)
 
     @classmethod
     def get_execution_environment(cls, **kwargs) -> "StreamEnvironment":
@@ -92,6 +95,12 @@ class StreamEnvironment:
         self._uids[basis] = self._uids.get(basis, 0) + 1
         return hashlib.sha1(f"{basis}|{self._uids[basis]}".encode()).hexdigest()[:32]
 
+    def _rename(self, node: StreamNode, uid: str) -> None:
+        """Give ``node`` the user's uid (DataStream.uid). Streams already made from the operator
+        (a side output, a consumer) still name the old one: get_job_graph follows the renaming."""
+        self._renamed[node.uid] = uid
+        node.spec = dataclasses.replace(node.spec, uid=uid)
+
     def _source(self, kind: str, name: str, site: str, params: dict, fn, parallelism) -> DataStream:
         where = f"operator '{name}' ({site})"
         spec = OperatorSpec(uid=self._operator_uid(kind, name, []), kind=kind, name=name, call_site=site,
@@ -109,6 +118,10 @@ class StreamEnvironment:
     def get_job_graph(self, name: str = "streamlab job") -> JobGraph:
         if not any(KINDS[n.spec.kind].is_sink for n in self._nodes):
             raise GraphValidationError("the pipeline has no sink: end it with .collect() or .print()")
+        for node in self._nodes:
+            for edge in node.inputs:
+                while edge.source in self._renamed:  # .uid("a").uid("b") renamed it twice
+                    edge.source = self._renamed[edge.source]
         for node in self._nodes:
             for edge in node.inputs:
                 if edge.ship_strategy == "DEFAULT":  # Flink's rule: forward if it can, else rebalance
@@ -130,6 +143,8 @@ class StreamEnvironment:
         config = dict(self.config)
         if os.environ.get(CONTEXT_SAVEPOINT):  # streamlab run -s PATH
             config.setdefault("execution.savepoint.path", os.environ[CONTEXT_SAVEPOINT])
+            if os.environ.get(CONTEXT_ALLOW_NON_RESTORED) == "1":  # streamlab run -s PATH -n
+                config.setdefault("execution.savepoint.ignore-unclaimed-state", True)
         return build_job_graph(self._nodes, name, self.max_parallelism, config)
 
     # ------------------------------------------------------------------ execution

@@ -28,7 +28,7 @@ class Dashboard:
         self.handle = handle
         graph = handle.job_graph
         vertices = [(v.id, v.name) for v in graph.vertices] if graph is not None else []
-        self.status = StatusView(handle.name, handle.job_id)
+        self.status = StatusView(handle.name, handle.job_id, handle.upgraded_from)
         self.progress = ProgressView(graph)
         self.slots = SlotsView(handle.job_id)
         self.graph = JobGraphView()

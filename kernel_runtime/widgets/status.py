@@ -8,6 +8,8 @@ the header's clock goes on.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import ipywidgets as widgets
 
 from cluster.failures import Failure
@@ -20,8 +22,8 @@ REASON_COLOR = "#555"
 
 
 class StatusView(Component):
-    def __init__(self, name: str, job_id: str):
-        self.name, self.job_id = name, job_id
+    def __init__(self, name: str, job_id: str, upgraded_from: Optional[str] = None):
+        self.name, self.job_id, self.upgraded_from = name, job_id, upgraded_from
         self.header = widgets.HTML()
         self.header.add_class("streamlab-status")
         self.cause = widgets.HTML()
@@ -47,6 +49,9 @@ class StatusView(Component):
                  f'padding:0 6px;border-radius:3px">{esc(state)}</span>']
         if details.get("duration", -1) >= 0:  # since the job's start, over all its attempts
             parts.append(f"{details['duration'] / 1000:.1f} s")
+        if self.upgraded_from:
+            parts.append(f'<span class="streamlab-upgraded" style="color:{REASON_COLOR}">upgraded from savepoint '
+                         f'<code>{esc(self.upgraded_from)}</code></span>')
         if details.get("attempt"):
             parts.append(f'<span class="streamlab-attempt" data-attempt="{int(details["attempt"])}">'
                          f'attempt {int(details["attempt"])}</span>')

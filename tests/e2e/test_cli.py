@@ -31,7 +31,7 @@ def shell_env(tmp_path):
 
 
 @pytest.mark.timeout(420)  # the quickstart's .sql step starts each TaskManager's SparkSession (lazy here)
-def test_cli_session(shell_env):
+def test_cli_session(shell_env, tmp_path):
     # free ports, so a developer's own cluster on 6123/8081 is never disturbed
     out = sh(["cluster", "start", "--taskmanagers", "2", "--slots", "2", "-D", "jobmanager.rpc.port=0",
               "-D", "rest.port=0", "-D", "taskmanager.spark.startup=lazy"], shell_env).stdout
@@ -76,6 +76,14 @@ def test_cli_session(shell_env):
     resumed = sh(["run", "-d", "-s", final, "examples/live_counts.py"], shell_env).stdout
     resumed_id = re.search(r"JobID ([0-9a-f]{32})", resumed).group(1)
     sh(["cancel", resumed_id], shell_env)
+    # the pipeline edited, its count removed: the count's state fits no operator, and -n leaves it out
+    lean = tmp_path / "live_views.py"
+    lean.write_text((ROOT / "examples" / "live_counts.py").read_text().replace('.key_by("page").count()', ""))
+    refused = sh(["run", "-d", "-s", final, str(lean)], shell_env, check=False)
+    assert refused.returncode != 0 and "operator 'count' (uid " in refused.stderr, refused.stderr
+    assert "--allow-non-restored-state" in refused.stderr
+    allowed = sh(["run", "-d", "-s", final, "-n", str(lean)], shell_env).stdout
+    sh(["cancel", re.search(r"JobID ([0-9a-f]{32})", allowed).group(1)], shell_env)
     assert "disposed" in sh(["savepoint", "--dispose", path], shell_env).stdout
     assert not os.path.exists(path)
 

@@ -120,3 +120,49 @@ def test_side_output_edges_are_never_chained_and_name_their_operator():
     assert side.side_output[1] == "malformed" and side.ship_strategy == "FORWARD"
     assert side.side_output[0] in {o.uid for o in g.vertex(side.source).operators}
     assert JobGraph.from_dict(g.to_dict()) == g
+
+
+def test_a_pinned_uid_names_the_operator_and_its_consumers_follow_it():
+    from kernel_runtime import StreamEnvironment
+    env = StreamEnvironment(parallelism=2)
+    counts = env.from_generator(count=10).key_by("seq").count()
+    late = counts.filter(lambda df: df["count"] > 0)  # made before the uid was given
+    counts.uid("tally").uid("counts")
+    late.collect()
+    graph = env.get_job_graph("t")
+    specs = {o.name: o for v in graph.vertices for o in v.operators}
+    assert specs["count"].uid == "counts"
+    (count_vertex,) = [v for v in graph.vertices if v.operators[0].name == "count"]
+    assert [e.source for e in graph.edges if e.source == count_vertex.id] or \
+        any(o.name == "filter" for o in count_vertex.operators)  # the filter reads it, chained or not
+
+
+def test_an_operator_added_before_a_pinned_one_leaves_its_uid_alone():
+    from kernel_runtime import StreamEnvironment
+
+    def build(extra_before: bool, pin: bool):
+        env = StreamEnvironment(parallelism=2)
+        stream = env.from_generator(count=10)
+        if extra_before:
+            stream = stream.filter(lambda df: df["seq"] >= 0)
+        counts = stream.key_by("seq").count()
+        (counts.uid("counts") if pin else counts).collect()
+        return {o.name: o.uid for v in env.get_job_graph("t").vertices for o in v.operators}
+
+    assert build(False, pin=False)["count"] != build(True, pin=False)["count"]  # generated: by place
+    before, after = build(False, pin=True), build(True, pin=True)
+    assert before["count"] == after["count"] == "counts"
+    assert before["collect"] == after["collect"]  # hashed from its input's uid, the pinned one
+
+
+def test_a_duplicate_uid_is_an_error_at_the_users_line():
+    from kernel_runtime import StreamEnvironment
+    env = StreamEnvironment(parallelism=2)
+    source = env.from_generator(count=10).uid("in")
+    with pytest.raises(GraphValidationError, match=r"uid \(test_chaining.py:\d+\): operator 'generator' "
+                                                   r"\(test_chaining.py:\d+\) has the uid 'in' already"):
+        source.filter(lambda df: df["seq"] > 0).uid("in")
+    with pytest.raises(GraphValidationError, match="a uid belongs to an operator"):
+        source.union(source).uid("both")
+    with pytest.raises(GraphValidationError, match="non-empty string"):
+        source.filter(lambda df: df["seq"] > 0).uid("")

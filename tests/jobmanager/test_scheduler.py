@@ -276,11 +276,85 @@ def test_final_checkpoint_once_every_source_ended_and_retried_when_it_fails():
     assert sched.state == JobState.FINISHED and s.JobTerminated(JobState.FINISHED) in out
 
 
-def test_a_savepoint_for_another_job_is_refused():
+def test_a_savepoint_for_another_job_is_refused_naming_the_operator():
     sched, _ = make()
-    body = {"checkpoint_id": 3, "operators": {"someone-elses-operator": {"subtasks": []}}}
-    with pytest.raises(s.SchedulerError, match="1 operator"):
+    body = {"checkpoint_id": 3, "operators": {"someone-elses-operator": {"vertex": "v", "name": "tally",
+                                                                          "kind": "keyed-count", "subtasks": []}}}
+    with pytest.raises(s.SchedulerError, match=r"operator 'tally' \(uid someone-elses-operator\).*"
+                                               r"ignore-unclaimed-state"):
         sched.restore_from_savepoint(body, "/sp/x")
+    assert sched.checkpointing.restore is None
+
+
+def pipeline_graph(filter_after=False, process_as_count=False, without_count=False, count_uid=None):
+    env = StreamEnvironment(parallelism=2)
+    keyed = env.from_generator(count=10).key_by("seq")
+    if without_count:
+        out = keyed.map_batches(lambda df: df)
+    elif process_as_count:
+        out = keyed.process(lambda key, rows, state: None, name="count")
+    else:
+        out = keyed.count()
+        if count_uid:
+            out = out.uid(count_uid)
+    if filter_after:
+        out = out.filter(lambda df: df["count"] > 1)
+    out.collect()
+    return env.get_job_graph("t")
+
+
+def savepoint_of(graph):
+    return {"checkpoint_id": 7, "operators": {o.uid: {"vertex": v.name, "name": o.name, "kind": o.kind,
+                                                      "subtasks": [{"subtask": 0, "parallelism": 2}]}
+                                              for v in graph.vertices for o in v.operators
+                                              if o.kind in ("generator-source", "keyed-count", "keyed-process")}}
+
+
+def names(specs):
+    return sorted(o.name for o in specs)
+
+
+def test_an_operator_added_after_a_stateful_one_keeps_its_upstreams_state():
+    fit = s.savepoint_fit(savepoint_of(pipeline_graph()), pipeline_graph(filter_after=True))
+    assert names(fit.kept) == ["count", "generator"] and fit.empty == [] and not fit.misfits
+
+
+def test_a_removed_stateful_operator_is_unclaimed_and_a_new_one_starts_empty():
+    old = pipeline_graph()
+    fit = s.savepoint_fit(savepoint_of(old), pipeline_graph(without_count=True))
+    assert names(fit.kept) == ["generator"] and fit.empty == []
+    (count_uid,) = [o.uid for v in old.vertices for o in v.operators if o.kind == "keyed-count"]
+    assert list(fit.unclaimed) == [count_uid]
+    assert f"operator 'count' (uid {count_uid}), which this job does not have" in fit.refusal()
+    fit = s.savepoint_fit(savepoint_of(pipeline_graph(without_count=True)), pipeline_graph())
+    assert names(fit.empty) == ["count"] and not fit.misfits
+
+
+def test_an_operator_of_another_kind_under_the_same_uid_is_a_changed_state_type():
+    fit = s.savepoint_fit(savepoint_of(pipeline_graph(count_uid="tally")),
+                          pipeline_graph(process_as_count=True))
+    assert not fit.changed and fit.unclaimed  # without a pinned uid the process is another operator
+    env = StreamEnvironment(parallelism=2)
+    env.from_generator(count=10).key_by("seq").process(lambda k, r, st: None, name="count").uid("tally").collect()
+    fit = s.savepoint_fit(savepoint_of(pipeline_graph(count_uid="tally")), env.get_job_graph("t"))
+    ((spec, entry),) = fit.changed
+    assert spec.uid == "tally" and names(fit.empty) == ["count"] and names(fit.kept) == ["generator"]
+    assert "the state of operator 'count' (uid tally) is keyed-count state" in fit.refusal()
+
+
+def restorable(config):
+    conf = Configuration(dict(config), "test")
+    return s.DefaultScheduler(pipeline_graph(without_count=True), conf, Clock(), None, lambda: (4, 4))
+
+
+def test_ignore_unclaimed_state_starts_without_the_state_that_does_not_fit():
+    body = savepoint_of(pipeline_graph())
+    with pytest.raises(s.SchedulerError, match="operator 'count'"):
+        restorable({}).restore_from_savepoint(body, "/sp/x")
+    sched = restorable({"execution.savepoint.ignore-unclaimed-state": "true"})
+    sched.restore_from_savepoint(body, "/sp/x")
+    assert set(sched.checkpointing.restore["operators"]) == {o.uid for v in sched.job_graph.vertices
+                                                             for o in v.operators if o.kind == "generator-source"}
 
 
 def test_task_counters_at_a_checkpoint_are_kept_apart_from_state_and_restored_on_recovery():

@@ -32,6 +32,8 @@ def test_every_option_is_parsed():
     assert args.job_config() == {"execution.checkpointing.interval": "10 s"}
     assert ClusterAddress.parse(args.cluster) == ClusterAddress(rpc_address="tcp://127.0.0.1:6123")
     assert ClusterAddress.parse("~/.streamlab/cluster") == ClusterAddress(directory="~/.streamlab/cluster")
+    assert (parse_stream_args("--restart").restart, parse_stream_args("--allow-non-restored-state")
+            .allow_non_restored_state) == (True, True)
     defaults = parse_stream_args("")
     assert (defaults.mode, defaults.max_rows, defaults.detached, defaults.job_config()) == (None, 10_000, False, {})
     assert parse_cluster_args("start --taskmanagers 3 --slots 4") == (parse_cluster_args("start -t 3 -s 4"))
@@ -47,6 +49,8 @@ def test_every_option_is_parsed():
     ("--cluster 127.0.0.1:99999", "--cluster 127.0.0.1:99999: port 99999 is not between 1 and 65535"),
     ("--name 'unclosed", "cannot split the arguments"),
     ("--frobnicate", "unrecognized arguments: --frobnicate"),
+    ("--restart --allow-non-restored-state", "--restart starts without any state: --allow-non-restored-state goes "
+                                             "with an upgrade"),
 ])
 def test_argument_mistakes_are_usage_errors_naming_the_argument(shell, line, message):
     with pytest.raises(UsageError, match=None) as info:

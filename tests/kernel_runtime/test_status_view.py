@@ -38,3 +38,10 @@ def test_after_the_restart_the_cause_is_history_and_a_failed_job_shows_the_last_
     # a failure without a traceback (a lost TaskManager) has no <details>
     _, cause = shown(view, "FAILED", 3100, failure="TaskManager tm-1 lost: no heartbeat for 2000 ms")
     assert "<details" not in cause
+
+
+def test_a_job_started_by_an_upgrade_says_from_which_savepoint():
+    header, _ = shown(StatusView("job", "j2", upgraded_from="/tmp/sp/savepoint-ab12"), "RUNNING", 500, failure=None)
+    assert "upgraded from savepoint <code>/tmp/sp/savepoint-ab12</code>" in header
+    header, _ = shown(StatusView("job", "j1"), "RUNNING", 500, failure=None)
+    assert "upgraded" not in header
