@@ -2,6 +2,7 @@
 savepoint, the edited pipeline started from it), on a real cluster, the magic in a real IPython shell."""
 import numpy as np
 import pandas as pd
+import pytest
 
 from cluster.graph.execution_graph import JobState
 from kernel_runtime.client import JobHandle
@@ -11,6 +12,14 @@ from .conftest import run
 
 USERS = 5
 ROWS = 3000
+
+
+@pytest.fixture(autouse=True, scope="module")
+def no_current_cluster_after(shell):
+    """The shell is the session's: its later users (%stream_cluster status) must not find the
+    cluster these cells named with --cluster as theirs."""
+    yield
+    shell.magics_manager.registry["StreamMagics"].session.current = None
 
 
 def source(rows) -> str:
