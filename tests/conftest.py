@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -125,3 +126,20 @@ def pytest_runtest_makereport(item, call):
                     tail = "\n".join(log.read_text(errors="replace").splitlines()[-25:])
                     rep.sections.append((f"{log.name} (last lines)", tail))
     return rep
+
+
+@contextmanager
+def running_keyed_count(cluster, name: str, rate: int, batch_size: int, rows: int = 1):
+    """An unbounded keyed count (every seq its own key) collected to a handle, RUNNING with at
+    least ``rows`` rows in; cancelled after, leaving the cluster at rest."""
+    from kernel_runtime import StreamEnvironment
+    client = JobClient(cluster.info)
+    env = StreamEnvironment(parallelism=2, cluster=cluster.cluster_dir)
+    env.from_generator(rate=rate, batch_size=batch_size).key_by("seq").count().collect()
+    handle = env.execute_async(name, client=client)
+    wait_for(lambda: handle.status == "RUNNING" and handle.row_count() >= rows, 30, "job running")
+    yield handle
+    handle.cancel()
+    wait_for(lambda: handle.status == "CANCELED", 30, "job cancelled")
+    client.close()
+    assert_at_rest(cluster)

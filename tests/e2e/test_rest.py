@@ -12,7 +12,7 @@ from kernel_runtime import StreamEnvironment
 from kernel_runtime.api import Duration, WatermarkStrategy
 from kernel_runtime.events import ClusterEvents
 from kernel_runtime.widgets.metrics import event_time
-from tests.conftest import assert_at_rest, rest, wait_for
+from tests.conftest import rest, running_keyed_count, wait_for
 
 FLINK = Path(__file__).resolve().parent.parent / "fixtures" / "flink-rest"
 
@@ -46,17 +46,8 @@ NOT_APPLICABLE = {"/taskmanagers[0]/totalResource", "/taskmanagers[0]/freeResour
 
 @pytest.fixture(scope="class")
 def running_job(cluster):
-    from kernel_runtime import JobClient
-    client = JobClient(cluster.info)
-    env = StreamEnvironment(parallelism=2, cluster=cluster.cluster_dir)
-    env.from_generator(rate=2_000, batch_size=100).key_by("seq").count().collect()
-    handle = env.execute_async("rest fields", client=client)
-    wait_for(lambda: handle.status == "RUNNING" and len(handle.results) > 100, 20, "job running")
-    yield handle
-    handle.cancel()
-    wait_for(lambda: handle.status == "CANCELED", 20, "job cancelled")
-    client.close()
-    assert_at_rest(cluster)
+    with running_keyed_count(cluster, "rest fields", rate=2_000, batch_size=100, rows=101) as handle:
+        yield handle
 
 
 class TestWhileAJobRuns:

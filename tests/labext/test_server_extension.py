@@ -28,7 +28,7 @@ from kernel_runtime.ha_cluster import free_port
 from kernel_runtime.lab_registry import JOB_MIME_TYPE, cluster_id
 from kernel_runtime.local_cluster import PROJECT_ROOT, stop_cluster
 
-from ..conftest import assert_at_rest, rest, start_cluster, wait_for
+from ..conftest import rest, running_keyed_count, start_cluster, wait_for
 
 TOKEN = uuid.uuid4().hex
 LAZY_SPARK = {"taskmanager.spark.startup": "lazy"}  # these clusters run no Spark: no JVM per TaskManager
@@ -140,16 +140,8 @@ def server(tmp_path_factory, cluster, others, running_job):
 
 @pytest.fixture(scope="module")
 def running_job(cluster):
-    client = JobClient(cluster.info)
-    env = StreamEnvironment(parallelism=2, cluster=cluster.cluster_dir)
-    env.from_generator(rate=1_000, batch_size=50).key_by("seq").count().collect()
-    handle = env.execute_async("lab panel job", client=client)
-    wait_for(lambda: handle.status == "RUNNING" and handle.row_count() > 0, 30, "job running")
-    yield handle
-    handle.cancel()
-    wait_for(lambda: handle.status == "CANCELED", 30, "job cancelled")
-    client.close()
-    assert_at_rest(cluster)
+    with running_keyed_count(cluster, "lab panel job", rate=1_000, batch_size=50) as handle:
+        yield handle
 
 
 def test_clusters_lists_the_cluster_its_taskmanagers_slots_and_a_running_job(server, cluster, running_job):
