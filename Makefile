@@ -10,14 +10,15 @@ STAMP  := $(VENV)/.installed
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml kernel_runtime/widgets/jupyter-config/streamlab.json | check-python check-java
+$(STAMP): pyproject.toml kernel_runtime/widgets/jupyter-config/streamlab.json labext/jupyter-config/streamlab_labext.json | check-python check-java
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
-	@# the Jupyter server extension that serves BokehJS to notebooks (no CDN): an editable
+	@# the Jupyter server extensions (BokehJS for notebooks, no CDN; the Streams panel's API): an editable
 	@# install does not place data files, so put its config where this venv's Jupyter reads it
 	mkdir -p $(VENV)/etc/jupyter/jupyter_server_config.d
-	cp kernel_runtime/widgets/jupyter-config/streamlab.json $(VENV)/etc/jupyter/jupyter_server_config.d/
+	cp kernel_runtime/widgets/jupyter-config/streamlab.json labext/jupyter-config/streamlab_labext.json \
+	  $(VENV)/etc/jupyter/jupyter_server_config.d/
 	touch $(STAMP)
 
 check-python:

@@ -27,6 +27,7 @@ from cluster.protocol.curve import cluster_codec
 from cluster.protocol.endpoint import R, RpcClient, RpcError, bind_socket, local_address_towards, make_socket
 from cluster.protocol.serde import ipc_to_table
 
+from . import lab_registry
 from .cells import with_notebook_cells
 from .events import ClusterEvents, JobView, JobWatch
 from .leader import LeaderWatch
@@ -320,7 +321,8 @@ class JobHandle:
     def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
         from .widgets import in_kernel
         bundle = self.dashboard()._repr_mimebundle_(include, exclude) if in_kernel() else {}
-        return (bundle or {}) | {"text/plain": self._summary()}
+        return (bundle or {}) | {"text/plain": self._summary(), lab_registry.JOB_MIME_TYPE: {
+            "job_id": self.job_id, "name": self.name, "cluster_id": lab_registry.cluster_id(self.client.cluster.cluster_dir)}}
 
     def _summary(self) -> str:
         try:

@@ -30,7 +30,7 @@ from cluster.conf import OPTIONS, ConfigError
 from cluster.graph.job_graph import GraphValidationError
 from cluster.protocol.endpoint import RpcError
 
-from . import processes
+from . import lab_registry, processes
 from .api import StreamEnvironment
 from .cells import CellSites, running_cell
 from .client import JobClient, JobHandle
@@ -125,6 +125,7 @@ class StreamSession:
             self._pending = None
         _start_watchdog(directory)
         self.embedded = cluster
+        lab_registry.register(directory)  # the lab's Streams panel shows it from now on
         return cluster
 
     def stop(self) -> bool:
@@ -143,6 +144,7 @@ class StreamSession:
             client.close()
         if self.current is not None and self.current.cluster_dir == cluster.cluster_dir:
             self.current = None
+        lab_registry.unregister(cluster.cluster_dir)
         cluster.stop(timeout=4)
         shutil.rmtree(cluster.cluster_dir, ignore_errors=True)
         return True
@@ -156,6 +158,7 @@ class StreamSession:
                 client.close()
             client = self._clients[str(info.cluster_dir)] = JobClient(info)
         self.current = info
+        lab_registry.register(info.cluster_dir)
         return client
 
     def _resolve(self, address: str) -> ClusterInfo:
