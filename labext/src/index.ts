@@ -97,11 +97,14 @@ class NotebookButtons implements DocumentRegistry.IWidgetExtension<NotebookPanel
   constructor(private readonly app: JupyterFrontEnd) {}
 
   createNew(panel: NotebookPanel): IDisposable {
-    const buttons = [
-      ['streamlab-export', CommandIDs.exportCell],
-      ['streamlab-cancel', CommandIDs.cancelCellJob]
-    ].map(([name, id]) => {
-      const button = new CommandToolbarButton({ commands: this.app.commands, id });
+    const buttons = (
+      [
+        ['streamlab-export', CommandIDs.exportCell, downloadIcon],
+        ['streamlab-cancel', CommandIDs.cancelCellJob, stopIcon]
+      ] as const
+    ).map(([name, id, icon]) => {
+      // an icon with the command's caption as its tooltip: the toolbar has no room for labels
+      const button = new CommandToolbarButton({ commands: this.app.commands, id, icon, label: '' });
       button.addClass(`${name}-button`);
       panel.toolbar.insertAfter('cellType', name, button);
       return button;
@@ -121,14 +124,12 @@ const commandsPlugin: JupyterFrontEndPlugin<void> = {
     app.commands.addCommand(CommandIDs.exportCell, {
       label: 'Export this %%stream cell as a job',
       caption: 'Save the notebook and export the active %%stream cell as a job package',
-      icon: args => (args.toolbar ? downloadIcon : undefined),
       isEnabled: hasNotebook,
       execute: () => exportActiveCell(tracker)
     });
     app.commands.addCommand(CommandIDs.cancelCellJob, {
       label: "Cancel this cell's job",
       caption: 'Cancel the streamlab job the active cell started',
-      icon: args => (args.toolbar ? stopIcon : undefined),
       isEnabled: hasNotebook,
       // args.confirm === false skips the question (scripts, tests)
       execute: args => cancelActiveCellJob(tracker, args.confirm !== false)
