@@ -115,8 +115,13 @@ def main() -> None:
                 browser.close()
     opened, closed = statistics.mean(rates[True]), statistics.mean(rates[False])
     spread = max(statistics.pstdev(rates[True]), statistics.pstdev(rates[False]))
+    # each open window beside the closed one right after it: a load that drifts (other work on
+    # the machine) moves both alike, so the median of these ratios is the steadier figure
+    pairs = [o / c for o, c in zip(rates[True], rates[False])]
     print(f"mean rows/s: panel open {opened:,.0f}, closed {closed:,.0f}; open/closed = {opened / closed:.3f} "
           f"(window-to-window spread ±{spread:,.0f} rows/s)")
+    print(f"open/closed per round: {', '.join(f'{r:.2f}' for r in pairs)}; median {statistics.median(pairs):.3f}; "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ export class StreamsPanel extends Widget {
     this.node.append(header, this._error, this._empty, this._clusters);
   }
 
-  /** Refreshes shown; tests and the bench read it to know the panel polls. */
+  /** Requests made for the cluster list (tests and the bench read it: none while hidden). */
   get refreshCount(): number {
     return this._count;
   }
@@ -69,6 +69,7 @@ export class StreamsPanel extends Widget {
 
   private async _refresh(): Promise<void> {
     let data: IClusters;
+    this._count++;
     try {
       data = await requestAPI<IClusters>(['clusters']);
     } catch (error) {
@@ -81,7 +82,6 @@ export class StreamsPanel extends Widget {
     if (this.isDisposed) {
       return;
     }
-    this._count++;
     this._error.hidden = true;
     this.node.classList.remove('streamlab-stale');
     setText(this._refreshed, formatTime(data.refreshed));

@@ -52,6 +52,10 @@ PANEL_JOB = """(name) => {
                       cluster: job.closest('.streamlab-cluster').dataset.clusterId} : null};
 }"""
 
+PANEL_WIDGET = "[...window.jupyterapp.shell.widgets('left')].find(w => w.id === 'streamlab-streams')"
+PANEL_SHOWN = f"() => {PANEL_WIDGET}.isVisible"
+REFRESHES = f"() => {PANEL_WIDGET}.refreshCount"
+
 STATUS = """() => { const item = document.querySelector('.streamlab-statusbar');
   return item ? {hidden: item.hidden, text: item.textContent} : null; }"""
 
@@ -124,6 +128,17 @@ def test_streams_panel_status_bar_export_and_cancel(jupyterlab):
             listed = api(base, token, "/streamlab/api/clusters")["clusters"]
             served = next(j for c in listed if c["id"] == cluster["id"] for j in c["jobs"] if j["name"] == JOB)
             assert served["id"] == second["job"]["id"] and served["records_out"] >= second["job"]["recordsOut"]
+
+            # It refreshes only while shown: collapsed, it asks nothing; shown again, it does.
+            refreshes = page.evaluate(REFRESHES)
+            page.evaluate("() => window.jupyterapp.shell.collapseLeft()")
+            page.wait_for_function(f"() => !({PANEL_SHOWN})()")
+            hidden_from = page.evaluate(REFRESHES)
+            time.sleep(3)
+            assert page.evaluate(REFRESHES) == hidden_from, "the collapsed panel kept refreshing"
+            page.evaluate("() => window.jupyterapp.commands.execute('streamlab:show-panel')")
+            page.wait_for_function(f"() => ({REFRESHES})() > {hidden_from}", timeout=10_000)
+            assert refreshes > 0, refreshes
 
             # The status bar: the current notebook's kernel's cluster, 2 + 1 of its 4 slots in use.
             page.wait_for_function(f"() => ({STATUS})() && ({STATUS})().text === 'Slots: 3/4'"
