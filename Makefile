@@ -74,7 +74,7 @@ test: setup system-deps typecheck
 test-fast: setup system-deps typecheck
 	$(PY) -m pytest -m "not slow"
 
-# cluster/ and kernel_runtime/, as [tool.mypy] in pyproject.toml says
+# cluster/, kernel_runtime/ and labext/streamlab_labext, as [tool.mypy] in pyproject.toml says
 typecheck: setup
 	$(PY) -m mypy
 

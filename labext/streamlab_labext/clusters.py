@@ -25,6 +25,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from kernel_runtime.lab_registry import REGISTRY_FOLDER, cluster_id
 from kernel_runtime.local_cluster import ClusterInfo, ClusterNotRunning
+from kernel_runtime.processes import alive
 
 log = logging.getLogger(__name__)
 
@@ -76,12 +77,13 @@ def kernel_registrations(runtime_dir: Path, running: set[str]) -> list[tuple[str
     for path in sorted((Path(runtime_dir) / REGISTRY_FOLDER).glob("kernel-*.json")):
         try:
             body = json.loads(path.read_text())
-            kernel_id, cluster_dir = body["kernel_id"], body["cluster_dir"]
+            kernel_id, cluster_dir, pid = body["kernel_id"], body["cluster_dir"], body["pid"]
         except (OSError, ValueError, KeyError, TypeError) as exc:
             log.warning("streamlab: ignoring the registry file %s: %s", path, exc)
             continue
-        # the file's name is the kernel's: a file cannot speak for another kernel
-        if path.name == f"kernel-{kernel_id}.json" and kernel_id in running:
+        # the file's name is the kernel's: a file cannot speak for another kernel; a kernel process
+        # killed outright (then restarted under its id) left its file behind
+        if path.name == f"kernel-{kernel_id}.json" and kernel_id in running and alive(pid):
             found.append((kernel_id, Path(cluster_dir)))
     return found
 
@@ -158,7 +160,7 @@ def job_entry(overview: dict, details: Optional[dict]) -> dict:
     fed = {i["id"] for n in nodes for i in n.get("inputs", [])}
     sources = {n["id"] for n in nodes if not n.get("inputs")}
     sinks = {v["id"] for v in vertices} - fed
-    levels = [v.get("backpressure-level", "ok") for v in vertices]
+    levels = [v["backpressure-level"] for v in vertices]
     entry |= {"records_in": _sum(vertices, sources, "read-records"),
               "records_out": _sum(vertices, sinks, "read-records"),
               "backpressure": max(levels, key=_LEVELS.index, default="ok")}
@@ -171,17 +173,37 @@ def job_entry(overview: dict, details: Optional[dict]) -> dict:
     return entry
 
 
-async def cluster_entry(known: KnownCluster) -> dict:
-    """The cluster's entry of GET /clusters; its error when its JobManager cannot be asked."""
+async def cluster_entry(known: KnownCluster, ended: Optional[dict[str, dict]] = None) -> dict:
+    """The cluster's entry of GET /clusters; its error when its JobManager cannot be asked.
+    ``ended``: the details of this cluster's ended jobs, kept between refreshes (they no longer change)."""
+    ended = {} if ended is None else ended
     try:
         rest = await JobManagerRest.of(known.cluster_dir)
         overview, taskmanagers = await asyncio.gather(rest.call("/jobs/overview"), rest.call("/taskmanagers"))
         jobs = sorted(overview["jobs"], key=lambda j: j["start-time"], reverse=True)[:MAX_JOBS]
-        details = await asyncio.gather(*(rest.call(f"/jobs/{j['jid']}") for j in jobs), return_exceptions=True)
+        details = await asyncio.gather(*(_details(rest, j, ended) for j in jobs), return_exceptions=True)
     except ClusterNotRunning as exc:
         return known.entry(f"JobManager not reachable: {exc}")
     except (OSError, asyncio.TimeoutError, HTTPClientError, JobManagerError) as exc:
         return known.entry(f"JobManager not reachable: {type(exc).__name__}: {exc}")
+    try:
+        return _compose(known, overview, taskmanagers, jobs, details)
+    except (KeyError, TypeError, ValueError) as exc:  # a JobManager of another version: its entry says so
+        log.exception("streamlab: cannot read the answers of the JobManager of %s", known.cluster_dir)
+        return known.entry(f"unexpected answer from the JobManager: {type(exc).__name__}: {exc}")
+
+
+async def _details(rest: JobManagerRest, job: dict, ended: dict[str, dict]) -> dict:
+    kept = ended.get(job["jid"])
+    if kept is not None:
+        return kept
+    details = await rest.call(f"/jobs/{job['jid']}")
+    if details["state"] in TERMINAL:
+        ended[job["jid"]] = details
+    return details
+
+
+def _compose(known: KnownCluster, overview: dict, taskmanagers: dict, jobs: list[dict], details: list) -> dict:
     names = {j["jid"]: j["name"] for j in overview["jobs"]}
     tms = []
     for tm in sorted(taskmanagers["taskmanagers"], key=lambda t: t["id"]):
@@ -207,7 +229,7 @@ async def job_detail(known: KnownCluster, job_id: str) -> dict:
     return {
         "job": job_entry(overview, details),
         "vertices": [{"id": v["id"], "name": v["name"], "parallelism": v["parallelism"],
-                      "backpressure": v.get("backpressure-level", "ok"),
+                      "backpressure": v["backpressure-level"],
                       "records_in": v["metrics"].get("read-records", 0),
                       "records_out": v["metrics"].get("write-records", 0)} for v in details.get("vertices", [])],
         "edges": [{"source": i["id"], "target": n["id"], "ship_strategy": i["ship_strategy"]}
@@ -261,6 +283,7 @@ class ClusterList:
         self._at = float("-inf")
         self._value: Optional[dict] = None
         self._refresh: Optional[asyncio.Future] = None
+        self._ended: dict[str, dict[str, dict]] = {}  # cluster id -> job id -> details of an ended job
 
     async def get(self) -> dict:
         if self._value is not None and time.monotonic() - self._at < CACHE_S:
@@ -276,7 +299,11 @@ class ClusterList:
 
     async def _compute(self) -> dict:
         known = await self._find()
-        entries = await asyncio.gather(*(cluster_entry(k) for k in known.values()))
+        self._ended = {cid: self._ended.get(cid, {}) for cid in known}  # forget the clusters gone
+        entries = await asyncio.gather(*(cluster_entry(k, self._ended[cid]) for cid, k in known.items()))
+        for cid, entry in zip(known, entries):  # keep only the ended jobs still listed
+            listed = {j["id"] for j in entry["jobs"]}
+            self._ended[cid] = {jid: d for jid, d in self._ended[cid].items() if jid in listed}
         self._value = {"clusters": list(entries), "refreshed": int(time.time() * 1000)}
         self._at = time.monotonic()
         return self._value

@@ -1,6 +1,8 @@
-"""The routes of the lab extension's server API (/work contract: labext-api.md, in the README's
-"The lab extension"), under ``<base_url>streamlab/api/``. Authenticated as every Jupyter route;
-errors are ``{"message": ...}`` (jupyter_server's APIHandler)."""
+"""The routes of the lab extension's server API under ``<base_url>streamlab/api/``, the contract
+with the TypeScript side (labext/src): GET clusters, GET clusters/<cid>/jobs/<jid>, POST
+.../cancel, .../savepoint, .../stop, GET kernels/<kernel id>/cluster, POST export. Authenticated
+as every Jupyter route (token or cookie with XSRF); errors are ``{"message": ...}``
+(jupyter_server's APIHandler)."""
 from __future__ import annotations
 
 import asyncio
