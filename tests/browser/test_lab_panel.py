@@ -11,6 +11,7 @@ second job, started by another cell, is ended by the notebook command "Cancel th
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 
@@ -93,7 +94,21 @@ def wait_panel(page, predicate, what: str, timeout: float = 60):
     pytest.fail(f"the Streams panel never showed {what}; last seen: {seen}")
 
 
-def test_streams_panel_status_bar_export_and_cancel(jupyterlab):
+@pytest.fixture
+def standing_cluster_down(tmp_path, monkeypatch):
+    """A standing cluster named in the server's setting whose JobManager is not running (its
+    directory is empty): the panel must show its error beside the working clusters. Set before
+    the jupyterlab fixture starts the server (fixtures start in the order a test names them)."""
+    config, gone = tmp_path / "config-standing", tmp_path / "standing-down"
+    config.mkdir()
+    gone.mkdir()
+    (config / "jupyter_server_config.json").write_text(json.dumps({"StreamlabLab": {"cluster_dirs": [str(gone)]}}))
+    monkeypatch.setenv("JUPYTER_CONFIG_PATH", os.pathsep.join(
+        [str(config)] + ([os.environ["JUPYTER_CONFIG_PATH"]] if os.environ.get("JUPYTER_CONFIG_PATH") else [])))
+    return gone
+
+
+def test_streams_panel_status_bar_export_and_cancel(standing_cluster_down, jupyterlab):
     from playwright.sync_api import sync_playwright
 
     base, token, root = jupyterlab
@@ -124,6 +139,9 @@ def test_streams_panel_status_bar_export_and_cancel(jupyterlab):
             assert cluster["taskmanagers"] == 2 and cluster["busySlots"] == 3, cluster
             assert second["job"]["shownOut"] == f"{second['job']['recordsOut']:,}", second["job"]
             assert second["job"]["backpressure"] in ("ok", "low", "high"), second["job"]
+            down = [c for c in second["clusters"] if c["source"] == "setting"]
+            assert [c["name"] for c in down] == [standing_cluster_down.name] and down[0]["error"] \
+                and down[0]["taskmanagers"] == 0, second["clusters"]
             # what the panel shows is the server's answer, which the JobManager gave
             listed = api(base, token, "/streamlab/api/clusters")["clusters"]
             served = next(j for c in listed if c["id"] == cluster["id"] for j in c["jobs"] if j["name"] == JOB)
