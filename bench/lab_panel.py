@@ -2,13 +2,13 @@
 refreshing (once a second) vs closed.
 
 A real JupyterLab (the browser tests' own, tests/browser/conftest.py) and Debian's chromium: a
-notebook starts an embedded 2 x 2 cluster and one unbounded keyed job at full speed, then the bench
-alternates windows with the panel shown and collapsed (collapsed, it must not refresh at all: the
-panel's refresh count is read to show it), measuring the source's records out per second over
-each window through the server's own API. Everything shares the machine's cores, as in real use:
+notebook starts an embedded 2 x 2 cluster and one unbounded keyed job at full speed; after a
+warm-up the bench alternates windows with the panel shown and collapsed (collapsed, it must not
+refresh at all: the panel's refresh count is read to show it), measuring the source's records out
+per second over each window through the server's own API. Everything shares the machine's cores, as in real use:
 the page's rendering, the Jupyter server's JobManager requests, the kernel and the cluster.
 
-    .venv/bin/python bench/lab_panel.py [--window 15] [--rounds 3]
+    .venv/bin/python bench/lab_panel.py [--window 15] [--rounds 4] [--warmup 30]
 
 Needs the lab extension built and installed (make setup) and /usr/bin/chromium (make system-deps).
 """
@@ -30,7 +30,8 @@ from tests.browser.conftest import CELLS_DONE, CHROMIUM, CHROMIUM_FLAGS, api, op
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--window", type=float, default=15.0, help="Seconds measured per window.")
-parser.add_argument("--rounds", type=int, default=3, help="Pairs of windows (panel open, then closed).")
+parser.add_argument("--rounds", type=int, default=4, help="Pairs of windows, open then closed and closed then open in turn.")
+parser.add_argument("--warmup", type=float, default=30.0, help="Seconds the job runs before the first window.")
 parser.add_argument("--settle", type=float, default=2.0, help="Seconds after each toggle before measuring.")
 args = parser.parse_args()
 
@@ -92,11 +93,12 @@ def main() -> None:
                     if time.monotonic() > deadline:
                         sys.exit("the job produced no rows in 120 s")
                     time.sleep(0.5)
-                time.sleep(args.settle)  # past the job's start-up
+                time.sleep(args.warmup)  # its throughput climbs for a while after the start
                 rates: dict[bool, list[float]] = {True: [], False: []}
                 print(f"{'panel':>7} {'rows/s':>10} {'panel refreshes':>16}")
-                for _ in range(args.rounds):
-                    for shown in (True, False):
+                for round_ in range(args.rounds):
+                    # open-closed, then closed-open: a drift in throughput favours neither
+                    for shown in ((True, False) if round_ % 2 == 0 else (False, True)):
                         set_panel(page, shown)
                         time.sleep(args.settle)
                         refreshes0 = page.evaluate(PANEL)["refreshes"]
@@ -115,8 +117,8 @@ def main() -> None:
                 browser.close()
     opened, closed = statistics.mean(rates[True]), statistics.mean(rates[False])
     spread = max(statistics.pstdev(rates[True]), statistics.pstdev(rates[False]))
-    # each open window beside the closed one right after it: a load that drifts (other work on
-    # the machine) moves both alike, so the median of these ratios is the steadier figure
+    # each round's open window beside its closed one: a load that drifts (other work on the
+    # machine) moves both alike, so the median of these ratios is the steadier figure
     pairs = [o / c for o, c in zip(rates[True], rates[False])]
     print(f"mean rows/s: panel open {opened:,.0f}, closed {closed:,.0f}; open/closed = {opened / closed:.3f} "
           f"(window-to-window spread ±{spread:,.0f} rows/s)")
