@@ -5,10 +5,12 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+LABEXT_STAMP := $(VENV)/.labext-installed
+LABEXT_SRC   := labext/package.json labext/tsconfig.json $(wildcard labext/src/*.ts labext/style/*.css labext/style/*.js)
 
 .PHONY: setup system-deps quickstart lab test test-fast typecheck bench bench-peers bench-windows bench-dashboards bench-first-spark-cell bench-spark-batch cluster-start cluster-stop clean check-python check-java
 
-setup: $(STAMP)
+setup: $(STAMP) $(LABEXT_STAMP)
 
 $(STAMP): pyproject.toml kernel_runtime/widgets/jupyter-config/streamlab.json labext/jupyter-config/streamlab_labext.json | check-python check-java
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +22,20 @@ $(STAMP): pyproject.toml kernel_runtime/widgets/jupyter-config/streamlab.json la
 	cp kernel_runtime/widgets/jupyter-config/streamlab.json labext/jupyter-config/streamlab_labext.json \
 	  $(VENV)/etc/jupyter/jupyter_server_config.d/
 	touch $(STAMP)
+
+# The lab extension's frontend (labext/, TypeScript): Node.js and npm are needed to build it, not
+# to run it. The prebuilt bundle goes where this venv's JupyterLab loads prebuilt extensions.
+labext/node_modules/.package-lock.json: labext/package-lock.json
+	@command -v npm >/dev/null || { echo "building the lab extension (labext/) needs Node.js 20+ and npm:"; \
+	  echo "  Debian/Ubuntu: sudo apt-get install nodejs npm   conda: conda install nodejs"; exit 1; }
+	cd labext && npm ci --no-audit --no-fund --loglevel=error
+
+$(LABEXT_STAMP): $(STAMP) labext/node_modules/.package-lock.json $(LABEXT_SRC)
+	cd labext && PATH="$(CURDIR)/$(VENV)/bin:$$PATH" npm run --silent build:prod
+	rm -rf $(VENV)/share/jupyter/labextensions/streamlab-labext
+	mkdir -p $(VENV)/share/jupyter/labextensions
+	cp -r labext/streamlab_labext/labextension $(VENV)/share/jupyter/labextensions/streamlab-labext
+	touch $(LABEXT_STAMP)
 
 check-python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' || { \
@@ -91,4 +107,4 @@ cluster-stop: setup
 	$(VENV)/bin/streamlab cluster stop
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache
+	rm -rf $(VENV) *.egg-info .pytest_cache labext/node_modules labext/lib labext/streamlab_labext/labextension labext/*.tsbuildinfo

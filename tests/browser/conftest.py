@@ -5,6 +5,7 @@ the BokehJS server extension on. Screenshots go to test-artifacts/ (CI keeps the
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -36,6 +37,13 @@ def api(base: str, token: str, path: str, method: str = "GET"):
 def jupyterlab(tmp_path):
     """A JupyterLab of the test's own; yields (base URL, token, root folder). Tests copy the
     notebooks they open into the root folder."""
+    with start_jupyterlab(tmp_path) as lab:
+        yield lab
+
+
+@contextlib.contextmanager
+def start_jupyterlab(tmp_path: Path):
+    """The fixture's JupyterLab, for the benchmarks too (bench/lab_panel.py)."""
     root = tmp_path / "work"
     root.mkdir()
     settings = tmp_path / "settings" / "@jupyterlab"

@@ -1,0 +1,155 @@
+/**
+ * The server extension's API (streamlab/api/..., see labext-api contract): types and one
+ * request helper. ServerConnection adds the token and the XSRF header, so the page never holds
+ * a cluster address or secret of its own.
+ */
+import { URLExt } from '@jupyterlab/coreutils';
+import { ServerConnection } from '@jupyterlab/services';
+
+export type Backpressure = 'ok' | 'low' | 'high';
+
+export interface ICheckpointSummary {
+  id: number;
+  status: string;
+  end_time: number;
+  duration_ms: number;
+  size: number;
+}
+
+export interface IJob {
+  id: string;
+  name: string;
+  state: string;
+  start_time: number;
+  duration_ms: number;
+  records_in: number;
+  records_out: number;
+  backpressure: Backpressure;
+  last_checkpoint: ICheckpointSummary | null;
+}
+
+export interface ISlot {
+  index: number;
+  job_id: string | null;
+  job_name: string | null;
+}
+
+export interface ITaskManager {
+  id: string;
+  slots_total: number;
+  slots_used: number;
+  slots: ISlot[];
+}
+
+export interface ICluster {
+  id: string;
+  name: string;
+  source: 'kernel' | 'setting';
+  kernel_id: string | null;
+  notebook_path: string | null;
+  error: string | null;
+  slots_total: number;
+  slots_used: number;
+  taskmanagers: ITaskManager[];
+  jobs: IJob[];
+}
+
+export interface IClusters {
+  clusters: ICluster[];
+  refreshed: number;
+}
+
+export interface IVertex {
+  id: string;
+  name: string;
+  parallelism: number;
+  backpressure: Backpressure;
+  records_in: number;
+  records_out: number;
+}
+
+export interface IEdge {
+  source: string;
+  target: string;
+  ship_strategy: string;
+}
+
+export interface ICheckpoint {
+  id: number;
+  status: string;
+  trigger_time: number;
+  end_time: number;
+  duration_ms: number;
+  size: number;
+  is_savepoint: boolean;
+}
+
+export interface IJobException {
+  time: number;
+  exception: string;
+  task: string | null;
+}
+
+export interface IJobDetail {
+  job: IJob;
+  vertices: IVertex[];
+  edges: IEdge[];
+  checkpoints: ICheckpoint[];
+  exceptions: IJobException[];
+}
+
+/** The job a %%stream cell's output names (its JobHandle's mimebundle). */
+export const JOB_MIME = 'application/vnd.streamlab.job+json';
+
+export interface ICellJob {
+  job_id: string;
+  name: string;
+  cluster_id: string;
+}
+
+/** Flink's terminal job states: nothing to refresh or act on after them. */
+export const TERMINAL_STATES = new Set(['FINISHED', 'CANCELED', 'FAILED', 'SUSPENDED']);
+
+/** An error answer of the API, with the server's message. */
+export class ApiError extends Error {
+  constructor(
+    readonly status: number,
+    message: string
+  ) {
+    super(message);
+  }
+}
+
+/** A request to streamlab/api/<path segments>; each segment is URL-encoded. */
+export async function requestAPI<T>(segments: string[], init: RequestInit = {}): Promise<T> {
+  const settings = ServerConnection.makeSettings();
+  const url = URLExt.join(settings.baseUrl, 'streamlab', 'api', ...segments.map(encodeURIComponent));
+  let response: Response;
+  try {
+    response = await ServerConnection.makeRequest(url, init, settings);
+  } catch (error) {
+    throw new ServerConnection.NetworkError(error as TypeError);
+  }
+  const text = await response.text();
+  let data: any = null;
+  if (text) {
+    try {
+      data = JSON.parse(text);
+    } catch {
+      data = { message: text };
+    }
+  }
+  if (!response.ok) {
+    const message = (data && data.message) || response.statusText;
+    throw new ApiError(response.status, `streamlab/api/${segments.join('/')}: ${message}`);
+  }
+  return data as T;
+}
+
+export function postAPI<T>(segments: string[], body: unknown = {}): Promise<T> {
+  return requestAPI<T>(segments, { method: 'POST', body: JSON.stringify(body) });
+}
+
+export function jobPath(clusterId: string, jobId: string, ...rest: string[]): string[] {
+  return ['clusters', clusterId, 'jobs', jobId, ...rest];
+}

@@ -1,0 +1,263 @@
+/**
+ * A job's detail view in the main area: its graph (vertices in topological layers, each with its
+ * back pressure), its checkpoint history and its exceptions. Refreshes at most once a second
+ * while shown, and stops once the job reached a terminal state.
+ */
+import { Message } from '@lumino/messaging';
+import { Widget } from '@lumino/widgets';
+
+import { IEdge, IJobDetail, IVertex, TERMINAL_STATES, jobPath, requestAPI } from './api';
+import { JobAction, actionTitle, runJobAction } from './actions';
+import { Refresher } from './refresher';
+import { el, formatBytes, formatCount, formatDuration, formatTime, setData, setText, syncChildren } from './format';
+
+export const JOB_REFRESH_MS = 1000;
+
+/** Vertices in layers: a vertex's layer is one more than the deepest of its inputs. */
+export function layers(vertices: IVertex[], edges: IEdge[]): IVertex[][] {
+  const inputs = new Map<string, string[]>(vertices.map(v => [v.id, []]));
+  for (const e of edges) {
+    inputs.get(e.target)?.push(e.source);
+  }
+  const depth = new Map<string, number>();
+  const visiting = new Set<string>();
+  const depthOf = (id: string): number => {
+    const known = depth.get(id);
+    if (known !== undefined) {
+      return known;
+    }
+    if (visiting.has(id)) {
+      return 0; // a cycle (iterations) must not hang the view
+    }
+    visiting.add(id);
+    const d = Math.max(-1, ...(inputs.get(id) || []).filter(s => inputs.has(s)).map(depthOf)) + 1;
+    visiting.delete(id);
+    depth.set(id, d);
+    return d;
+  };
+  const result: IVertex[][] = [];
+  for (const v of vertices) {
+    const d = depthOf(v.id);
+    (result[d] = result[d] || []).push(v);
+  }
+  return result.filter(layer => layer);
+}
+
+export class JobView extends Widget {
+  constructor(
+    readonly clusterId: string,
+    readonly jobId: string,
+    private jobName: string
+  ) {
+    super();
+    this.addClass('streamlab-jobview');
+    this.node.dataset.jobId = jobId;
+    this.node.dataset.clusterId = clusterId;
+    const head = el('div', 'streamlab-jobview-head');
+    head.append(this._name, this._state, this._summary, this._actions);
+    for (const action of ['cancel', 'savepoint', 'stop'] as JobAction[]) {
+      const button = el('button', `jp-Button jp-mod-styled streamlab-job-${action}`, actionTitle(action));
+      button.addEventListener('click', () => void this._act(action));
+      this._actions.append(button);
+    }
+    const section = (title: string, body: HTMLElement) => {
+      const node = el('section', 'streamlab-jobview-section');
+      node.append(el('h3', '', title), body);
+      return node;
+    };
+    const table = el('table', 'streamlab-checkpoints');
+    const header = el('tr');
+    for (const h of ['id', 'kind', 'status', 'triggered', 'duration', 'size']) {
+      header.append(el('th', '', h));
+    }
+    table.append(el('thead'), this._checkpoints);
+    table.tHead!.append(header);
+    this.node.append(
+      head,
+      this._error,
+      section('Job graph', this._graph),
+      section('Checkpoints', table),
+      section('Exceptions', this._exceptions)
+    );
+    this._error.hidden = true;
+    setText(this._name, jobName);
+  }
+
+  protected onAfterShow(msg: Message): void {
+    super.onAfterShow(msg);
+    if (!this._ended) {
+      this._refresher.start();
+    }
+  }
+
+  protected onAfterAttach(msg: Message): void {
+    super.onAfterAttach(msg);
+    if (this.isVisible && !this._ended) {
+      this._refresher.start();
+    }
+  }
+
+  protected onAfterHide(msg: Message): void {
+    super.onAfterHide(msg);
+    this._refresher.stop();
+  }
+
+  protected onBeforeDetach(msg: Message): void {
+    this._refresher.stop();
+    super.onBeforeDetach(msg);
+  }
+
+  dispose(): void {
+    this._refresher.stop();
+    super.dispose();
+  }
+
+  private async _refresh(): Promise<void> {
+    let detail: IJobDetail;
+    try {
+      detail = await requestAPI<IJobDetail>(jobPath(this.clusterId, this.jobId));
+    } catch (error) {
+      this._error.hidden = false;
+      setText(this._error, (error as Error).message);
+      return;
+    }
+    if (this.isDisposed) {
+      return;
+    }
+    this._error.hidden = true;
+    this._render(detail);
+    if (TERMINAL_STATES.has(detail.job.state)) {
+      this._ended = true;
+      this._refresher.stop();
+    }
+  }
+
+  private _render(detail: IJobDetail): void {
+    const job = detail.job;
+    this.jobName = job.name;
+    setData(this.node, 'state', job.state);
+    setText(this._name, job.name);
+    setText(this._state, job.state);
+    setData(this._state, 'state', job.state);
+    setText(
+      this._summary,
+      `${formatDuration(job.duration_ms)} · in ${formatCount(job.records_in)} · out ${formatCount(job.records_out)}` +
+        ` · back pressure ${job.backpressure}`
+    );
+    const ended = TERMINAL_STATES.has(job.state);
+    this._actions.querySelectorAll('button').forEach(b => (b.disabled = ended || this._busy));
+
+    const strategies = new Map<string, string[]>();
+    for (const e of detail.edges) {
+      const list = strategies.get(e.target) || [];
+      list.push(e.ship_strategy);
+      strategies.set(e.target, list);
+    }
+    syncChildren(
+      this._graph,
+      layers(detail.vertices, detail.edges),
+      layer => layer.map(v => v.id).join(','),
+      () => el('div', 'streamlab-graph-layer'),
+      (node, layer) =>
+        syncChildren(
+          node,
+          layer,
+          v => v.id,
+          () => {
+            const box = el('div', 'streamlab-vertex');
+            box.append(
+              el('div', 'streamlab-vertex-edge'),
+              el('div', 'streamlab-vertex-name'),
+              el('div', 'streamlab-vertex-numbers'),
+              el('div', 'streamlab-vertex-backpressure')
+            );
+            return box;
+          },
+          (box, v) => {
+            setData(box, 'vertexId', v.id);
+            setData(box, 'backpressure', v.backpressure);
+            const [edge, name, numbers, bp] = Array.from(box.children) as HTMLElement[];
+            const incoming = strategies.get(v.id);
+            edge.hidden = !incoming;
+            setText(edge, incoming ? `↓ ${incoming.join(', ')}` : '');
+            setText(name, `${v.name} ×${v.parallelism}`);
+            setText(numbers, `in ${formatCount(v.records_in)} · out ${formatCount(v.records_out)}`);
+            setText(bp, `back pressure ${v.backpressure}`);
+          }
+        )
+    );
+
+    const checkpoints = [...detail.checkpoints].sort((a, b) => b.id - a.id);
+    syncChildren(
+      this._checkpoints,
+      checkpoints,
+      c => String(c.id),
+      () => {
+        const row = el('tr', 'streamlab-checkpoint');
+        for (let i = 0; i < 6; i++) {
+          row.append(el('td'));
+        }
+        return row;
+      },
+      (row, c) => {
+        setData(row, 'status', c.status);
+        const cells = Array.from(row.children);
+        const values = [
+          String(c.id),
+          c.is_savepoint ? 'savepoint' : 'checkpoint',
+          c.status,
+          formatTime(c.trigger_time),
+          c.end_time > 0 ? formatDuration(c.duration_ms) : '-',
+          formatBytes(c.size)
+        ];
+        values.forEach((v, i) => setText(cells[i], v));
+      }
+    );
+    if (!checkpoints.length) {
+      setText(this._checkpoints, '');
+    }
+
+    syncChildren(
+      this._exceptions,
+      detail.exceptions.length ? detail.exceptions : [null],
+      e => (e ? `${e.time}:${e.task}:${e.exception.slice(0, 80)}` : 'none'),
+      e => {
+        if (!e) {
+          return el('div', 'streamlab-exceptions-none', 'No exceptions.');
+        }
+        const node = el('details', 'streamlab-exception');
+        const summary = el('summary', '', `${formatTime(e.time)}${e.task ? ` · ${e.task}` : ''} · ${e.exception.split('\n')[0]}`);
+        node.append(summary, el('pre', '', e.exception));
+        return node;
+      },
+      () => undefined
+    );
+  }
+
+  private async _act(action: JobAction): Promise<void> {
+    this._busy = true;
+    this._actions.querySelectorAll('button').forEach(b => (b.disabled = true));
+    try {
+      await runJobAction(action, this.clusterId, this.jobId, this.jobName);
+    } catch {
+      // shown by runJobAction
+    } finally {
+      this._busy = false;
+      this._ended = false; // a new state is coming: look again
+      this._refresher.start();
+      this._refresher.poke();
+    }
+  }
+
+  private readonly _refresher = new Refresher(() => this._refresh(), JOB_REFRESH_MS);
+  private readonly _name = el('span', 'streamlab-jobview-name');
+  private readonly _state = el('span', 'streamlab-job-state');
+  private readonly _summary = el('span', 'streamlab-jobview-summary');
+  private readonly _actions = el('span', 'streamlab-jobview-actions');
+  private readonly _error = el('div', 'streamlab-panel-error');
+  private readonly _graph = el('div', 'streamlab-graph');
+  private readonly _checkpoints = el('tbody');
+  private readonly _exceptions = el('div', 'streamlab-exceptions');
+  private _ended = false;
+  private _busy = false;
+}
