@@ -98,6 +98,16 @@ export interface IJobDetail {
   exceptions: IJobException[];
 }
 
+/** GET .../jobs/<jid>/state: an operator's keyed state at a checkpoint, a page of its keys. */
+export interface IKeyedState {
+  checkpoint_id: number;
+  operator: string;
+  key_columns: string[];
+  columns: string[];
+  rows: unknown[][];
+  rows_total: number;
+}
+
 /** The job a %%stream cell's output names (its JobHandle's mimebundle). */
 export const JOB_MIME = 'application/vnd.streamlab.job+json';
 
@@ -120,10 +130,16 @@ export class ApiError extends Error {
   }
 }
 
-/** A request to streamlab/api/<path segments>; each segment is URL-encoded. */
-export async function requestAPI<T>(segments: string[], init: RequestInit = {}): Promise<T> {
+/** A request to streamlab/api/<path segments>[?query]; each segment is URL-encoded. */
+export async function requestAPI<T>(
+  segments: string[],
+  init: RequestInit = {},
+  query: Record<string, string> = {}
+): Promise<T> {
   const settings = ServerConnection.makeSettings();
-  const url = URLExt.join(settings.baseUrl, 'streamlab', 'api', ...segments.map(encodeURIComponent));
+  const search = new URLSearchParams(query).toString();
+  const url =
+    URLExt.join(settings.baseUrl, 'streamlab', 'api', ...segments.map(encodeURIComponent)) + (search ? `?${search}` : '');
   let response: Response;
   try {
     response = await ServerConnection.makeRequest(url, init, settings);

@@ -1,7 +1,8 @@
 /**
  * A job's detail view in the main area: its graph (vertices in topological layers, each with its
- * back pressure), its checkpoint history and its exceptions. Refreshes at most once a second
- * while shown, and stops once the job reached a terminal state.
+ * back pressure), its checkpoint history, an operator's keyed state on demand, and its
+ * exceptions. Refreshes at most once a second while shown, and stops once the job reached a
+ * terminal state.
  */
 import { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
@@ -9,6 +10,7 @@ import { Widget } from '@lumino/widgets';
 import { IEdge, IJobDetail, IVertex, TERMINAL_STATES, jobPath, requestAPI } from './api';
 import { JobAction, actionTitle, runJobAction } from './actions';
 import { Refresher } from './refresher';
+import { KeyedStateSection } from './stateview';
 import { el, formatBytes, formatCount, formatDuration, formatTime, setData, setText, syncChildren } from './format';
 
 export const JOB_REFRESH_MS = 1000;
@@ -77,6 +79,7 @@ export class JobView extends Widget {
       this._error,
       section('Job graph', this._graph),
       section('Checkpoints', table),
+      section('Keyed state', new KeyedStateSection(clusterId, jobId).node),
       section('Exceptions', this._exceptions)
     );
     this._error.hidden = true;

@@ -167,6 +167,15 @@ def test_streams_panel_status_bar_export_and_cancel(standing_cluster_down, jupyt
             page.wait_for_selector(".streamlab-jobview .streamlab-vertex[data-backpressure]", timeout=20_000)
             vertices = page.locator(".streamlab-jobview .streamlab-vertex").count()
             assert vertices >= 2, f"the job view shows {vertices} vertices"
+            # Its keyed state: the count's, at a checkpoint taken for the look, one row per user
+            view = page.locator(".streamlab-jobview")
+            view.locator(".streamlab-state-operator").fill("count")
+            view.locator(".streamlab-state-fresh").click()
+            page.wait_for_selector(".streamlab-jobview .streamlab-state-caption[data-checkpoint-id]:not([data-checkpoint-id=''])",
+                                   timeout=60_000)
+            state_rows = view.locator(".streamlab-state-row").all_inner_texts()
+            assert len(state_rows) == 7, state_rows  # users 0..6, each counted
+            assert {int(r.split()[0]) for r in state_rows} == set(range(7)) and all(int(r.split()[1]) > 0 for r in state_rows), state_rows
             page.screenshot(path=str(ARTIFACTS / "lab-panel-job-view.png"))
             page.evaluate("() => window.jupyterapp.shell.activateById("
                           "[...window.jupyterapp.shell.widgets('main')].find(w => w.node.querySelector('.jp-Notebook')).id)")
