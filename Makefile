@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 LABEXT_STAMP := $(VENV)/.labext-installed
 LABEXT_SRC   := labext/package.json labext/tsconfig.json $(wildcard labext/src/*.ts labext/style/*.css labext/style/*.js)
 
-.PHONY: setup system-deps quickstart lab test test-fast typecheck bench bench-peers bench-windows bench-dashboards bench-first-spark-cell bench-spark-batch cluster-start cluster-stop clean check-python check-java
+.PHONY: setup system-deps quickstart lab test test-fast typecheck bench bench-peers bench-windows bench-dashboards bench-first-spark-cell bench-spark-batch bench-lab-panel cluster-start cluster-stop clean check-python check-java
 
 setup: $(STAMP) $(LABEXT_STAMP)
 
@@ -83,6 +83,10 @@ bench: setup
 
 # streamlab beside PyFlink (installed into its own venv, ~/.cache/streamlab/pyflink-venv) and
 # Spark Structured Streaming, one after the other; ARGS=--quick for a smoke run
+# a running job's throughput with the Streams side panel shown vs collapsed (JupyterLab + chromium)
+bench-lab-panel: setup system-deps
+	$(PY) bench/lab_panel.py $(ARGS)
+
 bench-peers: setup
 	$(PY) bench/peers.py $(ARGS)
 
