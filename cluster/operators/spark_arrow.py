@@ -35,6 +35,10 @@ class ArrowBridge:
         self._local = threading.local()
         self._lock = threading.Lock()
         self._paths: list[str] = []  # every thread's batch file
+        # PythonSQLUtils' static methods, looked up once: each lookup by name (``jvm.PythonSQLUtils``,
+        # then the method) is a reflection round trip into the JVM, four per batch otherwise
+        self._read_arrow: Any = None
+        self._to_dataframe: Any = None
 
     def to_jvm(self, session, table: pa.Table) -> Any:
         """The table as a Java DataFrame of ``session``."""
@@ -50,16 +54,20 @@ class ArrowBridge:
         with pa.OSFile(path, "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
             for batch in table.to_batches(max_chunksize=max(1, chunk)):
                 writer.write_batch(batch)
-        jvm = session._jvm
-        batches = jvm.PythonSQLUtils.readArrowStreamFromFile(path)  # read whole: the file is free again
-        return jvm.PythonSQLUtils.toDataFrame(batches, schema, session._jsparkSession)
+        if self._to_dataframe is None:
+            utils = session._jvm.PythonSQLUtils
+            self._read_arrow, self._to_dataframe = utils.readArrowStreamFromFile, utils.toDataFrame
+        batches = self._read_arrow(path)  # read whole: the file is free again
+        return self._to_dataframe(batches, schema, session._jsparkSession)
 
     def from_jvm(self, session, jdf) -> pa.Table:
         """Run the Java DataFrame's plan and take its rows as one Arrow table."""
         from pyspark.errors.exceptions.captured import unwrap_spark_exception
         from pyspark.sql.pandas.serializers import ArrowCollectSerializer
         from pyspark.util import _load_from_socket
-        port, secret, server = jdf.collectAsArrowToPython()
+        # indexed, not unpacked: unpacking a Java array asks the JVM its length before every item
+        served = jdf.collectAsArrowToPython()
+        port, secret, server = served[0], served[1], served[2]
         try:
             with _load_from_socket((port, secret), ArrowCollectSerializer()) as stream:
                 batches = list(stream)
