@@ -389,6 +389,9 @@ OPTIONS: dict[str, ConfigOption] = {
                      "Most bytes one Spark job of a task takes."),
         ConfigOption("execution.spark.max-concurrent-batches", _int(1, 8),
                      "Spark jobs of one task in flight at once (results keep their order)."),
+        ConfigOption("execution.spark.fuse-subtasks", _bool,
+                     "One Spark job for the waiting batches of a chain's subtasks that share a TaskManager, "
+                     "when the chain's plan keeps each input partition's rows apart (filters, projections)."),
         ConfigOption("execution.checkpointing.interval", parse_duration_ms,
                      "Time between checkpoints (0: checkpointing off)."),
         ConfigOption("execution.checkpointing.mode", _enum_exact("EXACTLY_ONCE", "AT_LEAST_ONCE"),
@@ -539,6 +542,7 @@ class TaskConfig:
     spark_max_batch_rows: int = _key("execution.spark.max-batch-rows")
     spark_max_batch_bytes: int = _key("execution.spark.max-batch-size")
     spark_max_concurrent_batches: int = _key("execution.spark.max-concurrent-batches")
+    spark_fuse_subtasks: bool = _key("execution.spark.fuse-subtasks")
     spark_properties: dict[str, str] = _key(SPARK_CONF)
 
     @classmethod

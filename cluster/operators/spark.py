@@ -28,6 +28,7 @@ from cluster.graph.job_graph import OperatorSpec, missing_column
 
 from .base import Operator, OperatorContext, TaskCancelled, UserFunctionError
 from .spark_arrow import ArrowBridge
+from .spark_fusion import PARTITION_COLUMN, FusionGroup
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -203,6 +204,7 @@ class SparkChain(Operator, kind="spark"):
         self.timings = BatchTimings()
         self._outputs_checked = False  # the columns consumers key by, checked once per attempt
         self._local = threading.local()
+        self.fused_jobs = 0  # jobs this subtask ran with other subtasks' batches in them (spark_fusion)
 
     def open(self) -> None:
         runner = SparkRunner.get(self.ctx.config)
@@ -268,6 +270,7 @@ class SparkChain(Operator, kind="spark"):
                                                        of=f" (the output of {spec.where()})"))
 
     def process(self, table: pa.Table) -> list[pa.Table]:
+        """One Spark job over ``table``, on the calling thread's session."""
         if table.num_rows == 0:
             return []
         session = self._session()
@@ -276,14 +279,35 @@ class SparkChain(Operator, kind="spark"):
         planned = time.perf_counter()
         jdf = self._plan(session, jdf)
         ran = time.perf_counter()
+        out = self._run(session, jdf)
+        self.timings.add(table.num_rows, planned - started, ran - planned, time.perf_counter() - ran)
+        return [out]
+
+    def process_parts(self, tables: list[pa.Table], fusion: FusionGroup):
+        """One Spark job over the batches of several subtasks (spark_fusion): its output, each row
+        tagged with its partition, and each table's partitions; no output (None) when the plan
+        does not keep partitions apart."""
+        session = self._session()
+        started = time.perf_counter()
+        jdf, ranges = self.bridge.parts_to_jvm(session, tables)
+        planned = time.perf_counter()
+        jdf = self._plan(session, jdf)
+        if not fusion.check_plan(jdf):
+            return None, ranges
+        jdf = jdf.withColumn(PARTITION_COLUMN, session._jvm.org.apache.spark.sql.functions.spark_partition_id())
+        ran = time.perf_counter()
+        out = self._run(session, jdf)
+        self.timings.add(sum(t.num_rows for t in tables), planned - started, ran - planned, time.perf_counter() - ran)
+        self.fused_jobs += 1
+        return out, ranges
+
+    def _run(self, session, jdf) -> pa.Table:
         try:
-            out = self.bridge.from_jvm(session, jdf)
+            return self.bridge.from_jvm(session, jdf)
         except Exception as exc:
             names = ", ".join(s.name for s, _ in self.steps)
             raise UserFunctionError(f"operator chain [{names}] ({self.spec.call_site}) failed in Spark: "
                                     f"{type(exc).__name__}: {_first_line(exc)}", names, self.spec.call_site) from exc
-        self.timings.add(table.num_rows, planned - started, ran - planned, time.perf_counter() - ran)
-        return [out]
 
     def close(self) -> None:
         if hasattr(self, "bridge"):
@@ -293,7 +317,7 @@ class SparkChain(Operator, kind="spark"):
         # spark-jobs is Spark's own count (its status tracker, by job group), not ours
         jobs = len(self._task_session.sparkContext.statusTracker().getJobIdsForGroup(self.group)) \
             if hasattr(self, "group") else 0
-        return self.timings.metrics() | {"spark-jobs": jobs}
+        return self.timings.metrics() | {"spark-jobs": jobs, "spark-fused-jobs": self.fused_jobs}
 
 
 class BatchTimings:

@@ -44,21 +44,32 @@ class ArrowBridge:
         """The table as a Java DataFrame of ``session``."""
         if any(pa.types.is_timestamp(field.type) for field in table.schema):
             return session.createDataFrame(table)._jdf
-        schema = self._schemas.get(table.schema)
+        return self.parts_to_jvm(session, [table])[0]
+
+    def parts_to_jvm(self, session, tables: list[pa.Table]) -> tuple[Any, list[tuple[int, int]]]:
+        """Tables of one schema (without timestamps) as one Java DataFrame, and for each table the
+        range of partitions its rows are in: one partition per Arrow batch, in order."""
+        schema = self._schemas.get(tables[0].schema)
         if schema is None:
             from pyspark.sql.pandas.types import from_arrow_schema
-            schema = self._schemas[table.schema] = from_arrow_schema(table.schema).json()
-        rows = table.num_rows
-        chunk = rows if rows < SPLIT_ROWS else min(MAX_PARTITION_ROWS, math.ceil(rows / self.cores))
+            schema = self._schemas[tables[0].schema] = from_arrow_schema(tables[0].schema).json()
         path = self._file(session)
-        with pa.OSFile(path, "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
-            for batch in table.to_batches(max_chunksize=max(1, chunk)):
-                writer.write_batch(batch)
+        ranges = []
+        partitions = 0
+        with pa.OSFile(path, "wb") as sink, pa.ipc.new_stream(sink, tables[0].schema) as writer:
+            for table in tables:
+                rows = table.num_rows
+                chunk = rows if rows < SPLIT_ROWS else min(MAX_PARTITION_ROWS, math.ceil(rows / self.cores))
+                first = partitions
+                for batch in table.to_batches(max_chunksize=max(1, chunk)):
+                    writer.write_batch(batch)
+                    partitions += 1
+                ranges.append((first, partitions))
         if self._to_dataframe is None:
             utils = session._jvm.PythonSQLUtils
             self._read_arrow, self._to_dataframe = utils.readArrowStreamFromFile, utils.toDataFrame
         batches = self._read_arrow(path)  # read whole: the file is free again
-        return self._to_dataframe(batches, schema, session._jsparkSession)
+        return self._to_dataframe(batches, schema, session._jsparkSession), ranges
 
     def from_jvm(self, session, jdf) -> pa.Table:
         """Run the Java DataFrame's plan and take its rows as one Arrow table."""

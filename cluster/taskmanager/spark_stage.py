@@ -10,8 +10,12 @@ size to tune. While the JVM runs batch n, the task thread produces batch n+1 and
 of batch n-1: Python and the JVM overlap. Up to ``execution.spark.max-concurrent-batches`` jobs
 run at once, each on its own thread and Spark session; their outputs are handed on in input order.
 
+The subtasks of a chain that share this process run their Spark jobs together
+(cluster/operators/spark_fusion.py): one job at a time takes what waits in each of their stages.
+
 Thread use: the task thread (the one that built the stage) calls ``submit``, ``take_results``,
-``flush`` and ``close`` (checked); the stage's worker threads run the chain.
+``flush`` and ``close`` (checked); the stage's worker threads, and those of its fusion group's
+other stages (``take_batch``, ``run_batch``, ``finish_batch``, ``fail_batch``), run the chain.
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ from typing import Callable, Optional
 import pyarrow as pa
 
 from cluster.operators.base import TaskCancelled
+from cluster.operators.spark_fusion import FusionGroup
 
 from .network import WAIT_SLICE
 
@@ -97,6 +102,8 @@ class SparkStage:
         self._running = 0
         self._error: Optional[BaseException] = None
         self._closing = False
+        # the fusion group of the chain's subtasks in this process (set by the task before any input)
+        self.group: Optional[FusionGroup] = None
         self._workers = [threading.Thread(target=self._work, daemon=True,
                                           name=f"{threading.current_thread().name} spark-{i}")
                          for i in range(concurrency)]
@@ -148,6 +155,8 @@ class SparkStage:
             self._cancel()
         for worker in self._workers:  # a job that ignores the cancel is left to end on its own
             worker.join(timeout=2)
+        if self.group is not None:
+            self.group.leave(self)
 
     def _wait(self) -> None:
         if self._cancelled.is_set():
@@ -167,22 +176,49 @@ class SparkStage:
                     self._cond.wait()
                 if self._closing:
                     return
-                table = self._waiting.take()
-                sequence, self._taken = self._taken, self._taken + 1
-                self._running += 1
-                self._cond.notify_all()  # a task thread waiting for room may go on
-            try:
-                out = self._process(table)
-            except BaseException as exc:  # the task thread raises it: it fails (or cancels) the task
-                with self._cond:
-                    self._running -= 1
-                    if self._error is None:
-                        self._error = exc
-                    self._cond.notify_all()
-                self._wake()
-                return
-            with self._cond:
-                self._running -= 1
-                self._done[sequence] = (out, table.num_rows)
-                self._cond.notify_all()
-            self._wake()
+                group = self.group
+                if group is None:
+                    sequence, table = self._take()
+            if group is not None:
+                group.run_round(self)  # this stage's input, and its fellow subtasks', in one job
+            else:
+                self.run_batch(sequence, table)
+
+    def _take(self) -> tuple[int, pa.Table]:
+        """Under the condition: the next batch, numbered, counted as running."""
+        table = self._waiting.take()
+        sequence, self._taken = self._taken, self._taken + 1
+        self._running += 1
+        self._cond.notify_all()  # a task thread waiting for room may go on
+        return sequence, table
+
+    def take_batch(self) -> Optional[tuple[int, pa.Table]]:
+        """Any worker of the group: this stage's next batch, if one waits (see _take)."""
+        with self._cond:
+            if self._closing or self._error is not None or not self._waiting:
+                return None
+            return self._take()
+
+    def run_batch(self, sequence: int, table: pa.Table) -> None:
+        """A taken batch through this stage's chain, in a job of its own, on the calling thread."""
+        try:
+            out = self._process(table)
+        except BaseException as exc:  # the task thread raises it: it fails (or cancels) the task
+            self.fail_batch(exc)
+            return
+        self.finish_batch(sequence, out, table.num_rows)
+
+    def finish_batch(self, sequence: int, out: list[pa.Table], rows: int) -> None:
+        with self._cond:
+            self._running -= 1
+            self._done[sequence] = (out, rows)
+            self._cond.notify_all()
+        self._wake()
+
+    def fail_batch(self, exc: BaseException) -> None:
+        with self._cond:
+            self._running -= 1
+            if self._error is None:
+                self._error = exc
+            self._cond.notify_all()
+        self._wake()

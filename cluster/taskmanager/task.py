@@ -37,6 +37,7 @@ from cluster.graph.operator_kinds import KINDS
 from cluster.operators import OPERATORS
 from cluster.operators.base import Operator, OperatorContext, SourceOperator, TaskCancelled, UserFunctionError
 from cluster.operators.spark import SparkChain
+from cluster.operators.spark_fusion import FusionGroup
 from cluster.operators.watermarks import MAX_WATERMARK
 from cluster.protocol.messages import AddCredit, BufferResponse, EndOfPartition, Message, Watermark, WatermarkStatus
 from cluster.protocol.metrics import (CHECKPOINTED_COUNTERS, CURRENT_INPUT_WATERMARK, CURRENT_OUTPUT_WATERMARK,
@@ -516,6 +517,10 @@ class Task:
         self._stage = SparkStage(spark.process, spark.cancel_jobs, spark.spec.where(),
                                  self.config.spark_max_batch_rows, self.config.spark_max_batch_bytes,
                                  self.config.spark_max_concurrent_batches, self.cancelled, wake)
+        config = self.config
+        if config.spark_fuse_subtasks and spark.ctx.parallelism > 1 and config.spark_max_concurrent_batches == 1:
+            key = (spark.ctx.job_id, spark.ctx.attempt, spark.spec.uid)
+            self._stage.group = FusionGroup.join(key, self._stage, spark)
         if self._time is not None:
             self._time.set_stage(self._stage, index)
 

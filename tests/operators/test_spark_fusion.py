@@ -1,0 +1,147 @@
+"""The Spark stages of a chain's subtasks in one process, fused into one Spark job at a time
+(cluster/operators/spark_fusion.py), on the test session's real SparkSession: each subtask gets
+exactly its own rows, in order; plans that mix partitions run a job per subtask batch."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from cluster.conf import TaskConfig
+from cluster.graph.job_graph import OperatorSpec
+from cluster.operators.base import OperatorContext
+from cluster.operators.spark import SparkChain
+from cluster.operators.spark_fusion import FusionGroup, is_narrow, split_by_partition
+from cluster.taskmanager.spark_stage import SparkStage
+
+
+def chains(query: str, job: str, parallelism: int = 2) -> list[SparkChain]:
+    config = TaskConfig.from_dict({})
+    out = []
+    for subtask in range(parallelism):
+        ctx = OperatorContext(job_id=job, job_name=job, attempt=0, subtask=subtask, parallelism=parallelism,
+                              max_parallelism=128, config=config, result_address=None,
+                              cancelled=threading.Event(), sender=None, execution_id=f"{job}-{subtask}",
+                              task_name=f"sql ({subtask + 1}/{parallelism})")
+        spec = OperatorSpec(uid="sql-1", kind="spark", name="sql", call_site="test_spark_fusion.py",
+                            params={"sql": query}, udf=None)
+        chain = SparkChain([spec], ctx)
+        chain.open()
+        out.append(chain)
+    return out
+
+
+def rows(subtask: int, n: int, start: int = 0) -> pa.Table:
+    seq = (np.arange(n, dtype=np.int64) + start) * 2 + subtask  # subtask 0 even ids, subtask 1 odd
+    return pa.table({"id": seq, "v": seq % 7})
+
+
+def run_subtasks(subtasks: list[SparkChain], inputs: list[list[pa.Table]], fuse: bool = True) -> list[pa.Table]:
+    """Each subtask as its task does it: a thread that owns its Spark stage, submits its tables one
+    by one as they come and flushes at the end; the stages in one fusion group (as task.py joins
+    them). Every subtask's output, in its order."""
+    results: list = [None] * len(subtasks)
+    errors: list = []
+    joined = threading.Barrier(len(subtasks))
+
+    def task(i):
+        try:
+            chain = subtasks[i]
+            stage = SparkStage(chain.process, chain.cancel_jobs, chain.spec.where(), 1_000_000, 64 << 20, 1,
+                               chain.ctx.cancelled, lambda: None)
+            if fuse:
+                stage.group = FusionGroup.join((chain.ctx.job_id, 0, chain.spec.uid), stage, chain)
+            joined.wait()
+            out = []
+            try:
+                for table in inputs[i]:
+                    stage.submit([table])
+                    out += stage.take_results()
+                out += stage.flush()
+            finally:
+                stage.close()
+            results[i] = pa.concat_tables(out) if out else None
+        except BaseException as exc:
+            errors.append(exc)
+    threads = [threading.Thread(target=task, args=(i,)) for i in range(len(subtasks))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(180)
+    if errors:
+        raise errors[0]
+    return results
+
+
+def close(subtasks):
+    for chain in subtasks:
+        chain.close()
+
+
+def test_fused_subtasks_get_their_own_rows_in_order(spark):
+    subtasks = chains("SELECT id, v * 10 AS w FROM input WHERE v <> 3", "fused")
+    # many small tables (as a source polls them): while a job runs, both subtasks' next ones wait
+    inputs = [[rows(s, 300 + i, start=10_000 * i) for i in range(40)] for s in range(2)]
+    inputs[1].insert(5, rows(1, 120_000, start=900_000))  # one cut into several partitions
+    try:
+        results = run_subtasks(subtasks, inputs)
+        for table, got in zip([pa.concat_tables(i) for i in inputs], results):
+            expected = table.filter(pa.compute.not_equal(table["v"], 3))
+            assert got.column_names == ["id", "w"]
+            assert got.column("id").to_pylist() == expected["id"].to_pylist()
+            assert got.column("w").to_pylist() == [v * 10 for v in expected["v"].to_pylist()]
+        assert sum(chain.fused_jobs for chain in subtasks) >= 1, "no job carried both subtasks' batches"
+    finally:
+        close(subtasks)
+    assert ("fused", 0, "sql-1") not in FusionGroup._registry  # the last stage to close removed the group
+
+
+def test_a_plan_with_an_exchange_runs_one_job_per_subtask_batch(spark):
+    subtasks = chains("SELECT v, count(*) AS n FROM input GROUP BY v", "grouped")
+    inputs = [[rows(s, 700, start=1_000 * i) for i in range(10)] for s in range(2)]
+    try:
+        results = run_subtasks(subtasks, inputs)
+        for tables, got in zip(inputs, results):
+            counts: dict = {}
+            for v, n in zip(got.column("v").to_pylist(), got.column("n").to_pylist()):
+                counts[v] = counts.get(v, 0) + n  # one row per v and batch
+            values = pa.concat_tables(tables)["v"].to_numpy()
+            assert counts == {int(v): int((values == v).sum()) for v in np.unique(values)}
+        assert sum(chain.fused_jobs for chain in subtasks) == 0
+    finally:
+        close(subtasks)
+
+
+def test_without_fusion_each_subtask_runs_its_own_jobs(spark):
+    subtasks = chains("SELECT id FROM input", "alone")
+    inputs = [[rows(s, 50, start=100 * i) for i in range(5)] for s in range(2)]
+    try:
+        results = run_subtasks(subtasks, inputs, fuse=False)
+        assert [r.column("id").to_pylist() for r in results] == \
+            [pa.concat_tables(i)["id"].to_pylist() for i in inputs]
+        assert sum(chain.fused_jobs for chain in subtasks) == 0
+    finally:
+        close(subtasks)
+
+
+@pytest.mark.parametrize("tree,narrow", [
+    ("*(1) Project [id#0L, (v#1L * 10) AS w#4L]\n+- *(1) Filter NOT (v#1L = 3)\n"
+     "   +- *(1) Scan ExistingRDD arrow[id#0L,v#1L]", True),
+    ("*(2) HashAggregate(keys=[v#1L], functions=[count(1)])\n+- Exchange hashpartitioning(v#1L, 2)\n"
+     "   +- *(1) HashAggregate(keys=[v#1L], functions=[partial_count(1)])\n      +- *(1) Scan ExistingRDD[id#0L,v#1L]",
+     False),
+    ("CollectLimit 2\n+- *(1) Scan ExistingRDD[id#0L,v#1L]", False),
+    ("*(1) Project [id#0L, Subquery subquery#5, [id=#20] AS m#6L]\n:  +- Subquery subquery#5, [id=#20]\n"
+     ":     +- *(2) HashAggregate(keys=[], functions=[max(v#1L)])\n+- *(1) Scan ExistingRDD[id#0L,v#1L]", False),
+])
+def test_only_partition_keeping_plans_are_fused(tree, narrow):
+    assert is_narrow(tree) is narrow
+
+
+def test_split_by_partition_cuts_the_tagged_output_per_batch():
+    out = pa.table({"x": [1, 2, 3, 4, 5], "__streamlab_partition__": pa.array([0, 0, 2, 3, 3], pa.int32())})
+    parts = split_by_partition(out, [(0, 1), (1, 2), (2, 4)])  # the second batch's partition had no rows left
+    assert [[t.column("x").to_pylist() for t in p] for p in parts] == [[[1, 2]], [], [[3, 4, 5]]]
+    assert all(t.column_names == ["x"] for p in parts for t in p)
