@@ -13,6 +13,15 @@ Workloads (rows id = seq, k = seq % 10000, v = seq % 1000):
     and the arrival time of each row at the sink minus its creation time.
 streamlab runs with its defaults: no batch size and no configuration anywhere.
 
+Every peer is warmed up the same way before anything is measured, as JVM benchmarks are: each
+throughput workload once at --warmup-rows (default: as many rows as the measured job), and
+(streamlab and Spark SS) the latency pipeline at the first rate for --warmup-seconds. A JVM's
+first jobs run interpreted and compile as they go: on this machine a fresh TaskManager's first
+5M-row stateless job ran at half to two thirds of the rows/s of its third, and a Spark job's
+planning takes a few hundred jobs to reach full speed. streamlab's warm-up jobs use every slot, so
+that both TaskManagers' JVMs are warm (a job of parallelism 2 fills one TaskManager; which one a
+later job gets is not fixed). The warm-up jobs' own figures are printed too, as "cold".
+
     .venv/bin/python bench/peers.py [--quick | --rows N] [--rate R ...] [--pyflink-venv DIR]
 """
 from __future__ import annotations
@@ -59,21 +68,21 @@ def streamlab_env(cluster) -> StreamEnvironment:
     return StreamEnvironment(parallelism=PARALLELISM, cluster=cluster.cluster_dir)
 
 
-def streamlab_stateless(cluster, client, n: int) -> float:
-    env = streamlab_env(cluster)
+def streamlab_stateless(cluster, client, n: int, parallelism: int = PARALLELISM) -> float:
+    env = StreamEnvironment(parallelism=parallelism, cluster=cluster.cluster_dir)
     env.from_generator(peer_rows, count=n).sql(STATELESS).sink_to(DiscardingSink())
     return job_rows_per_s(client, env, f"peers stateless {n}", n, timeout=JOB_TIMEOUT_S)
 
 
-def streamlab_keyed(cluster, client, n: int) -> float:
-    env = streamlab_env(cluster)
+def streamlab_keyed(cluster, client, n: int, parallelism: int = PARALLELISM) -> float:
+    env = StreamEnvironment(parallelism=parallelism, cluster=cluster.cluster_dir)
     (env.from_generator(peer_rows, count=n).sql("SELECT id, k, v FROM input")
         .key_by("k").aggregate(n=("v", "count"), s=("v", "sum")).sink_to(DiscardingSink()))
     return job_rows_per_s(client, env, f"peers keyed {n}", n, timeout=JOB_TIMEOUT_S)
 
 
-def streamlab_latency(cluster, client, rate: int, seconds: float) -> np.ndarray:
-    env = streamlab_env(cluster)
+def streamlab_latency(cluster, client, rate: int, seconds: float, parallelism: int = PARALLELISM) -> np.ndarray:
+    env = StreamEnvironment(parallelism=parallelism, cluster=cluster.cluster_dir)
     (env.from_generator(timed_rows, rate=rate).sql(f"SELECT k, v, ts FROM input WHERE {LATENCY_FILTER}")
         .key_by("k").map_batches(lambda df: df, name="keyed pass-through").collect())
     return job_latency_ms(cluster, client, env, seconds)
@@ -88,6 +97,10 @@ def run_streamlab(args) -> dict:
         print(f"streamlab {metadata.version('streamlab')}: embedded LocalCluster, 2 TaskManagers x 2 slots, "
               f"parallelism {PARALLELISM}, pyspark {metadata.version('pyspark')}, default settings "
               "(no batch size, no configuration); rows/s = N / (FINISHED - RUNNING) of the job", flush=True)
+        slots = client.cluster_overview().overview["slots-total"]
+        out["cold"] = {"stateless": streamlab_stateless(cluster, client, args.warmup_rows, slots),
+                       "keyed": streamlab_keyed(cluster, client, args.warmup_rows, slots)}
+        streamlab_latency(cluster, client, args.rates[0], args.warmup_seconds, slots)
         out["stateless"] = streamlab_stateless(cluster, client, args.rows)
         out["keyed"] = streamlab_keyed(cluster, client, args.rows)
         for rate in args.rates:
@@ -118,20 +131,23 @@ def flink_report(venv: Path, script: str, *arguments: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def pyflink_rows_per_s(venv: Path, script: str, rows: int, plan: str) -> dict:
+def pyflink_rows_per_s(venv: Path, script: str, rows: int, warmup_rows: int, plan: str) -> dict:
     """Run a PyFlink bench script, print its setup (``plan``: what its jobs do), and return its
-    rows/s by workload."""
-    report = flink_report(venv, script, "--rows", str(rows))
+    rows/s by workload, and under "cold" its warm-up jobs' rows/s."""
+    report = flink_report(venv, script, "--rows", str(rows), "--warmup-rows", str(warmup_rows))
     s = report["setup"]
     print(f"PyFlink {s['pyflink']} (Flink {s['flink']}, Java {s['java']}, Python {s['python']}): Table API SQL, "
           f"streaming mode, {s['cluster']}, parallelism {s['parallelism']}, {plan}, "
-          f"after a {s['warmup_rows']:,}-row warm-up job; rows/s = N / (FINISHED - RUNNING) of the job "
-          "(GET /jobs/<id>)", flush=True)
-    return {name: r["rows_per_s"] for name, r in report["results"].items()}
+          f"after a {s['warmup_rows']:,}-row warm-up job of each workload; rows/s = N / (FINISHED - RUNNING) "
+          "of the job (GET /jobs/<id>)", flush=True)
+    out = {name: r["rows_per_s"] for name, r in report["results"].items()}
+    out["cold"] = {name: r["rows_per_s"] for name, r in report["warmup"].items()}
+    return out
 
 
 def run_pyflink(args) -> dict:
-    return pyflink_rows_per_s(args.pyflink_venv, "peers_flink.py", args.rows, "datagen sequence -> blackhole")
+    return pyflink_rows_per_s(args.pyflink_venv, "peers_flink.py", args.rows, args.warmup_rows,
+                              "datagen sequence -> blackhole")
 
 
 # ---------------------------------------------------------------------- Spark Structured Streaming
@@ -228,8 +244,12 @@ def run_spark_ss(args) -> dict:
           f"per micro-batch, {PARALLELISM} partitions, noop sink, rows/s = N / sum of the micro-batches' "
           "triggerExecution; latency: rate source at R rows/s, foreachBatch sink", flush=True)
     try:
-        ss_throughput(spark, "stateless", 2 * rows_per_batch, rows_per_batch, checkpoints)  # warm-up
+        warm_batch = max(args.warmup_rows // 10, 1)
+        cold = {w: ss_throughput(spark, w, args.warmup_rows, warm_batch, checkpoints / "warm-up")
+                for w in ("stateless", "keyed")}
+        ss_latency(spark, args.rates[0], args.warmup_seconds, checkpoints / "warm-up")  # its own offsets
         out = {w: ss_throughput(spark, w, args.rows, rows_per_batch, checkpoints) for w in ("stateless", "keyed")}
+        out["cold"] = cold
         out["latency"] = {rate: ss_latency(spark, rate, args.latency_seconds, checkpoints) for rate in args.rates}
     finally:
         spark.stop()
@@ -249,6 +269,10 @@ def main():
     parser.add_argument("--rate", type=int, action="append", default=[],
                         help="another input rate (rows/s) for the latency runs, beside 1,000 and 100,000")
     parser.add_argument("--latency-seconds", type=float, help="seconds per latency run (default 25, quick 10)")
+    parser.add_argument("--warmup-rows", type=int, help="rows of each peer's warm-up job of each workload "
+                        "(default: --rows)")
+    parser.add_argument("--warmup-seconds", type=float, help="seconds of each peer's latency warm-up run "
+                        "(default 20, quick 5)")
     parser.add_argument("--ss-rows-per-batch", type=int, help="Spark SS rows per micro-batch (default rows/10)")
     parser.add_argument("--pyflink-venv", type=Path, default=Path.home() / ".cache/streamlab/pyflink-venv",
                         help="PyFlink's own venv, created when missing (default ~/.cache/streamlab/pyflink-venv)")
@@ -256,8 +280,10 @@ def main():
     if args.quick:
         args.rows = 300_000
     args.latency_seconds = args.latency_seconds or (10 if args.quick else 25)
+    args.warmup_rows = args.warmup_rows or args.rows
+    args.warmup_seconds = args.warmup_seconds if args.warmup_seconds is not None else (5 if args.quick else 20)
     args.rates = sorted({1_000, 100_000, *args.rate})
-    for label, value in (("--rows", args.rows), *(("--rate", r) for r in args.rates)):
+    for label, value in (("--rows", args.rows), ("--warmup-rows", args.warmup_rows), *(("--rate", r) for r in args.rates)):
         if value < 1:
             parser.error(f"{label} must be a positive integer, got {value}")
     print(f"{os.cpu_count()} cores, parallelism {PARALLELISM}, {args.rows:,} rows per throughput job, "
@@ -273,6 +299,12 @@ def main():
     for w in ("stateless", "keyed"):
         print(f"{w:<10} {ours[w]:>17,.0f} {flink[w]:>15,.0f} {spark[w]:>16,.0f} "
               f"{ratio(ours[w], flink[w]):>18} {ratio(ours[w], spark[w]):>18}")
+    for w in ("stateless", "keyed"):
+        cold = (ours["cold"][w], flink["cold"][w], spark["cold"][w])
+        print(f"{w + ' cold':<16} {cold[0]:>11,.0f} {cold[1]:>15,.0f} {cold[2]:>16,.0f} "
+              f"{ratio(cold[0], cold[1]):>18} {ratio(cold[0], cold[2]):>18}")
+    print(f"cold: each peer's warm-up job of {args.warmup_rows:,} rows, the first of its kind in a fresh JVM "
+          "(streamlab's at parallelism 4, on every slot of both TaskManagers; Spark SS: micro-batches of a tenth of it)")
     print()
     print(f"latency, ms (WHERE {LATENCY_FILTER}; streamlab: generator(rate=R) -> .sql -> key_by(k) -> keyed "
           "pass-through -> collect, arrival - row creation; Spark SS: rate -> filter -> foreachBatch, "

@@ -24,7 +24,6 @@ from pyflink.table import EnvironmentSettings, TableEnvironment
 from pyflink.version import __version__ as pyflink_version
 
 PARALLELISM = 2
-WARMUP_ROWS = 200_000
 
 # id 0..N-1 from datagen's sequence; k and v computed as streamlab's generator computes them.
 # rows-per-second: datagen's default is 10,000 rows/s; set far above what 2 cores can do.
@@ -65,7 +64,7 @@ def table_env(rest) -> TableEnvironment:
 def run(env: TableEnvironment, rest, workload: str, n: int) -> dict:
     columns, query = WORKLOADS[workload]
     env.execute_sql(SOURCE.format(n=n, last=n - 1))
-    env.execute_sql(f"CREATE TEMPORARY TABLE sink_{workload}_{n} {columns} WITH ('connector' = 'blackhole')")
+    env.execute_sql(f"CREATE TEMPORARY TABLE IF NOT EXISTS sink_{workload}_{n} {columns} WITH ('connector' = 'blackhole')")
     return timed_insert(env, rest, workload, f"INSERT INTO sink_{workload}_{n} {query.format(n=n)}", n)
 
 
@@ -95,26 +94,27 @@ def flink_setup(warmup_rows: int) -> dict:
             "warmup_rows": warmup_rows}
 
 
-def report_runs(run, names, rows: int) -> None:
-    """On a fresh MiniCluster: a warm-up job of the first workload (class loading and code
-    generation, once), then ``run(env, rest, name, rows)`` for every name; the JSON report printed
-    last, as bench/peers.py's flink_report reads it."""
+def report_runs(run, names, rows: int, warmup_rows: int) -> None:
+    """On a fresh MiniCluster: a warm-up job of every workload (class loading, code generation and
+    the JIT, as every peer of bench/peers.py gets), then ``run(env, rest, name, rows)`` for every
+    name; the JSON report printed last, as bench/peers.py's flink_report reads it."""
     cluster, rest = start_minicluster()
     try:
         env = table_env(rest)
-        run(env, rest, names[0], WARMUP_ROWS)
+        warmup = {name: run(env, rest, name, warmup_rows) for name in names}
         results = {name: run(env, rest, name, rows) for name in names}
-        setup = flink_setup(WARMUP_ROWS)
+        setup = flink_setup(warmup_rows)
     finally:
         cluster.close()
-    sys.stdout.write(json.dumps({"setup": setup, "results": results}) + "\n")
+    sys.stdout.write(json.dumps({"setup": setup, "warmup": warmup, "results": results}) + "\n")
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, required=True)
+    parser.add_argument("--warmup-rows", type=int, default=1_000_000)
     args = parser.parse_args()
-    report_runs(run, list(WORKLOADS), args.rows)
+    report_runs(run, list(WORKLOADS), args.rows, args.warmup_rows)
 
 
 if __name__ == "__main__":

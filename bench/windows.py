@@ -46,6 +46,7 @@ KEYS = 10_000
 BOUND_MS = 200
 JOB_TIMEOUT_S = 3600
 SHAPES = ("tumbling 1 s", "sliding 10 s / 1 s", "highest bid", "hot items")
+WARMUP_ROWS = 200_000  # each shape's warm-up job on PyFlink (bench/windows_flink.py)
 
 
 def events(seq):
@@ -138,7 +139,7 @@ def run_streamlab(args) -> dict:
 
 # ---------------------------------------------------------------------- PyFlink
 def run_pyflink(args) -> dict:
-    return pyflink_rows_per_s(args.pyflink_venv, "windows_flink.py", args.rows,
+    return pyflink_rows_per_s(args.pyflink_venv, "windows_flink.py", args.rows, WARMUP_ROWS,
                               "datagen sequence -> TUMBLE/HOP window TVF -> blackhole")
 
 

@@ -72,8 +72,9 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, required=True)
     parser.add_argument("--shape", action="append", choices=list(SHAPES), help="only these shapes (default all)")
+    parser.add_argument("--warmup-rows", type=int, default=200_000)
     args = parser.parse_args()
-    report_runs(run, args.shape or list(SHAPES), args.rows)
+    report_runs(run, args.shape or list(SHAPES), args.rows, args.warmup_rows)
 
 if __name__ == "__main__":
     main()
