@@ -12,6 +12,10 @@ is given anywhere: batching is the runtime's (a Spark job takes what waited whil
   SQL -> hash exchange -> keyed task -> collect. Baseline: a batch of 10 ms worth of rows through
   the same query as a Spark batch job in this process (the floor of a Spark hop).
 
+Before measuring, the cluster is warmed up as bench/peers.py warms every peer: the throughput job
+once and the latency pipeline for a run's length, on every slot; the warm-up job's own (cold)
+rows/s is printed.
+
     .venv/bin/python bench/throughput.py [--quick]
 """
 from __future__ import annotations
@@ -74,8 +78,8 @@ def baseline_rows_per_s(spark, n: int) -> float:
     return n / best
 
 
-def streaming_rows_per_s(cluster, client, n: int) -> float:
-    env = StreamEnvironment(parallelism=2, cluster=cluster.cluster_dir)
+def streaming_rows_per_s(cluster, client, n: int, parallelism: int = 2) -> float:
+    env = StreamEnvironment(parallelism=parallelism, cluster=cluster.cluster_dir)
     env.from_generator(rows, count=n).sql(QUERY).key_by("k").count().collect()
     return job_rows_per_s(client, env, f"throughput {n}", n)
 
@@ -141,15 +145,27 @@ class ArrivalStamps:
 LATENCY_QUERY = "SELECT k, v, ts FROM input WHERE v % 10 < 8"
 
 
-def latency_pipeline(cluster, rate: Optional[int] = None, count: Optional[int] = None) -> StreamEnvironment:
-    env = StreamEnvironment(parallelism=2, cluster=cluster.cluster_dir)
+def latency_pipeline(cluster, rate: Optional[int] = None, count: Optional[int] = None,
+                     parallelism: int = 2) -> StreamEnvironment:
+    env = StreamEnvironment(parallelism=parallelism, cluster=cluster.cluster_dir)
     (env.from_generator(timed_rows, rate=rate, count=count).sql(LATENCY_QUERY)
         .key_by("k").map_batches(lambda df: df, name="keyed pass-through").collect())
     return env
 
 
-def latency_ms(cluster, client, rate: int, seconds: float) -> np.ndarray:
-    return job_latency_ms(cluster, client, latency_pipeline(cluster, rate=rate), seconds)
+def latency_ms(cluster, client, rate: int, seconds: float, parallelism: int = 2) -> np.ndarray:
+    return job_latency_ms(cluster, client, latency_pipeline(cluster, rate=rate, parallelism=parallelism), seconds)
+
+
+def warm_up(cluster, client, n: int, seconds: float) -> float:
+    """What bench/peers.py does for every peer, as JVM benchmarks do: the throughput job once and
+    the latency pipeline for ``seconds``, on every slot (both TaskManagers' JVMs). A fresh JVM runs
+    Spark's code interpreted at first, and its planning takes a few hundred jobs to compile.
+    The throughput job's rows/s (cold: a fresh JVM's first)."""
+    slots = client.cluster_overview().overview["slots-total"]
+    cold = streaming_rows_per_s(cluster, client, n, slots)
+    latency_ms(cluster, client, 100_000, seconds, slots)
+    return cold
 
 
 def job_latency_ms(cluster, client, env, seconds: float) -> np.ndarray:
@@ -204,6 +220,9 @@ def main():
         warm_every_taskmanager(cluster, client)
         print(f"pipeline: generator -> .sql({QUERY!r}) -> key_by(k) -> count -> collect; "
               f"2 TaskManagers x 2 slots, parallelism 2, {os.cpu_count()} cores, default settings")
+        cold = warm_up(cluster, client, n, seconds)
+        print(f"warm-up (as bench/peers.py): the throughput job on every slot, cold, {cold:,.0f} rows/s; "
+              f"the latency pipeline at 100,000 rows/s for {seconds} s", flush=True)
         ours = streaming_rows_per_s(cluster, client, n)
         most = latency_max_rows_per_s(cluster, client, n)
         for rate in (1_000, 100_000, int(most / 2)):
