@@ -37,6 +37,7 @@ from cluster.conf import TaskConfig  # noqa: E402
 from cluster.graph.job_graph import OperatorSpec  # noqa: E402
 from cluster.operators.base import OperatorContext  # noqa: E402
 from cluster.operators.spark import SparkChain, SparkRunner  # noqa: E402
+from cluster.operators.spark_arrow import JvmRefs  # noqa: E402
 
 QUERY = "SELECT id, k, v*2 AS v2 FROM input WHERE v < 500"
 
@@ -114,19 +115,20 @@ class ChainPath:
 
     def __init__(self, op: SparkChain):
         self.op, self.session = op, op._session()
+        self.refs = JvmRefs(self.session)  # kept for the bench's few repetitions
 
     def to_jvm(self, table):
-        return self.op.bridge.to_jvm(self.session, table)
+        return self.op.bridge.to_jvm(self.session, table, self.refs)
 
     def plan(self, jdf):
-        return self.op._plan(self.session, jdf)
+        return self.op._plan(self.session, jdf, self.refs)
 
     @staticmethod
     def executed(jdf):
         return jdf.queryExecution().executedPlan()
 
     def from_jvm(self, jdf):
-        return self.op.bridge.from_jvm(self.session, jdf)
+        return self.op.bridge.from_jvm(self.session, jdf, self.refs)
 
 
 def breakdown(path, table: pa.Table, calls: Py4jCalls, reps: int) -> dict:

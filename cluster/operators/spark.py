@@ -27,7 +27,7 @@ from cluster.conf import TaskConfig
 from cluster.graph.job_graph import OperatorSpec, missing_column
 
 from .base import Operator, OperatorContext, TaskCancelled, UserFunctionError
-from .spark_arrow import ArrowBridge
+from .spark_arrow import ArrowBridge, JvmRefs
 from .spark_fusion import PARTITION_COLUMN, FusionGroup
 
 if TYPE_CHECKING:
@@ -37,11 +37,10 @@ log = logging.getLogger(__name__)
 
 
 # How long py4j's finalizer thread sleeps when no Java object waits to be released (py4j's own: 1 s).
-# Each Java object the Python side drops (a batch's DataFrames, its Arrow bytes) stays referenced in
-# the JVM until that thread tells the JVM so: with a 1 s sleep a second of batches (14 jobs at
-# 1M rows/s, their input bytes included) outlived the young collections, was promoted, and the old
-# generation filled every 10 s: full collections of 110-190 ms, the whole p99 of the latency at
-# that rate. The thread wakes this often instead; an idle wake-up costs a few microseconds.
+# A Java object that Python drops or detaches (a batch's DataFrames and Arrow bytes, spark_arrow's
+# JvmRefs) stays referenced in the JVM until that thread tells the JVM so: a second of batches then
+# outlived the young collections and was promoted, and at 1M rows/s the old generation filled every
+# ~10 s, with full collections of 110-190 ms in the latency's p99. An idle wake-up costs microseconds.
 PY4J_RELEASE_POLL_S = 0.01
 
 
@@ -237,7 +236,11 @@ class SparkChain(Operator, kind="spark"):
         if schema is not None:
             empty = pa.ipc.read_schema(pa.py_buffer(schema)).empty_table()
             session = self._session()
-            self._plan(session, session.createDataFrame(empty)._jdf)
+            refs = JvmRefs(session)
+            try:
+                self._plan(session, refs.add(session.createDataFrame(empty)._jdf), refs)
+            finally:
+                refs.release()
 
     def _session(self):
         """This thread's session: views are per session, job groups per (pinned JVM) thread."""
@@ -254,7 +257,7 @@ class SparkChain(Operator, kind="spark"):
         except Exception:
             log.exception("%s: cancelling its Spark jobs failed", self.spec.where())
 
-    def _plan(self, session, jdf):
+    def _plan(self, session, jdf, refs: JvmRefs):
         """The steps' plan over ``jdf`` (a Java DataFrame), analysed step by step so that an error
         names its step; the columns consumers key by are checked on the first batch."""
         from pyspark.sql import DataFrame
@@ -262,12 +265,12 @@ class SparkChain(Operator, kind="spark"):
             try:
                 if isinstance(step, str):
                     jdf.createOrReplaceTempView("input")
-                    jdf = session._jsparkSession.sql(step)  # parsed and analysed here
+                    jdf = refs.add(session._jsparkSession.sql(step))  # parsed and analysed here
                 else:
                     df = step(DataFrame(jdf, session))
                     if not isinstance(df, DataFrame):
                         raise TypeError(f"the function must return a Spark DataFrame, got {type(df).__name__}")
-                    jdf = df._jdf
+                    jdf = df._jdf  # not released: the function may keep its DataFrame for later batches
                 if not self._outputs_checked:
                     self._check_consumers(spec, list(jdf.columns()))
             except (TaskCancelled, UserFunctionError):
@@ -292,12 +295,16 @@ class SparkChain(Operator, kind="spark"):
         if table.num_rows == 0:
             return []
         session = self._session()
-        started = time.perf_counter()
-        jdf = self.bridge.to_jvm(session, table)
-        planned = time.perf_counter()
-        jdf = self._plan(session, jdf)
-        ran = time.perf_counter()
-        out = self._run(session, jdf)
+        refs = JvmRefs(session)
+        try:
+            started = time.perf_counter()
+            jdf = self.bridge.to_jvm(session, table, refs)
+            planned = time.perf_counter()
+            jdf = self._plan(session, jdf, refs)
+            ran = time.perf_counter()
+            out = self._run(session, jdf, refs)
+        finally:
+            refs.release()
         self.timings.add(table.num_rows, planned - started, ran - planned, time.perf_counter() - ran)
         return [out]
 
@@ -306,22 +313,27 @@ class SparkChain(Operator, kind="spark"):
         tagged with its partition, and each table's partitions; no output (None) when the plan
         does not keep partitions apart."""
         session = self._session()
-        started = time.perf_counter()
-        jdf, ranges = self.bridge.parts_to_jvm(session, tables)
-        planned = time.perf_counter()
-        jdf = self._plan(session, jdf)
-        if not fusion.check_plan(jdf):
-            return None, ranges
-        jdf = jdf.withColumn(PARTITION_COLUMN, session._jvm.org.apache.spark.sql.functions.spark_partition_id())
-        ran = time.perf_counter()
-        out = self._run(session, jdf)
+        refs = JvmRefs(session)
+        try:
+            started = time.perf_counter()
+            jdf, ranges = self.bridge.parts_to_jvm(session, tables, refs)
+            planned = time.perf_counter()
+            jdf = self._plan(session, jdf, refs)
+            if not fusion.check_plan(jdf, refs):
+                return None, ranges
+            tag = refs.add(session._jvm.org.apache.spark.sql.functions.spark_partition_id())
+            jdf = refs.add(jdf.withColumn(PARTITION_COLUMN, tag))
+            ran = time.perf_counter()
+            out = self._run(session, jdf, refs)
+        finally:
+            refs.release()
         self.timings.add(sum(t.num_rows for t in tables), planned - started, ran - planned, time.perf_counter() - ran)
         self.fused_jobs += 1
         return out, ranges
 
-    def _run(self, session, jdf) -> pa.Table:
+    def _run(self, session, jdf, refs: JvmRefs) -> pa.Table:
         try:
-            return self.bridge.from_jvm(session, jdf)
+            return self.bridge.from_jvm(session, jdf, refs)
         except Exception as exc:
             names = ", ".join(s.name for s, _ in self.steps)
             raise UserFunctionError(f"operator chain [{names}] ({self.spec.call_site}) failed in Spark: "

@@ -26,6 +26,31 @@ SPLIT_ROWS = 50_000
 MAX_PARTITION_ROWS = 250_000  # spark.sql.execution.arrow.maxRecordsPerBatch, as PySpark cuts
 
 
+class JvmRefs:
+    """The Java objects one Spark job reached through py4j, released in the JVM when it is done.
+
+    py4j's proxy of a Java object caches its methods, and each cached method points back at the
+    proxy: a reference cycle, so Python frees a proxy (and py4j then lets the JVM free the object)
+    only at a cyclic garbage collection, seconds later. A batch's DataFrames reach its Arrow bytes:
+    kept that long, a second of batches outlived the JVM's young collections and filled the old
+    generation. Only the job's thread uses one; ``add`` returns what it is given."""
+
+    def __init__(self, session):
+        self._gateway = session.sparkContext._gateway
+        self._refs: list[Any] = []
+
+    def add(self, obj: Any) -> Any:
+        from py4j.java_gateway import JavaObject
+        if isinstance(obj, JavaObject):
+            self._refs.append(obj)
+        return obj
+
+    def release(self) -> None:
+        refs, self._refs = self._refs, []
+        for obj in refs:
+            self._gateway.detach(obj)
+
+
 class ArrowBridge:
     """One per Spark chain; ``to_jvm``/``from_jvm`` may run on several threads at once."""
 
@@ -40,13 +65,13 @@ class ArrowBridge:
         self._read_arrow: Any = None
         self._to_dataframe: Any = None
 
-    def to_jvm(self, session, table: pa.Table) -> Any:
+    def to_jvm(self, session, table: pa.Table, refs: JvmRefs) -> Any:
         """The table as a Java DataFrame of ``session``."""
         if any(pa.types.is_timestamp(field.type) for field in table.schema):
-            return session.createDataFrame(table)._jdf
-        return self.parts_to_jvm(session, [table])[0]
+            return refs.add(session.createDataFrame(table)._jdf)
+        return self.parts_to_jvm(session, [table], refs)[0]
 
-    def parts_to_jvm(self, session, tables: list[pa.Table]) -> tuple[Any, list[tuple[int, int]]]:
+    def parts_to_jvm(self, session, tables: list[pa.Table], refs: JvmRefs) -> tuple[Any, list[tuple[int, int]]]:
         """Tables of one schema (without timestamps) as one Java DataFrame, and for each table the
         range of partitions its rows are in: one partition per Arrow batch, in order."""
         schema = self._schemas.get(tables[0].schema)
@@ -68,17 +93,17 @@ class ArrowBridge:
         if self._to_dataframe is None:
             utils = session._jvm.PythonSQLUtils
             self._read_arrow, self._to_dataframe = utils.readArrowStreamFromFile, utils.toDataFrame
-        batches = self._read_arrow(path)  # read whole: the file is free again
-        return self._to_dataframe(batches, schema, session._jsparkSession), ranges
+        batches = refs.add(self._read_arrow(path))  # read whole: the file is free again
+        return refs.add(self._to_dataframe(batches, schema, session._jsparkSession)), ranges
 
-    def from_jvm(self, session, jdf) -> pa.Table:
+    def from_jvm(self, session, jdf, refs: JvmRefs) -> pa.Table:
         """Run the Java DataFrame's plan and take its rows as one Arrow table."""
         from pyspark.errors.exceptions.captured import unwrap_spark_exception
         from pyspark.sql.pandas.serializers import ArrowCollectSerializer
         from pyspark.util import _load_from_socket
         # indexed, not unpacked: unpacking a Java array asks the JVM its length before every item
-        served = jdf.collectAsArrowToPython()
-        port, secret, server = served[0], served[1], served[2]
+        served = refs.add(jdf.collectAsArrowToPython())
+        port, secret, server = served[0], served[1], refs.add(served[2])
         try:
             with _load_from_socket((port, secret), ArrowCollectSerializer()) as stream:
                 batches = list(stream)
@@ -89,7 +114,8 @@ class ArrowBridge:
             return pa.Table.from_batches(batches)
         from pyspark.sql.pandas.types import to_arrow_schema
         from pyspark.sql.types import StructType
-        return to_arrow_schema(StructType.fromJson(json.loads(jdf.schema().json())), timezone="UTC").empty_table()
+        schema = refs.add(jdf.schema())
+        return to_arrow_schema(StructType.fromJson(json.loads(schema.json())), timezone="UTC").empty_table()
 
     def _file(self, session) -> str:
         path = getattr(self._local, "path", None)

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from cluster.taskmanager.spark_stage import SparkStage
 
     from .spark import SparkChain
+    from .spark_arrow import JvmRefs
 
 PARTITION_COLUMN = "__streamlab_partition__"
 # physical operators that keep each input partition's rows in that partition, by the name the
@@ -96,10 +97,11 @@ class FusionGroup:
         out, ranges = leader.process_parts(tables, self)
         return None if out is None else split_by_partition(out, ranges)
 
-    def check_plan(self, jdf: Any) -> bool:
+    def check_plan(self, jdf: Any, refs: "JvmRefs") -> bool:
         """Whether the physical plan keeps each partition's rows apart (decided once)."""
         if self.narrow is None:
-            self.narrow = is_narrow(jdf.queryExecution().executedPlan().treeString())
+            plan = refs.add(refs.add(jdf.queryExecution()).executedPlan())
+            self.narrow = is_narrow(plan.treeString())
         return self.narrow
 
 

@@ -6,7 +6,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import msgpack
 import pyarrow as pa
@@ -18,6 +18,9 @@ from cluster.operators import OPERATORS
 from cluster.operators.base import OperatorContext
 from cluster.operators.records import MALFORMED
 from kernel_runtime.ha_cluster import free_port
+
+if TYPE_CHECKING:
+    from cluster.operators.spark import SparkChain
 
 WHERE = "operator 'under test' (test.py:1)"
 
@@ -118,3 +121,21 @@ class RedisServer:
                 self.process.kill()
                 self.process.wait()
             self.process = None
+
+
+def spark_chains(query: str, job: str, parallelism: int = 2) -> list["SparkChain"]:
+    """The subtasks of a one-step .sql chain, opened on the process's TaskManager SparkSession."""
+    from cluster.operators.spark import SparkChain
+    config = TaskConfig.from_dict({})
+    out = []
+    for subtask in range(parallelism):
+        ctx = OperatorContext(job_id=job, job_name=job, attempt=0, subtask=subtask, parallelism=parallelism,
+                              max_parallelism=128, config=config, result_address=None,
+                              cancelled=threading.Event(), sender=None, execution_id=f"{job}-{subtask}",
+                              task_name=f"sql ({subtask + 1}/{parallelism})")
+        spec = OperatorSpec(uid="sql-1", kind="spark", name="sql", call_site="test.py:1",
+                            params={"sql": query}, udf=None)
+        chain = SparkChain([spec], ctx)
+        chain.open()
+        out.append(chain)
+    return out

@@ -9,28 +9,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from cluster.conf import TaskConfig
-from cluster.graph.job_graph import OperatorSpec
-from cluster.operators.base import OperatorContext
 from cluster.operators.spark import SparkChain
 from cluster.operators.spark_fusion import FusionGroup, is_narrow, split_by_partition
 from cluster.taskmanager.spark_stage import SparkStage
 
-
-def chains(query: str, job: str, parallelism: int = 2) -> list[SparkChain]:
-    config = TaskConfig.from_dict({})
-    out = []
-    for subtask in range(parallelism):
-        ctx = OperatorContext(job_id=job, job_name=job, attempt=0, subtask=subtask, parallelism=parallelism,
-                              max_parallelism=128, config=config, result_address=None,
-                              cancelled=threading.Event(), sender=None, execution_id=f"{job}-{subtask}",
-                              task_name=f"sql ({subtask + 1}/{parallelism})")
-        spec = OperatorSpec(uid="sql-1", kind="spark", name="sql", call_site="test_spark_fusion.py",
-                            params={"sql": query}, udf=None)
-        chain = SparkChain([spec], ctx)
-        chain.open()
-        out.append(chain)
-    return out
+from .harness import spark_chains
 
 
 def rows(subtask: int, n: int, start: int = 0) -> pa.Table:
@@ -81,7 +64,7 @@ def close(subtasks):
 
 
 def test_fused_subtasks_get_their_own_rows_in_order(spark):
-    subtasks = chains("SELECT id, v * 10 AS w FROM input WHERE v <> 3", "fused")
+    subtasks = spark_chains("SELECT id, v * 10 AS w FROM input WHERE v <> 3", "fused")
     # many small tables (as a source polls them): while a job runs, both subtasks' next ones wait
     inputs = [[rows(s, 300 + i, start=10_000 * i) for i in range(40)] for s in range(2)]
     inputs[1].insert(5, rows(1, 120_000, start=900_000))  # one cut into several partitions
@@ -99,7 +82,7 @@ def test_fused_subtasks_get_their_own_rows_in_order(spark):
 
 
 def test_a_plan_with_an_exchange_runs_one_job_per_subtask_batch(spark):
-    subtasks = chains("SELECT v, count(*) AS n FROM input GROUP BY v", "grouped")
+    subtasks = spark_chains("SELECT v, count(*) AS n FROM input GROUP BY v", "grouped")
     inputs = [[rows(s, 700, start=1_000 * i) for i in range(10)] for s in range(2)]
     try:
         results = run_subtasks(subtasks, inputs)
@@ -115,7 +98,7 @@ def test_a_plan_with_an_exchange_runs_one_job_per_subtask_batch(spark):
 
 
 def test_without_fusion_each_subtask_runs_its_own_jobs(spark):
-    subtasks = chains("SELECT id FROM input", "alone")
+    subtasks = spark_chains("SELECT id FROM input", "alone")
     inputs = [[rows(s, 50, start=100 * i) for i in range(5)] for s in range(2)]
     try:
         results = run_subtasks(subtasks, inputs, fuse=False)

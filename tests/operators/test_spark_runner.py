@@ -5,8 +5,14 @@ import gc
 import threading
 import time
 
+import numpy as np
+import pyarrow as pa
+
 from cluster.conf import TaskConfig
 from cluster.operators.spark import PY4J_RELEASE_POLL_S, SparkRunner
+from cluster.operators.spark_fusion import FusionGroup
+
+from .harness import spark_chains
 
 
 def test_java_objects_python_drops_are_released_in_the_jvm_within_a_fraction_of_a_second():
@@ -26,3 +32,32 @@ def test_java_objects_python_drops_are_released_in_the_jvm_within_a_fraction_of_
     assert not pending
     # with py4j's 1 s sleep each round waits 0-1 s: five rounds all under 0.3 s by chance is 0.2 %
     assert max(waited) < 0.3, f"releases waited {[round(w, 3) for w in waited]} s (poll {PY4J_RELEASE_POLL_S} s)"
+
+
+def test_a_spark_batch_leaves_no_java_object_bound_after_its_job():
+    """Every Java object a batch's job reached from Python (its DataFrames, its Arrow batches, the
+    result server) is released when the job ends, with Python's cyclic collector off: py4j's proxies
+    are reference cycles, which would otherwise hold them (and the batch's bytes) in the JVM."""
+    fused, alone = spark_chains("SELECT id, v * 2 AS w FROM input WHERE v < 5", "released")
+    group = FusionGroup(("released",))
+    session, _ = alone._session(), fused._session()  # each chain's session lives as long as it does
+    bindings = session.sparkContext._gateway.java_gateway_server.getGateway().getBindings()
+    table = pa.table({"id": np.arange(1000, dtype=np.int64), "v": np.arange(1000, dtype=np.int64) % 7})
+    pending = session.sparkContext._gateway._gateway_client.finalizer_deque
+    gc.disable()
+    try:
+        before = bindings.size()
+        for _ in range(5):
+            assert alone.process(table)[0].num_rows == 1000 * 5 // 7 + 1
+            out, _ = fused.process_parts([table, table], group)
+            assert out.num_rows == 2 * (1000 * 5 // 7 + 1)
+        started = time.monotonic()
+        while pending and time.monotonic() - started < 3:
+            time.sleep(0.01)
+        time.sleep(0.05)  # the last release in flight
+        left = bindings.size() - before
+        assert left <= 0, f"{left} Java objects of 10 jobs still bound"
+    finally:
+        gc.enable()
+        for chain in (fused, alone):
+            chain.close()
