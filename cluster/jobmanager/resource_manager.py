@@ -90,18 +90,24 @@ class ResourceManagerState:
     def __init__(self, heartbeat_timeout_s: float, spread_out: bool = False):
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.slot_manager = SlotManager(spread_out)
+        # TaskManagers we stopped: one still alive for a moment must not come back. Asked to
+        # register by a heartbeat that came after its release, it did, and its entry outlived its
+        # process until the heartbeat timeout. Flink's active ResourceManager refuses unknown workers.
+        self.released: set[str] = set()
 
     def register_task_manager(self, reg: TaskManagerRegistration, connection_id: bytes) -> list:
         if connection_id != reg.task_manager_id.encode():
             return [RejectRegistration(reg.task_manager_id, "task manager id does not match the connection")]
         if reg.number_of_slots < 1:
             return [RejectRegistration(reg.task_manager_id, "a TaskManager needs at least one slot")]
+        if reg.task_manager_id in self.released:
+            return [RejectRegistration(reg.task_manager_id, "released by the ResourceManager, which stops it")]
         new = self.slot_manager.register(reg)
         return [AcceptRegistration(reg.task_manager_id, new), *self._allocate()]
 
     def heartbeat_from_task_manager(self, tm_id: str, tasks: list, now: float) -> list:
         if not self.slot_manager.heartbeat(tm_id, now, tasks):
-            return [AskToRegister(tm_id)]
+            return [] if tm_id in self.released else [AskToRegister(tm_id)]
         return [AnswerHeartbeat(tm_id), ForwardMetrics(tuple(tasks))]
 
     def check_heartbeats(self, now: float) -> list:
@@ -120,6 +126,7 @@ class ResourceManagerState:
     def release(self, tm_id: str) -> list:
         """A TaskManager we stop (it is idle): its slots leave the table, no JobMaster is told."""
         self.slot_manager.unregister(tm_id)
+        self.released.add(tm_id)
         return []
 
     def request_slots(self, job_id: str, count: int) -> list:

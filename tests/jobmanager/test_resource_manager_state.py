@@ -66,3 +66,17 @@ def test_a_lost_taskmanager_takes_its_slots_and_a_cancelled_request_is_never_gra
     rm.release_slots("job")
     assert rm.request_slots("other", 3) == [] and rm.cancel_slot_request("other") == []
     assert of(register(rm, "tm-c", slots=2), GrantSlots) == []
+
+
+def test_a_released_taskmanager_is_not_asked_back_nor_taken_back_while_it_stops():
+    rm = ResourceManagerState(heartbeat_timeout_s=2)
+    register(rm, "tm-a")
+    register(rm, "tm-idle")
+    assert rm.release("tm-idle") == []
+    assert set(rm.slot_manager.task_managers) == {"tm-a"}
+    # its last heartbeat, sent before it got the signal to stop
+    assert rm.heartbeat_from_task_manager("tm-idle", [], now=1.0) == []
+    (refused,) = register(rm, "tm-idle", now=1.0)
+    assert isinstance(refused, RejectRegistration) and "released" in refused.reason
+    assert set(rm.slot_manager.task_managers) == {"tm-a"}
+    assert rm.heartbeat_from_task_manager("tm-gone", [], now=1.0) == [AskToRegister("tm-gone")]  # others still
