@@ -206,6 +206,10 @@ class SparkRunner:
             self.session.stop()
 
 
+# the job group last set on this thread's (pinned) JVM thread, whichever chain set it
+_thread_job_group = threading.local()
+
+
 class SparkChain(Operator, kind="spark"):
     """Consecutive Spark operators of one task, fused into one Spark plan per batch.
 
@@ -243,11 +247,15 @@ class SparkChain(Operator, kind="spark"):
                 refs.release()
 
     def _session(self):
-        """This thread's session: views are per session, job groups per (pinned JVM) thread."""
+        """This thread's session (views are per session), with this task's job group set on the
+        thread: a fused round's worker runs other subtasks' batches too (spark_fusion), and a group
+        set once per thread had counted (and would have cancelled) them under the wrong task."""
         session = getattr(self._local, "session", None)
         if session is None:
             session = self._local.session = self._task_session.newSession()
+        if getattr(_thread_job_group, "group", None) != self.group:
             session.sparkContext.setJobGroup(self.group, f"streamlab task {self.ctx.task_name}")
+            _thread_job_group.group = self.group
         return session
 
     def cancel_jobs(self) -> None:

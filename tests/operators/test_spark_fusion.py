@@ -128,3 +128,16 @@ def test_split_by_partition_cuts_the_tagged_output_per_batch():
     parts = split_by_partition(out, [(0, 1), (1, 2), (2, 4)])  # the second batch's partition had no rows left
     assert [[t.column("x").to_pylist() for t in p] for p in parts] == [[[1, 2]], [], [[3, 4, 5]]]
     assert all(t.column_names == ["x"] for p in parts for t in p)
+
+
+def test_a_batch_run_on_another_subtasks_thread_counts_under_its_own_job_group(spark):
+    """A fused round's worker runs its fellow subtasks' batches (each in a job of its own when the
+    plan mixes partitions): every job must be in the job group of the subtask whose batch it is,
+    which its metrics count and its cancellation cancels."""
+    first, second = spark_chains("SELECT v, count(*) AS n FROM input GROUP BY v", "groups")
+    try:
+        for chain in (first, second, first, second, first):  # one thread, as one worker's rounds
+            assert chain.process(rows(chain.ctx.subtask, 50))
+        assert [(c.metrics()["spark-jobs"], c.metrics()["spark-batches"]) for c in (first, second)] == [(3, 3), (2, 2)]
+    finally:
+        close([first, second])
