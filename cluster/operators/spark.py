@@ -240,11 +240,8 @@ class SparkChain(Operator, kind="spark"):
         if schema is not None:
             empty = pa.ipc.read_schema(pa.py_buffer(schema)).empty_table()
             session = self._session()
-            refs = JvmRefs(session)
-            try:
+            with JvmRefs(session) as refs:
                 self._plan(session, refs.add(session.createDataFrame(empty)._jdf), refs)
-            finally:
-                refs.release()
 
     def _session(self):
         """This thread's session (views are per session), with this task's job group set on the
@@ -303,16 +300,13 @@ class SparkChain(Operator, kind="spark"):
         if table.num_rows == 0:
             return []
         session = self._session()
-        refs = JvmRefs(session)
-        try:
+        with JvmRefs(session) as refs:
             started = time.perf_counter()
             jdf = self.bridge.to_jvm(session, table, refs)
             planned = time.perf_counter()
             jdf = self._plan(session, jdf, refs)
             ran = time.perf_counter()
             out = self._run(session, jdf, refs)
-        finally:
-            refs.release()
         self.timings.add(table.num_rows, planned - started, ran - planned, time.perf_counter() - ran)
         return [out]
 
@@ -321,8 +315,7 @@ class SparkChain(Operator, kind="spark"):
         tagged with its partition, and each table's partitions; no output (None) when the plan
         does not keep partitions apart."""
         session = self._session()
-        refs = JvmRefs(session)
-        try:
+        with JvmRefs(session) as refs:
             started = time.perf_counter()
             jdf, ranges = self.bridge.parts_to_jvm(session, tables, refs)
             planned = time.perf_counter()
@@ -333,8 +326,6 @@ class SparkChain(Operator, kind="spark"):
             jdf = refs.add(jdf.withColumn(PARTITION_COLUMN, tag))
             ran = time.perf_counter()
             out = self._run(session, jdf, refs)
-        finally:
-            refs.release()
         self.timings.add(sum(t.num_rows for t in tables), planned - started, ran - planned, time.perf_counter() - ran)
         self.fused_jobs += 1
         return out, ranges

@@ -33,7 +33,8 @@ class JvmRefs:
     proxy: a reference cycle, so Python frees a proxy (and py4j then lets the JVM free the object)
     only at a cyclic garbage collection, seconds later. A batch's DataFrames reach its Arrow bytes:
     kept that long, a second of batches outlived the JVM's young collections and filled the old
-    generation. Only the job's thread uses one; ``add`` returns what it is given."""
+    generation. Only the job's thread uses one, as ``with JvmRefs(session) as refs``; ``add``
+    returns what it is given."""
 
     def __init__(self, session):
         self._gateway = session.sparkContext._gateway
@@ -44,6 +45,12 @@ class JvmRefs:
         if isinstance(obj, JavaObject):
             self._refs.append(obj)
         return obj
+
+    def __enter__(self) -> "JvmRefs":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.release()
 
     def release(self) -> None:
         refs, self._refs = self._refs, []
