@@ -22,7 +22,12 @@ planning takes a few hundred jobs to reach full speed. streamlab's warm-up jobs 
 that both TaskManagers' JVMs are warm (a job of parallelism 2 fills one TaskManager; which one a
 later job gets is not fixed). The warm-up jobs' own figures are printed too, as "cold".
 
-    .venv/bin/python bench/peers.py [--quick | --rows N] [--rate R ...] [--pyflink-venv DIR]
+Each measured throughput job runs --repeat times (default 3) on every peer, one after the other,
+and the median is the figure: on this machine the same warm 5M-row stateless job ran anywhere
+between 3.6 and 5.7 M rows/s from one run to the next, so one run each decided a ratio by chance.
+Every run's figure is printed too.
+
+    .venv/bin/python bench/peers.py [--quick | --rows N] [--repeat N] [--rate R ...] [--pyflink-venv DIR]
 """
 from __future__ import annotations
 
@@ -57,6 +62,12 @@ PYFLINK = "apache-flink==2.3.0"
 JOB_TIMEOUT_S = 3600  # 5M rows at today's default batching take several minutes
 STATELESS = "SELECT id, k, v * 2 AS v2 FROM input WHERE v < 500"
 LATENCY_FILTER = "v % 10 < 8"
+
+
+def median_run(measure, repeat: int) -> dict:
+    """``measure()`` run ``repeat`` times: the median rows/s, and every run's."""
+    runs = [measure() for _ in range(repeat)]
+    return {"median": float(np.median(runs)), "runs": runs}
 
 
 def peer_rows(seq):
@@ -101,8 +112,8 @@ def run_streamlab(args) -> dict:
         out["cold"] = {"stateless": streamlab_stateless(cluster, client, args.warmup_rows, slots),
                        "keyed": streamlab_keyed(cluster, client, args.warmup_rows, slots)}
         streamlab_latency(cluster, client, args.rates[0], args.warmup_seconds, slots)
-        out["stateless"] = streamlab_stateless(cluster, client, args.rows)
-        out["keyed"] = streamlab_keyed(cluster, client, args.rows)
+        for w, measure in (("stateless", streamlab_stateless), ("keyed", streamlab_keyed)):
+            out[w] = median_run(lambda: measure(cluster, client, args.rows), args.repeat)
         for rate in args.rates:
             out["latency"][rate] = streamlab_latency(cluster, client, rate, args.latency_seconds)
         client.close()
@@ -131,23 +142,27 @@ def flink_report(venv: Path, script: str, *arguments: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def pyflink_rows_per_s(venv: Path, script: str, rows: int, warmup_rows: int, plan: str) -> dict:
+def pyflink_rows_per_s(venv: Path, script: str, rows: int, warmup_rows: int, plan: str, repeat: int = 1) -> dict:
     """Run a PyFlink bench script, print its setup (``plan``: what its jobs do), and return its
-    rows/s by workload, and under "cold" its warm-up jobs' rows/s."""
-    report = flink_report(venv, script, "--rows", str(rows), "--warmup-rows", str(warmup_rows))
+    rows/s by workload (with ``repeat`` > 1: {"median", "runs"}), and under "cold" its warm-up
+    jobs' rows/s."""
+    report = flink_report(venv, script, "--rows", str(rows), "--warmup-rows", str(warmup_rows),
+                          *(("--repeat", str(repeat)) if repeat > 1 else ()))
     s = report["setup"]
     print(f"PyFlink {s['pyflink']} (Flink {s['flink']}, Java {s['java']}, Python {s['python']}): Table API SQL, "
           f"streaming mode, {s['cluster']}, parallelism {s['parallelism']}, {plan}, "
           f"after a {s['warmup_rows']:,}-row warm-up job of each workload; rows/s = N / (FINISHED - RUNNING) "
           "of the job (GET /jobs/<id>)", flush=True)
-    out = {name: r["rows_per_s"] for name, r in report["results"].items()}
+    out: dict = {name: r["rows_per_s"] for name, r in report["results"].items()}
+    if repeat > 1:
+        out = {name: {"median": r["rows_per_s"], "runs": r["runs"]} for name, r in report["results"].items()}
     out["cold"] = {name: r["rows_per_s"] for name, r in report["warmup"].items()}
     return out
 
 
 def run_pyflink(args) -> dict:
     return pyflink_rows_per_s(args.pyflink_venv, "peers_flink.py", args.rows, args.warmup_rows,
-                              "datagen sequence -> blackhole")
+                              "datagen sequence -> blackhole", args.repeat)
 
 
 # ---------------------------------------------------------------------- Spark Structured Streaming
@@ -248,7 +263,9 @@ def run_spark_ss(args) -> dict:
         cold = {w: ss_throughput(spark, w, args.warmup_rows, warm_batch, checkpoints / "warm-up")
                 for w in ("stateless", "keyed")}
         ss_latency(spark, args.rates[0], args.warmup_seconds, checkpoints / "warm-up")  # its own offsets
-        out = {w: ss_throughput(spark, w, args.rows, rows_per_batch, checkpoints) for w in ("stateless", "keyed")}
+        runs = iter(range(2 * args.repeat))  # each run's query reads from offset 0: a checkpoint of its own
+        out = {w: median_run(lambda: ss_throughput(spark, w, args.rows, rows_per_batch, checkpoints / str(next(runs))),
+                             args.repeat) for w in ("stateless", "keyed")}
         out["cold"] = cold
         out["latency"] = {rate: ss_latency(spark, rate, args.latency_seconds, checkpoints) for rate in args.rates}
     finally:
@@ -268,6 +285,8 @@ def main():
     parser.add_argument("--quick", action="store_true", help="a smoke run: 300k rows, 10 s per latency run")
     parser.add_argument("--rate", type=int, action="append", default=[],
                         help="another input rate (rows/s) for the latency runs, beside 1,000 and 100,000")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="runs of each measured throughput job per peer, the median reported (default 3)")
     parser.add_argument("--latency-seconds", type=float, help="seconds per latency run (default 25, quick 10)")
     parser.add_argument("--warmup-rows", type=int, help="rows of each peer's warm-up job of each workload "
                         "(default: --rows)")
@@ -283,11 +302,11 @@ def main():
     args.warmup_rows = args.warmup_rows or args.rows
     args.warmup_seconds = args.warmup_seconds if args.warmup_seconds is not None else (5 if args.quick else 20)
     args.rates = sorted({1_000, 100_000, *args.rate})
-    for label, value in (("--rows", args.rows), ("--warmup-rows", args.warmup_rows), *(("--rate", r) for r in args.rates)):
+    for label, value in (("--rows", args.rows), ("--warmup-rows", args.warmup_rows), ("--repeat", args.repeat), *(("--rate", r) for r in args.rates)):
         if value < 1:
             parser.error(f"{label} must be a positive integer, got {value}")
-    print(f"{os.cpu_count()} cores, parallelism {PARALLELISM}, {args.rows:,} rows per throughput job, "
-          f"{args.latency_seconds:g} s per latency run", flush=True)
+    print(f"{os.cpu_count()} cores, parallelism {PARALLELISM}, {args.rows:,} rows per throughput job "
+          f"(the median of {args.repeat} runs), {args.latency_seconds:g} s per latency run", flush=True)
 
     ours = run_streamlab(args)
     flink = run_pyflink(args)
@@ -297,12 +316,17 @@ def main():
     print(f"{'workload':<10} {'streamlab rows/s':>17} {'PyFlink rows/s':>15} {'Spark SS rows/s':>16} "
           f"{'streamlab/PyFlink':>18} {'streamlab/SparkSS':>18}")
     for w in ("stateless", "keyed"):
-        print(f"{w:<10} {ours[w]:>17,.0f} {flink[w]:>15,.0f} {spark[w]:>16,.0f} "
-              f"{ratio(ours[w], flink[w]):>18} {ratio(ours[w], spark[w]):>18}")
+        mine, theirs, ss = ours[w]["median"], flink[w]["median"], spark[w]["median"]
+        print(f"{w:<10} {mine:>17,.0f} {theirs:>15,.0f} {ss:>16,.0f} "
+              f"{ratio(mine, theirs):>18} {ratio(mine, ss):>18}")
     for w in ("stateless", "keyed"):
         cold = (ours["cold"][w], flink["cold"][w], spark["cold"][w])
         print(f"{w + ' cold':<16} {cold[0]:>11,.0f} {cold[1]:>15,.0f} {cold[2]:>16,.0f} "
               f"{ratio(cold[0], cold[1]):>18} {ratio(cold[0], cold[2]):>18}")
+    print(f"the median of {args.repeat} runs each; every run, M rows/s:")
+    for w in ("stateless", "keyed"):
+        print(f"  {w:<10} " + "; ".join(f"{peer} {' '.join(f'{r / 1e6:.2f}' for r in result[w]['runs'])}"
+                                        for peer, result in (("streamlab", ours), ("PyFlink", flink), ("Spark SS", spark))))
     print(f"cold: each peer's warm-up job of {args.warmup_rows:,} rows, the first of its kind in a fresh JVM "
           "(streamlab's at parallelism 4, on every slot of both TaskManagers; Spark SS: micro-batches of a tenth of it)")
     print()

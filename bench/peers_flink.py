@@ -94,27 +94,35 @@ def flink_setup(warmup_rows: int) -> dict:
             "warmup_rows": warmup_rows}
 
 
-def report_runs(run, names, rows: int, warmup_rows: int) -> None:
+def report_runs(run, names, rows: int, warmup_rows: int, repeat: int = 1) -> None:
     """On a fresh MiniCluster: a warm-up job of every workload (class loading, code generation and
     the JIT, as every peer of bench/peers.py gets), then ``run(env, rest, name, rows)`` for every
-    name; the JSON report printed last, as bench/peers.py's flink_report reads it."""
+    name, ``repeat`` times (the run of median rows/s reported, with every run's rows/s); the JSON
+    report printed last, as bench/peers.py's flink_report reads it."""
     cluster, rest = start_minicluster()
     try:
         env = table_env(rest)
         warmup = {name: run(env, rest, name, warmup_rows) for name in names}
-        results = {name: run(env, rest, name, rows) for name in names}
+        results = {name: median_run([run(env, rest, name, rows) for _ in range(repeat)]) for name in names}
         setup = flink_setup(warmup_rows)
     finally:
         cluster.close()
     sys.stdout.write(json.dumps({"setup": setup, "warmup": warmup, "results": results}) + "\n")
 
 
+def median_run(runs: list[dict]) -> dict:
+    """The run of median rows/s (the upper one of an even count), with every run's rows/s."""
+    ordered = sorted(runs, key=lambda r: r["rows_per_s"])
+    return ordered[len(ordered) // 2] | {"runs": [r["rows_per_s"] for r in runs]}
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, required=True)
     parser.add_argument("--warmup-rows", type=int, default=1_000_000)
+    parser.add_argument("--repeat", type=int, default=1)
     args = parser.parse_args()
-    report_runs(run, list(WORKLOADS), args.rows, args.warmup_rows)
+    report_runs(run, list(WORKLOADS), args.rows, args.warmup_rows, args.repeat)
 
 
 if __name__ == "__main__":
