@@ -141,3 +141,31 @@ def test_a_batch_run_on_another_subtasks_thread_counts_under_its_own_job_group(s
         assert [(c.metrics()["spark-jobs"], c.metrics()["spark-batches"]) for c in (first, second)] == [(3, 3), (2, 2)]
     finally:
         close([first, second])
+
+
+def test_a_subtask_joins_its_group_while_a_round_runs(spark):
+    """A subtask's task joins its fusion group as it opens, and its source reads nothing before:
+    joining must not wait for the round that another subtask's worker runs meanwhile (under the
+    group's lock, held here as a round holds it). When 5M rows of the stateless .sql benchmark
+    began, one subtask waited 300-450 ms so for the other's first job. Leaving does wait: a round
+    may hold the leaving stage's batch."""
+    subtasks = spark_chains("SELECT id FROM input", "joining")
+    key = ("joining", 0, "sql-1")
+    stages = [SparkStage(c.process, c.cancel_jobs, c.spec.where(), 1_000_000, 64 << 20, 1, c.ctx.cancelled,
+                         lambda: None) for c in subtasks]
+    try:
+        group = stages[0].group = FusionGroup.join(key, stages[0], subtasks[0])
+        joined, left = threading.Event(), threading.Event()
+        with group.lock:  # a round runs
+            threading.Thread(target=lambda: (FusionGroup.join(key, stages[1], subtasks[1]), joined.set()),
+                             daemon=True).start()
+            assert joined.wait(5), "joining waited for the round"
+            threading.Thread(target=lambda: (group.leave(stages[1]), left.set()), daemon=True).start()
+            assert not left.wait(0.3), "leaving did not wait for the round"
+        assert left.wait(5)
+        assert [stage for stage, _ in group.members] == [stages[0]]
+    finally:
+        for stage in stages:
+            stage.close()
+        close(subtasks)
+    assert key not in FusionGroup._registry
