@@ -5,7 +5,8 @@ starts, because Spark's start costs 5-15 s here; a task deployed earlier waits f
 so. Every task gets its own ``newSession()`` (its own temp views and SQL conf, one shared JVM).
 
 Consecutive ``.spark``/``.sql`` operators of one task run as ONE Spark plan per batch: the batch
-goes in as Arrow, every step only adds to the DataFrame's plan, and one ``toArrow()`` runs it. The
+goes in as Arrow, every step only adds to the DataFrame's plan, and one ``toArrow()`` runs it; a
+chain of SQL steps analyses its plan at the first batch only (spark_plans.py). The
 settings come from ../shared/notes/spark.md (measured here): Arrow in as Arrow data
 (localRelationThreshold=0), few shuffle partitions, adaptive execution off so that a batch is one
 Spark job.
@@ -29,6 +30,7 @@ from cluster.graph.job_graph import OperatorSpec, missing_column
 from .base import Operator, OperatorContext, TaskCancelled, UserFunctionError
 from .spark_arrow import ArrowBridge, JvmRefs
 from .spark_fusion import PARTITION_COLUMN, FusionGroup
+from .spark_plans import PlanTemplate
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -226,6 +228,11 @@ class SparkChain(Operator, kind="spark"):
         self._outputs_checked = False  # the columns consumers key by, checked once per attempt
         self._local = threading.local()
         self.fused_jobs = 0  # jobs this subtask ran with other subtasks' batches in them (spark_fusion)
+        # the first batch's analysed plan, re-used for later ones (spark_plans): SQL steps only
+        self._reuse_plans = all(isinstance(step, str) for _, step in self.steps)
+        self._templates: list[PlanTemplate] = []  # every thread's, released at close
+        self._templates_lock = threading.Lock()
+        self.plans_reused = 0
 
     def open(self) -> None:
         runner = SparkRunner.get(self.ctx.config)
@@ -302,9 +309,11 @@ class SparkChain(Operator, kind="spark"):
         session = self._session()
         with JvmRefs(session) as refs:
             started = time.perf_counter()
-            jdf = self.bridge.to_jvm(session, table, refs)
+            jdf_in = self.bridge.to_jvm(session, table, refs)
             planned = time.perf_counter()
-            jdf = self._plan(session, jdf, refs)
+            jdf = self._reused(jdf_in, table.schema, False, refs)
+            if jdf is None:
+                jdf = self._keep(session, self._plan(session, jdf_in, refs), table.schema, False)
             ran = time.perf_counter()
             out = self._run(session, jdf, refs)
         self.timings.add(table.num_rows, planned - started, ran - planned, time.perf_counter() - ran)
@@ -317,18 +326,56 @@ class SparkChain(Operator, kind="spark"):
         session = self._session()
         with JvmRefs(session) as refs:
             started = time.perf_counter()
-            jdf, ranges = self.bridge.parts_to_jvm(session, tables, refs)
+            jdf_in, ranges = self.bridge.parts_to_jvm(session, tables, refs)
             planned = time.perf_counter()
-            jdf = self._plan(session, jdf, refs)
-            if not fusion.check_plan(jdf, refs):
-                return None, ranges
-            tag = refs.add(session._jvm.org.apache.spark.sql.functions.spark_partition_id())
-            jdf = refs.add(jdf.withColumn(PARTITION_COLUMN, tag))
+            jdf = self._reused(jdf_in, tables[0].schema, True, refs)
+            if jdf is None:
+                jdf = self._plan(session, jdf_in, refs)
+                if not fusion.check_plan(jdf, refs):
+                    return None, ranges
+                tag = refs.add(session._jvm.org.apache.spark.sql.functions.spark_partition_id())
+                jdf = self._keep(session, refs.add(jdf.withColumn(PARTITION_COLUMN, tag)), tables[0].schema, True)
             ran = time.perf_counter()
             out = self._run(session, jdf, refs)
         self.timings.add(sum(t.num_rows for t in tables), planned - started, ran - planned, time.perf_counter() - ran)
         self.fused_jobs += 1
         return out, ranges
+
+    def _reused(self, jdf_in, schema: pa.Schema, tagged: bool, refs: JvmRefs):
+        """The plan of an earlier batch of this schema over ``jdf_in``, or None: plan this one."""
+        template = getattr(self._local, "templates", {}).get((tagged, schema))
+        if template is None or not self._reuse_plans:
+            return None
+        try:
+            jdf = template.bind(jdf_in, refs)
+        except Exception:
+            self._stop_reusing("re-using the analysed plan failed")
+            return None
+        self.plans_reused += 1
+        return jdf
+
+    def _keep(self, session, jdf, schema: pa.Schema, tagged: bool):
+        """Keep ``jdf``'s analysed plan for this thread's later batches of ``schema``; ``jdf``."""
+        templates = getattr(self._local, "templates", None)
+        if templates is None:
+            templates = self._local.templates = {}
+        if self._reuse_plans and (tagged, schema) not in templates \
+                and not any(pa.types.is_timestamp(field.type) for field in schema):  # PySpark's own path
+            try:
+                template = PlanTemplate.of(session, jdf)
+            except Exception:
+                self._stop_reusing("keeping the analysed plan failed")
+                return jdf
+            templates[(tagged, schema)] = template
+            if template is not None:
+                with self._templates_lock:
+                    self._templates.append(template)
+        return jdf
+
+    def _stop_reusing(self, what: str) -> None:
+        """Spark's internals are not what spark_plans expects: analyse every batch, as without it."""
+        log.warning("%s: %s; each batch is analysed from now on", self.spec.where(), what, exc_info=True)
+        self._reuse_plans = False
 
     def _run(self, session, jdf, refs: JvmRefs) -> pa.Table:
         try:
@@ -341,12 +388,17 @@ class SparkChain(Operator, kind="spark"):
     def close(self) -> None:
         if hasattr(self, "bridge"):
             self.bridge.close()
+        with self._templates_lock:
+            templates, self._templates = self._templates, []
+        for template in templates:
+            template.release()
 
     def metrics(self) -> dict:
         # spark-jobs is Spark's own count (its status tracker, by job group), not ours
         jobs = len(self._task_session.sparkContext.statusTracker().getJobIdsForGroup(self.group)) \
             if hasattr(self, "group") else 0
-        return self.timings.metrics() | {"spark-jobs": jobs, "spark-fused-jobs": self.fused_jobs}
+        return self.timings.metrics() | {"spark-jobs": jobs, "spark-fused-jobs": self.fused_jobs,
+                                         "spark-plans-reused": self.plans_reused}
 
 
 class BatchTimings:

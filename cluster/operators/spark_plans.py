@@ -1,0 +1,100 @@
+"""A Spark chain's analysed plan, re-used for every batch after the first.
+
+Per batch, a ``.sql`` chain made its view ``input`` (a command that Spark analyses and runs),
+parsed and analysed every step, and analysed the fused job's partition tag once more: at 1.3M
+rows/s some 15-25 ms of the driver's time per Spark job (medians: view 6, SQL 5, tag 7 ms), paid
+by every round whatever its rows. Once Spark is busy a round's length is that fixed cost over the
+share of Spark left free, so it set the latency at high rates. Yet only a plan's input changes
+from batch to batch: here the first batch's analysed plan is kept, and each later batch's input
+relation takes the place of its input leaf, with that leaf's attribute ids (which every expression
+above refers to); the plan is marked analysed and goes straight to optimisation.
+
+Re-used only when the plan reads its input through one leaf among the tree's children: a
+subquery expression holds a plan of its own inside an expression, and a self-join reads the input
+twice; those plans are analysed per batch as before. ``.spark`` functions never are (they may
+build a different plan each time).
+
+pyspark is pinned (pyproject.toml): these are Spark's internal methods, public in its bytecode
+(``TreeNode.makeCopy``/``withNewChildren``, ``AnalysisHelper.setAnalyzed``,
+``classic.Dataset.ofRows``).
+
+Thread use: a template belongs to the thread whose session analysed it (SparkChain keeps them per
+thread).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Optional
+
+if TYPE_CHECKING:
+    from .spark_arrow import JvmRefs
+
+INPUT_LEAF = "LogicalRDD"  # an Arrow batch's relation (spark_arrow.ArrowBridge, PySpark's createDataFrame)
+
+
+class PlanTemplate:
+    """An analysed plan over one input relation, and how to put another relation in its place."""
+
+    def __init__(self, session, path: list[tuple[Any, list[Any], int]], copy_args: Any, rdd_arg: int,
+                 kept: list[Any]):
+        self._session = session
+        # from the root down: each ancestor of the input leaf, its children, and the leaf's side
+        self._path = path
+        # the leaf's constructor arguments, its attribute ids among them; its rdd set per batch
+        self._copy_args, self._rdd_arg = copy_args, rdd_arg
+        self._kept = kept  # every Java object the template holds, released with it
+        self._to_seq = session._jvm.org.apache.spark.api.python.PythonUtils.toSeq
+        self._of_rows = session._jvm.org.apache.spark.sql.classic.Dataset.ofRows
+
+    @classmethod
+    def of(cls, session, jdf) -> Optional["PlanTemplate"]:
+        """The template of a Java DataFrame's analysed plan, or None when it cannot be re-used."""
+        plan = jdf.queryExecution().analyzed()
+        path: list[tuple[Any, list[Any], int]] = []
+        leaves: list[Any] = []
+        cls._walk(plan, path, leaves)
+        if len(leaves) != 1 or plan.treeString().count(INPUT_LEAF) != 1:
+            return None  # the input read twice, or inside an expression (a subquery)
+        leaf = leaves[0]
+        names = [leaf.productElementName(i) for i in range(leaf.productArity())]
+        if "rdd" not in names:
+            return None
+        gateway = session.sparkContext._gateway
+        copy_args = gateway.new_array(gateway.jvm.java.lang.Object, len(names))
+        for i in range(len(names)):
+            copy_args[i] = leaf.productElement(i)
+        kept = [plan, leaf, copy_args, *(obj for node, kids, _ in path for obj in (node, *kids))]
+        return cls(session, path, copy_args, names.index("rdd"), kept)
+
+    @classmethod
+    def _walk(cls, node, path: list, leaves: list) -> None:
+        """Fill ``path`` with the ancestors of the one input leaf (``leaves`` gets every one)."""
+        children = node.children()
+        if children.size() == 0:
+            if node.nodeName() == INPUT_LEAF:
+                leaves.append(node)
+            return
+        kids = [children.apply(i) for i in range(children.size())]
+        for i, child in enumerate(kids):
+            found = len(leaves)
+            cls._walk(child, path, leaves)
+            if len(leaves) > found and len(leaves) == 1:
+                path.insert(0, (node, kids, i))
+
+    def bind(self, jdf, refs: "JvmRefs") -> Any:
+        """The plan over ``jdf``'s relation (an Arrow batch's, of the template's schema), as a
+        Java DataFrame."""
+        leaf = refs.add(jdf.logicalPlan())
+        self._copy_args[self._rdd_arg] = refs.add(leaf.rdd())
+        node = refs.add(leaf.makeCopy(self._copy_args))  # the batch's rows, the template's attribute ids
+        for parent, children, side in reversed(self._path):
+            kids = list(children)
+            kids[side] = node
+            node = refs.add(parent.withNewChildren(refs.add(self._to_seq(kids))))
+        node.setAnalyzed()
+        return refs.add(self._of_rows(self._session._jsparkSession, node))
+
+    def release(self) -> None:
+        gateway = self._session.sparkContext._gateway
+        for obj in self._kept:
+            gateway.detach(obj)
+        self._kept = []

@@ -1,0 +1,82 @@
+"""A .sql chain's first analysed plan, re-used for later batches (cluster/operators/spark_plans.py),
+on the test process's TaskManager SparkSession: every batch still gets exactly its own rows'
+result; plans that read their input twice or inside an expression are analysed per batch."""
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from cluster.operators.spark_fusion import FusionGroup, split_by_partition
+
+from .harness import spark_chains
+
+
+def batch(i: int, n: int = 200) -> pa.Table:
+    seq = np.arange(n, dtype=np.int64) + 1_000 * i
+    return pa.table({"id": seq, "v": (seq * (i + 3)) % 11})
+
+
+def test_later_batches_run_the_first_batchs_plan_over_their_own_rows(spark):
+    chain, = spark_chains("SELECT id, v * 10 AS w FROM input WHERE v <> 3", "plans", parallelism=1)
+    try:
+        for i in range(6):
+            table = batch(i, 100 + 50 * i)
+            out, = chain.process(table)
+            kept = table.filter(pc.not_equal(table["v"], 3))
+            assert out.column_names == ["id", "w"]
+            assert out["id"].to_pylist() == kept["id"].to_pylist(), f"batch {i}"
+            assert out["w"].to_pylist() == [v * 10 for v in kept["v"].to_pylist()], f"batch {i}"
+        assert chain.plans_reused == 5
+        assert chain.metrics()["spark-plans-reused"] == 5
+    finally:
+        chain.close()
+
+
+def test_fused_rounds_reuse_the_tagged_plan(spark):
+    first, second = spark_chains("SELECT id, v FROM input WHERE v < 6", "fused-plans")
+    group = FusionGroup(("fused-plans",))
+    try:
+        for i in range(4):
+            tables = [batch(2 * i, 300), batch(2 * i + 1, 70_000)]  # the second in several partitions
+            out, ranges = first.process_parts(tables, group)
+            for table, got in zip(tables, split_by_partition(out, ranges)):  # by each row's partition tag
+                assert pa.concat_tables(got).to_pydict() == table.filter(pc.less(table["v"], 6)).to_pydict(), \
+                    f"round {i}"
+        assert first.plans_reused == 3 and first.fused_jobs == 4
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_new_schema_gets_a_plan_of_its_own(spark):
+    chain, = spark_chains("SELECT id, v + 1 AS u FROM input", "schemas", parallelism=1)
+    try:
+        whole = batch(0)
+        halves = pa.table({"id": whole["id"], "v": pc.divide(pc.cast(whole["v"], pa.float64()), 2.0)})
+        for table in (whole, halves, whole, halves):
+            out, = chain.process(table)
+            assert out["u"].to_pylist() == [v + 1 for v in table["v"].to_pylist()]
+            assert out.schema.field("u").type == table.schema.field("v").type
+        assert chain.plans_reused == 2
+    finally:
+        chain.close()
+
+
+def test_plans_that_read_the_input_twice_or_in_a_subquery_are_analysed_per_batch(spark):
+    queries = {
+        "SELECT id FROM input WHERE v = (SELECT max(v) FROM input)":
+            lambda t: [i for i, v in zip(t["id"].to_pylist(), t["v"].to_pylist()) if v == max(t["v"].to_pylist())],
+        "SELECT a.id FROM input a JOIN input b ON a.id = b.id + 1 ORDER BY a.id":
+            lambda t: t["id"].to_pylist()[1:],
+    }
+    for n, (query, expected) in enumerate(queries.items()):
+        chain, = spark_chains(query, f"twice-{n}", parallelism=1)
+        try:
+            for i in range(3):
+                table = batch(i, 50 + i)
+                out, = chain.process(table)
+                assert out["id"].to_pylist() == expected(table), f"{query}, batch {i}"
+            assert chain.plans_reused == 0
+        finally:
+            chain.close()
