@@ -60,8 +60,8 @@ class PlanTemplate:
             return None
         gateway = session.sparkContext._gateway
         copy_args = gateway.new_array(gateway.jvm.java.lang.Object, len(names))
-        for i in range(len(names)):
-            copy_args[i] = leaf.productElement(i)
+        for i, name in enumerate(names):
+            copy_args[i] = None if name == "rdd" else leaf.productElement(i)  # each batch's, during bind
         kept = [plan, leaf, copy_args, *(obj for node, kids, _ in path for obj in (node, *kids))]
         return cls(session, path, copy_args, names.index("rdd"), kept)
 
@@ -85,7 +85,12 @@ class PlanTemplate:
         Java DataFrame."""
         leaf = refs.add(jdf.logicalPlan())
         self._copy_args[self._rdd_arg] = refs.add(leaf.rdd())
-        node = refs.add(leaf.makeCopy(self._copy_args))  # the batch's rows, the template's attribute ids
+        try:
+            node = refs.add(leaf.makeCopy(self._copy_args))  # the batch's rows, the template's attribute ids
+        finally:
+            # the array is the template's: holding the batch's rdd, it kept the batch's Arrow bytes
+            # in the JVM until the next batch, past the job that JvmRefs releases them after
+            self._copy_args[self._rdd_arg] = None
         for parent, children, side in reversed(self._path):
             kids = list(children)
             kids[side] = node

@@ -3,6 +3,8 @@ on the test process's TaskManager SparkSession: every batch still gets exactly i
 result; plans that read their input twice or inside an expression are analysed per batch."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -80,3 +82,32 @@ def test_plans_that_read_the_input_twice_or_in_a_subquery_are_analysed_per_batch
             assert chain.plans_reused == 0
         finally:
             chain.close()
+
+
+def test_a_reused_plan_keeps_no_later_batch_alive_in_the_jvm(spark):
+    """The template's arguments hold a batch's rdd only while its plan is built: after the job
+    (and JvmRefs' release) the JVM may free the batch's Arrow bytes, as without templates."""
+    from cluster.operators.spark_arrow import JvmRefs
+    from cluster.operators.spark_plans import PlanTemplate
+    chain, = spark_chains("SELECT id, v FROM input WHERE v > 2", "held", parallelism=1)
+    session = chain._session()
+    jvm = session._jvm
+    try:
+        with JvmRefs(session) as refs:
+            first = chain.bridge.to_jvm(session, batch(0), refs)
+            template = PlanTemplate.of(session, chain._plan(session, first, refs))
+        assert template is not None
+        with JvmRefs(session) as refs:
+            second = chain.bridge.to_jvm(session, batch(1), refs)
+            weak = jvm.java.lang.ref.WeakReference(refs.add(refs.add(second.logicalPlan()).rdd()))
+            out = chain.bridge.from_jvm(session, template.bind(second, refs), refs)
+            expected = batch(1).filter(pc.greater(batch(1)["v"], 2))
+            assert out.to_pydict() == expected.to_pydict()
+        deadline = time.monotonic() + 10
+        while weak.get() is not None and time.monotonic() < deadline:
+            jvm.System.gc()
+            time.sleep(0.1)
+        assert weak.get() is None, "the second batch's rdd is still referenced in the JVM"
+        template.release()
+    finally:
+        chain.close()
