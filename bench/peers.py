@@ -64,10 +64,14 @@ STATELESS = "SELECT id, k, v * 2 AS v2 FROM input WHERE v < 500"
 LATENCY_FILTER = "v % 10 < 8"
 
 
-def median_run(measure, repeat: int) -> dict:
-    """``measure()`` run ``repeat`` times: the median rows/s, and every run's."""
-    runs = [measure() for _ in range(repeat)]
+def median_of(runs: list[float]) -> dict:
+    """The median of runs' rows/s, and every run's (every peer's figure is made here)."""
     return {"median": float(np.median(runs)), "runs": runs}
+
+
+def median_run(measure, repeat: int) -> dict:
+    """``measure()`` run ``repeat`` times: see median_of."""
+    return median_of([measure() for _ in range(repeat)])
 
 
 def peer_rows(seq):
@@ -153,9 +157,8 @@ def pyflink_rows_per_s(venv: Path, script: str, rows: int, warmup_rows: int, pla
           f"streaming mode, {s['cluster']}, parallelism {s['parallelism']}, {plan}, "
           f"after a {s['warmup_rows']:,}-row warm-up job of each workload; rows/s = N / (FINISHED - RUNNING) "
           "of the job (GET /jobs/<id>)", flush=True)
-    out: dict = {name: r["rows_per_s"] for name, r in report["results"].items()}
-    if repeat > 1:
-        out = {name: {"median": r["rows_per_s"], "runs": r["runs"]} for name, r in report["results"].items()}
+    out: dict = {name: median_of(r["runs"]) if repeat > 1 else r["rows_per_s"]
+                 for name, r in report["results"].items()}
     out["cold"] = {name: r["rows_per_s"] for name, r in report["warmup"].items()}
     return out
 
