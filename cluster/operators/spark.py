@@ -343,7 +343,7 @@ class SparkChain(Operator, kind="spark"):
 
     def _reused(self, jdf_in, schema: pa.Schema, tagged: bool, refs: JvmRefs):
         """The plan of an earlier batch of this schema over ``jdf_in``, or None: plan this one."""
-        template = getattr(self._local, "templates", {}).get((tagged, schema))
+        template = getattr(self._local, "templates", {}).get(_plan_key(tagged, schema))
         if template is None or not self._reuse_plans:
             return None
         try:
@@ -359,14 +359,15 @@ class SparkChain(Operator, kind="spark"):
         templates = getattr(self._local, "templates", None)
         if templates is None:
             templates = self._local.templates = {}
-        if self._reuse_plans and (tagged, schema) not in templates \
+        key = _plan_key(tagged, schema)
+        if self._reuse_plans and key not in templates \
                 and not any(pa.types.is_timestamp(field.type) for field in schema):  # PySpark's own path
             try:
-                template = PlanTemplate.of(session, jdf)
+                template = PlanTemplate.of(session, jdf, tagged)
             except Exception:
                 self._stop_reusing("keeping the analysed plan failed")
                 return jdf
-            templates[(tagged, schema)] = template
+            templates[key] = template
             if template is not None:
                 with self._templates_lock:
                     self._templates.append(template)
@@ -424,6 +425,12 @@ class BatchTimings:
             return {"spark-batches": self.batches, "spark-rows": self.rows,
                     "spark-arrow-in-ms": round(self.arrow_in * 1000), "spark-plan-ms": round(self.plan * 1000),
                     "spark-run-ms": round(self.run * 1000)}
+
+
+def _plan_key(tagged: bool, schema: pa.Schema) -> tuple[bool, pa.Schema]:
+    # without metadata, which Spark ignores: pandas' differs from table to table (a RangeIndex's
+    # bounds), and a schema's hash includes it where its equality does not
+    return tagged, schema.remove_metadata() if schema.metadata else schema
 
 
 def _step(spec: OperatorSpec) -> Union[str, Callable]:

@@ -11,8 +11,10 @@ above refers to); the plan is marked analysed and goes straight to optimisation.
 
 Re-used only when the plan reads its input through one leaf among the tree's children: a
 subquery expression holds a plan of its own inside an expression, and a self-join reads the input
-twice; those plans are analysed per batch as before. ``.spark`` functions never are (they may
-build a different plan each time).
+twice; those plans are analysed per batch as before. So are plans that are not deterministic:
+analysis fixes the seed of ``rand()``, ``uuid()`` and their kind (Spark's ResolveRandomSeed), and
+a re-used plan would draw the same numbers for every batch. ``.spark`` functions never are
+re-used (they may build a different plan each time).
 
 pyspark is pinned (pyproject.toml): these are Spark's internal methods, public in its bytecode
 (``TreeNode.makeCopy``/``withNewChildren``, ``AnalysisHelper.setAnalyzed``,
@@ -46,9 +48,18 @@ class PlanTemplate:
         self._of_rows = session._jvm.org.apache.spark.sql.classic.Dataset.ofRows
 
     @classmethod
-    def of(cls, session, jdf) -> Optional["PlanTemplate"]:
-        """The template of a Java DataFrame's analysed plan, or None when it cannot be re-used."""
+    def of(cls, session, jdf, tagged: bool = False) -> Optional["PlanTemplate"]:
+        """The template of a Java DataFrame's analysed plan, or None when it cannot be re-used.
+        ``tagged``: the plan is a projection of ours (spark_fusion's partition tag, itself not
+        deterministic) over the steps' plan, whose determinism decides."""
         plan = jdf.queryExecution().analyzed()
+        steps = plan
+        if tagged:
+            if plan.nodeName() != "Project" or plan.children().size() != 1:
+                return None
+            steps = plan.children().apply(0)
+        if not steps.deterministic():
+            return None  # seeds fixed at analysis: each batch needs its own
         path: list[tuple[Any, list[Any], int]] = []
         leaves: list[Any] = []
         cls._walk(plan, path, leaves)

@@ -51,6 +51,33 @@ def test_fused_rounds_reuse_the_tagged_plan(spark):
         second.close()
 
 
+def test_batches_whose_schemas_differ_only_in_metadata_share_a_plan(spark):
+    """pandas' metadata differs from table to table (a RangeIndex's bounds); Spark ignores it."""
+    chain, = spark_chains("SELECT id, v * 10 AS w FROM input WHERE v <> 3", "metadata", parallelism=1)
+    try:
+        for i in range(4):
+            table = batch(i).replace_schema_metadata({b"pandas": f'{{"index_columns": [{{"start": {i}}}]}}'.encode()})
+            out, = chain.process(table)
+            kept = table.filter(pc.not_equal(table["v"], 3))
+            assert out["w"].to_pylist() == [v * 10 for v in kept["v"].to_pylist()]
+        assert chain.plans_reused == 3
+    finally:
+        chain.close()
+
+
+def test_plans_that_draw_random_numbers_are_analysed_per_batch(spark):
+    """Analysis fixes rand()'s seed: a re-used plan drew the same numbers for every batch."""
+    chain, = spark_chains("SELECT id, rand() AS r FROM input WHERE rand() < 2", "random", parallelism=1,
+                          input_schema=batch(0).schema)
+    try:
+        draws = [chain.process(batch(0))[0]["r"].to_pylist() for _ in range(3)]
+        assert len(draws[0]) == batch(0).num_rows
+        assert draws[0] != draws[1] and draws[1] != draws[2] and draws[0] != draws[2]
+        assert chain.plans_reused == 0
+    finally:
+        chain.close()
+
+
 def test_a_new_schema_gets_a_plan_of_its_own(spark):
     chain, = spark_chains("SELECT id, v + 1 AS u FROM input", "schemas", parallelism=1)
     try:
