@@ -73,6 +73,10 @@ class PlanTemplate:
         copy_args = gateway.new_array(gateway.jvm.java.lang.Object, len(names))
         for i, name in enumerate(names):
             copy_args[i] = None if name == "rdd" else leaf.productElement(i)  # each batch's, during bind
+        # Each new Dataset adds its id to a mutable set among its plan root's tags (for detecting
+        # ambiguous self-joins), and withNewChildren copies a node's tags: left on the template's
+        # root, that one set gained an id for every batch, for as long as the job ran
+        plan.unsetTagValue(session._jvm.org.apache.spark.sql.classic.Dataset.DATASET_ID_TAG())
         kept = [plan, leaf, copy_args, *(obj for node, kids, _ in path for obj in (node, *kids))]
         return cls(session, path, copy_args, names.index("rdd"), kept)
 

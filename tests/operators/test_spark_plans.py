@@ -51,6 +51,23 @@ def test_fused_rounds_reuse_the_tagged_plan(spark):
         second.close()
 
 
+def test_a_reused_plan_gathers_nothing_from_batch_to_batch(spark):
+    """Each Dataset adds its id to its plan root's tags; the template's root must not keep them."""
+    chain, = spark_chains("SELECT id, v FROM input WHERE v > 2", "tags", parallelism=1)
+    session = chain._session()
+    dataset_ids = session._jvm.org.apache.spark.sql.classic.Dataset.DATASET_ID_TAG()
+    try:
+        for i in range(12):
+            chain.process(batch(i))
+        assert chain.plans_reused == 11
+        template, = chain._local.templates.values()
+        root = template._path[0][0]
+        ids = root.getTagValue(dataset_ids)
+        assert not ids.isDefined() or ids.get().size() <= 1, f"{ids.get().size()} datasets' ids on the template"
+    finally:
+        chain.close()
+
+
 def test_batches_whose_schemas_differ_only_in_metadata_share_a_plan(spark):
     """pandas' metadata differs from table to table (a RangeIndex's bounds); Spark ignores it."""
     chain, = spark_chains("SELECT id, v * 10 AS w FROM input WHERE v <> 3", "metadata", parallelism=1)
