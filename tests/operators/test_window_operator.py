@@ -481,14 +481,8 @@ def test_a_session_gap_of_zero_is_refused_naming_the_operator(backend, tmp_path)
 
 
 # --------------------------------------------------------------------------- the Spark pre-aggregation
-@pytest.fixture(scope="module")
-def spark():
-    from pyspark.sql import SparkSession
-    session = (SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
-               .config("spark.driver.host", "127.0.0.1").config("spark.sql.session.timeZone", "UTC")
-               .config("spark.sql.shuffle.partitions", "1").getOrCreate())
-    yield session
-    session.stop()
+# (on the test session's SparkSession, tests/conftest.py: a module's own, stopped after the module,
+# stopped the one every later test in the process got from getOrCreate)
 
 
 def test_the_spark_step_makes_the_same_partial_rows_as_pandas(spark, tmp_path):
