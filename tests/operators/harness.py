@@ -123,10 +123,8 @@ class RedisServer:
             self.process = None
 
 
-def spark_chains(query: str, job: str, parallelism: int = 2,
-                 input_schema: Optional[pa.Schema] = None) -> list["SparkChain"]:
-    """The subtasks of a one-step .sql chain, opened on the process's TaskManager SparkSession
-    (with the input schema the client knew, if given)."""
+def spark_chains(query: str, job: str, parallelism: int = 2) -> list["SparkChain"]:
+    """The subtasks of a one-step .sql chain, opened on the process's TaskManager SparkSession."""
     from cluster.operators.spark import SparkChain
     config = TaskConfig.from_dict({})
     out = []
@@ -136,8 +134,7 @@ def spark_chains(query: str, job: str, parallelism: int = 2,
                               cancelled=threading.Event(), sender=None, execution_id=f"{job}-{subtask}",
                               task_name=f"sql ({subtask + 1}/{parallelism})")
         spec = OperatorSpec(uid="sql-1", kind="spark", name="sql", call_site="test.py:1",
-                            params={"sql": query} | ({"input_schema": input_schema.serialize().to_pybytes()}
-                                                     if input_schema is not None else {}), udf=None)
+                            params={"sql": query}, udf=None)
         chain = SparkChain([spec], ctx)
         chain.open()
         out.append(chain)
