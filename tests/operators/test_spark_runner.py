@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gc
+import os
 import threading
 import time
 
@@ -69,3 +70,18 @@ def test_a_spark_batch_leaves_no_java_object_bound_after_its_job():
         gc.enable()
         for chain in (fused, alone):
             chain.close()
+
+
+def test_a_shorter_batch_after_a_longer_one_gives_its_own_rows_only():
+    """A thread's batch file is overwritten in place (spark_arrow), not emptied first: what a longer
+    batch left past a shorter one's end is neither read nor kept."""
+    (chain,) = spark_chains("SELECT id, v FROM input", "overwritten", parallelism=1)
+    try:
+        for n in (120_000, 1_000, 7):
+            table = pa.table({"id": np.arange(n, dtype=np.int64), "v": np.arange(n, dtype=np.int64) * 3})
+            (out,) = chain.process(table)
+            assert out.sort_by("id").equals(table), n
+        (path,) = chain.bridge._paths
+        assert os.path.getsize(path) < 2_000  # the 7 rows' stream, not the 120,000's 1.9 MB
+    finally:
+        chain.close()
