@@ -386,7 +386,8 @@ OPTIONS: dict[str, ConfigOption] = {
         ConfigOption("execution.spark.max-batch-rows", _int(1),
                      "Most rows one Spark job of a task takes (the input that waits while Spark is busy)."),
         ConfigOption("execution.spark.max-batch-size", _size(1),
-                     "Most bytes one Spark job of a task takes."),
+                     "Most bytes one Spark job of a task takes (never more than a sixteenth of "
+                     "taskmanager.spark.driver-memory, which bounds a TaskManager's jobs together)."),
         ConfigOption("execution.spark.max-concurrent-batches", _int(1, 8),
                      "Spark jobs of one task in flight at once (results keep their order)."),
         ConfigOption("execution.spark.fuse-subtasks", _bool,

@@ -30,6 +30,7 @@ from cluster.graph.job_graph import OperatorSpec, missing_column
 from .base import Operator, OperatorContext, TaskCancelled, UserFunctionError
 from .spark_arrow import ArrowBridge, JvmRefs
 from .spark_fusion import PARTITION_COLUMN, FusionGroup
+from .spark_memory import BatchMemory, budget_of_heap
 from .spark_plans import PlanTemplate
 
 if TYPE_CHECKING:
@@ -115,6 +116,7 @@ class SparkRunner:
         self.started_at = time.monotonic()
         self.queued = False  # waiting for another TaskManager's JVM start to end before starting its own
         self.startup_seconds: Optional[float] = None
+        self.memory = BatchMemory(budget_of_heap(config.spark_driver_memory))  # every Spark job of the TaskManager
         self._thread = threading.Thread(target=self._start, name="spark-start", daemon=True)
 
     @classmethod
@@ -237,6 +239,7 @@ class SparkChain(Operator, kind="spark"):
     def open(self) -> None:
         runner = SparkRunner.get(self.ctx.config)
         self._task_session = runner.session_for_task(self.ctx.cancelled, self.ctx.set_detail)
+        self.memory = runner.memory
         self.group = f"streamlab-{self.ctx.execution_id}"
         self.bridge = ArrowBridge(self._task_session.sparkContext.defaultParallelism)
         # The input schema the client knew (a source's declared schema, a generator's sample).
@@ -290,6 +293,10 @@ class SparkChain(Operator, kind="spark"):
             except Exception as exc:
                 raise UserFunctionError(f"{spec.where()} failed in Spark: {type(exc).__name__}: "
                                         f"{_first_line(exc)}", spec.name, spec.call_site) from exc
+        if any(isinstance(step, str) for _, step in self.steps):
+            # analysed: the view has done its work, and left in the session's catalog it kept the
+            # batch (its Arrow bytes) in the JVM until the next batch's view or the session's end
+            refs.add(session._jsparkSession.catalog()).dropTempView("input")
         self._outputs_checked = True
         return jdf
 
@@ -307,13 +314,13 @@ class SparkChain(Operator, kind="spark"):
         if table.num_rows == 0:
             return []
         session = self._session()
-        with JvmRefs(session) as refs:
+        with self.memory.hold(table.nbytes, self.ctx.cancelled), JvmRefs(session) as refs:
             started = time.perf_counter()
             jdf_in = self.bridge.to_jvm(session, table, refs)
             planned = time.perf_counter()
             jdf = self._reused(jdf_in, table.schema, False, refs)
             if jdf is None:
-                jdf = self._keep(session, self._plan(session, jdf_in, refs), table.schema, False)
+                jdf = self._keep(session, self._plan(session, jdf_in, refs), table.schema, False, refs)
             ran = time.perf_counter()
             out = self._run(session, jdf, refs)
         self.timings.add(table.num_rows, planned - started, ran - planned, time.perf_counter() - ran)
@@ -324,7 +331,7 @@ class SparkChain(Operator, kind="spark"):
         tagged with its partition, and each table's partitions; no output (None) when the plan
         does not keep partitions apart."""
         session = self._session()
-        with JvmRefs(session) as refs:
+        with self.memory.hold(sum(t.nbytes for t in tables), self.ctx.cancelled), JvmRefs(session) as refs:
             started = time.perf_counter()
             jdf_in, ranges = self.bridge.parts_to_jvm(session, tables, refs)
             planned = time.perf_counter()
@@ -334,7 +341,7 @@ class SparkChain(Operator, kind="spark"):
                 if not fusion.check_plan(jdf, refs):
                     return None, ranges
                 tag = refs.add(session._jvm.org.apache.spark.sql.functions.spark_partition_id())
-                jdf = self._keep(session, refs.add(jdf.withColumn(PARTITION_COLUMN, tag)), tables[0].schema, True)
+                jdf = self._keep(session, refs.add(jdf.withColumn(PARTITION_COLUMN, tag)), tables[0].schema, True, refs)
             ran = time.perf_counter()
             out = self._run(session, jdf, refs)
         self.timings.add(sum(t.num_rows for t in tables), planned - started, ran - planned, time.perf_counter() - ran)
@@ -354,7 +361,7 @@ class SparkChain(Operator, kind="spark"):
         self.plans_reused += 1
         return jdf
 
-    def _keep(self, session, jdf, schema: pa.Schema, tagged: bool):
+    def _keep(self, session, jdf, schema: pa.Schema, tagged: bool, refs: JvmRefs):
         """Keep ``jdf``'s analysed plan for this thread's later batches of ``schema``; ``jdf``."""
         templates = getattr(self._local, "templates", None)
         if templates is None:
@@ -363,7 +370,7 @@ class SparkChain(Operator, kind="spark"):
         if self._reuse_plans and key not in templates \
                 and not any(pa.types.is_timestamp(field.type) for field in schema):  # PySpark's own path
             try:
-                template = PlanTemplate.of(session, jdf, tagged)
+                template = PlanTemplate.of(session, jdf, refs, tagged)
             except Exception:
                 self._stop_reusing("keeping the analysed plan failed")
                 return jdf

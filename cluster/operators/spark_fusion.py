@@ -80,8 +80,16 @@ class FusionGroup:
             # the calling stage first: its chain (session, job group) runs the fused job
             with self._members_lock:
                 members = sorted(self.members, key=lambda m: m[0] is not stage)
-            taken = [(member, chain, *batch) for member, chain in members
-                     if (batch := member.take_batch()) is not None]
+            # one job's input is at most the TaskManager's budget for batches in the JVM (spark_memory):
+            # the stages left out have their input taken by their own workers' next rounds
+            allowance = members[0][1].memory.capacity
+            taken = []
+            for member, chain in members:
+                if allowance <= 0:
+                    break
+                if (batch := member.take_batch(allowance)) is not None:
+                    taken.append((member, chain, *batch))
+                    allowance -= batch[1].nbytes
             if not taken:
                 return  # another worker's round took this stage's input
             schema = taken[0][3].schema

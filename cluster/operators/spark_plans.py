@@ -48,21 +48,22 @@ class PlanTemplate:
         self._of_rows = session._jvm.org.apache.spark.sql.classic.Dataset.ofRows
 
     @classmethod
-    def of(cls, session, jdf, tagged: bool = False) -> Optional["PlanTemplate"]:
+    def of(cls, session, jdf, refs: "JvmRefs", tagged: bool = False) -> Optional["PlanTemplate"]:
         """The template of a Java DataFrame's analysed plan, or None when it cannot be re-used.
         ``tagged``: the plan is a projection of ours (spark_fusion's partition tag, itself not
-        deterministic) over the steps' plan, whose determinism decides."""
-        plan = jdf.queryExecution().analyzed()
+        deterministic) over the steps' plan, whose determinism decides. What it reaches of the
+        batch's own plan goes with ``refs`` (the batch's)."""
+        plan = refs.add(refs.add(jdf.queryExecution()).analyzed())
         steps = plan
         if tagged:
-            if plan.nodeName() != "Project" or plan.children().size() != 1:
+            if plan.nodeName() != "Project" or refs.add(plan.children()).size() != 1:
                 return None
-            steps = plan.children().apply(0)
+            steps = refs.add(refs.add(plan.children()).apply(0))
         if not steps.deterministic():
             return None  # seeds fixed at analysis: each batch needs its own
         path: list[tuple[Any, list[Any], int]] = []
         leaves: list[Any] = []
-        cls._walk(plan, path, leaves)
+        cls._walk(plan, path, leaves, refs)
         if len(leaves) != 1 or plan.treeString().count(INPUT_LEAF) != 1:
             return None  # the input read twice, or inside an expression (a subquery)
         leaf = leaves[0]
@@ -71,29 +72,55 @@ class PlanTemplate:
             return None
         gateway = session.sparkContext._gateway
         copy_args = gateway.new_array(gateway.jvm.java.lang.Object, len(names))
+        rdd_arg = names.index("rdd")
         for i, name in enumerate(names):
-            copy_args[i] = None if name == "rdd" else leaf.productElement(i)  # each batch's, during bind
+            copy_args[i] = None if name == "rdd" else refs.add(leaf.productElement(i))
+        # The template's own plan reads an empty RDD: over the analysed batch's leaf it kept that
+        # batch's Arrow bytes in the JVM for as long as the chain ran, a whole fused job's input
+        # per thread and plan; with 1M-row batches of eight int64 columns (64 MB) and the batch
+        # the view "input" kept (SparkChain._plan), a 1g heap ran out within a few jobs.
+        copy_args[rdd_arg] = refs.add(refs.add(session._jsc.emptyRDD()).rdd())
+        try:
+            path, root = cls._rebuilt(session, path, refs.add(leaf.makeCopy(copy_args)), refs)
+        finally:
+            copy_args[rdd_arg] = None  # each batch's, during bind
         # Each new Dataset adds its id to a mutable set among its plan root's tags (for detecting
         # ambiguous self-joins), and withNewChildren copies a node's tags: left on the template's
         # root, that one set gained an id for every batch, for as long as the job ran
-        plan.unsetTagValue(session._jvm.org.apache.spark.sql.classic.Dataset.DATASET_ID_TAG())
-        kept = [plan, leaf, copy_args, *(obj for node, kids, _ in path for obj in (node, *kids))]
-        return cls(session, path, copy_args, names.index("rdd"), kept)
+        root.unsetTagValue(session._jvm.org.apache.spark.sql.classic.Dataset.DATASET_ID_TAG())
+        kept = [copy_args, *(obj for node, kids, _ in path for obj in (node, *kids))]
+        return cls(session, path, copy_args, rdd_arg, kept)
 
     @classmethod
-    def _walk(cls, node, path: list, leaves: list) -> None:
+    def _walk(cls, node, path: list, leaves: list, refs: "JvmRefs") -> None:
         """Fill ``path`` with the ancestors of the one input leaf (``leaves`` gets every one)."""
-        children = node.children()
+        children = refs.add(node.children())
         if children.size() == 0:
             if node.nodeName() == INPUT_LEAF:
                 leaves.append(node)
             return
-        kids = [children.apply(i) for i in range(children.size())]
+        kids = [refs.add(children.apply(i)) for i in range(children.size())]
         for i, child in enumerate(kids):
             found = len(leaves)
-            cls._walk(child, path, leaves)
+            cls._walk(child, path, leaves, refs)
             if len(leaves) > found and len(leaves) == 1:
                 path.insert(0, (node, kids, i))
+
+    @staticmethod
+    def _rebuilt(session, path: list[tuple[Any, list[Any], int]], leaf,
+                 refs: "JvmRefs") -> tuple[list[tuple[Any, list[Any], int]], Any]:
+        """``path`` over ``leaf`` instead of its input leaf: new ancestors, as ``bind`` makes them,
+        each with its children (Java objects of the template's own, not in ``refs``); the new root."""
+        to_seq = session._jvm.org.apache.spark.api.python.PythonUtils.toSeq
+        rebuilt: list[tuple[Any, list[Any], int]] = []
+        node = leaf
+        for parent, children, side in reversed(path):
+            kids = list(children)
+            kids[side] = node
+            node = parent.withNewChildren(refs.add(to_seq(kids)))
+            own = refs.add(node.children())
+            rebuilt.insert(0, (node, [own.apply(i) for i in range(own.size())], side))
+        return rebuilt, node
 
     def bind(self, jdf, refs: "JvmRefs") -> Any:
         """The plan over ``jdf``'s relation (an Arrow batch's, of the template's schema), as a

@@ -54,18 +54,25 @@ class BatchAccumulator:
     def full(self) -> bool:
         return self.rows >= self.max_rows or self.nbytes >= self.max_bytes
 
-    def take(self) -> pa.Table:
+    def take(self, max_bytes: Optional[int] = None) -> pa.Table:
         """What waits, oldest first, up to the caps (a first table over them is cut); tables of
-        another schema than the first wait for the next batch."""
+        another schema than the first wait for the next batch. ``max_bytes``: a lower byte cap
+        for this batch (what a fused job has left)."""
+        max_bytes = self.max_bytes if max_bytes is None else min(max_bytes, self.max_bytes)
         first = self._tables[0]
         taken: list[pa.Table] = []
         rows = nbytes = 0
         while self._tables and self._tables[0].schema.equals(first.schema):
             table = self._tables[0]
-            if taken and (rows + table.num_rows > self.max_rows or nbytes + table.nbytes > self.max_bytes):
+            if taken and (rows + table.num_rows > self.max_rows or nbytes + table.nbytes > max_bytes):
                 break
-            if table.num_rows > self.max_rows - rows:  # only when it is the first one
-                table, rest = table.slice(0, self.max_rows), table.slice(self.max_rows)
+            # only the first table can be over a cap (a later one ends the batch): cut it, by bytes
+            # at its rows' mean size
+            room = self.max_rows
+            if table.nbytes > max_bytes:
+                room = min(room, max(1, table.num_rows * max_bytes // table.nbytes))
+            if table.num_rows > room:
+                table, rest = table.slice(0, room), table.slice(room)
                 self._tables[0] = rest
             else:
                 self._tables.popleft()
@@ -184,20 +191,20 @@ class SparkStage:
             else:
                 self.run_batch(sequence, table)
 
-    def _take(self) -> tuple[int, pa.Table]:
+    def _take(self, max_bytes: Optional[int] = None) -> tuple[int, pa.Table]:
         """Under the condition: the next batch, numbered, counted as running."""
-        table = self._waiting.take()
+        table = self._waiting.take(max_bytes)
         sequence, self._taken = self._taken, self._taken + 1
         self._running += 1
         self._cond.notify_all()  # a task thread waiting for room may go on
         return sequence, table
 
-    def take_batch(self) -> Optional[tuple[int, pa.Table]]:
+    def take_batch(self, max_bytes: int) -> Optional[tuple[int, pa.Table]]:
         """Any worker of the group: this stage's next batch, if one waits (see _take)."""
         with self._cond:
             if self._closing or self._error is not None or not self._waiting:
                 return None
-            return self._take()
+            return self._take(max_bytes)
 
     def run_batch(self, sequence: int, table: pa.Table) -> None:
         """A taken batch through this stage's chain, in a job of its own, on the calling thread."""

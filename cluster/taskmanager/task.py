@@ -514,8 +514,10 @@ class Task:
         wake = self._gate.wake if self._gate is not None else (lambda: None)  # a source task looks often
         self._stage_at = index
         spark = chain[index]
+        # no job takes more than the TaskManager's budget for batches in its Spark JVM (spark_memory)
+        max_bytes = min(self.config.spark_max_batch_bytes, spark.memory.capacity)
         self._stage = SparkStage(spark.process, spark.cancel_jobs, spark.spec.where(),
-                                 self.config.spark_max_batch_rows, self.config.spark_max_batch_bytes,
+                                 self.config.spark_max_batch_rows, max_bytes,
                                  self.config.spark_max_concurrent_batches, self.cancelled, wake)
         config = self.config
         if config.spark_fuse_subtasks and spark.ctx.parallelism > 1 and config.spark_max_concurrent_batches == 1:

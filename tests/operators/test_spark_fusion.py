@@ -11,6 +11,7 @@ import pytest
 
 from cluster.operators.spark import SparkChain
 from cluster.operators.spark_fusion import FusionGroup, is_narrow, split_by_partition
+from cluster.operators.spark_memory import BatchMemory
 from cluster.taskmanager.spark_stage import SparkStage
 
 from .harness import spark_chains
@@ -79,6 +80,30 @@ def test_fused_subtasks_get_their_own_rows_in_order(spark):
     finally:
         close(subtasks)
     assert ("fused", 0, "sql-1") not in FusionGroup._registry  # the last stage to close removed the group
+
+
+def test_a_fused_job_takes_no_more_than_the_budget_for_batches_in_the_jvm(spark):
+    """Two subtasks' waiting batches together over the TaskManager's budget (spark_memory): the job
+    takes what fits, the rest goes in the next one; every subtask still gets all its rows."""
+    subtasks = spark_chains("SELECT id, v FROM input", "budget")
+    memory = BatchMemory(40_000)  # 2,500 rows of two int64 columns
+    inputs = [[rows(s, 1_000, start=1_000 * i) for i in range(12)] for s in range(2)]
+    job_bytes: list[int] = []
+    for chain in subtasks:
+        chain.memory = memory
+        process, process_parts = chain.process, chain.process_parts
+        chain.process = lambda table, process=process: job_bytes.append(table.nbytes) or process(table)
+        chain.process_parts = lambda tables, group, process_parts=process_parts: \
+            job_bytes.append(sum(t.nbytes for t in tables)) or process_parts(tables, group)
+    try:
+        results = run_subtasks(subtasks, inputs)
+        for tables, got in zip(inputs, results):
+            assert got.column("id").to_pylist() == pa.concat_tables(tables)["id"].to_pylist()
+        assert max(job_bytes) <= 40_000, job_bytes
+        assert sum(job_bytes) == 2 * 12 * 16_000
+        assert sum(chain.fused_jobs for chain in subtasks) >= 1
+    finally:
+        close(subtasks)
 
 
 def test_a_plan_with_an_exchange_runs_one_job_per_subtask_batch(spark):

@@ -127,30 +127,36 @@ def test_plans_that_read_the_input_twice_or_in_a_subquery_are_analysed_per_batch
             chain.close()
 
 
-def test_a_reused_plan_keeps_no_later_batch_alive_in_the_jvm(spark):
-    """The template's arguments hold a batch's rdd only while its plan is built: after the job
-    (and JvmRefs' release) the JVM may free the batch's Arrow bytes, as without templates."""
+def test_a_reused_plan_keeps_no_batch_alive_in_the_jvm(spark):
+    """After their jobs (and JvmRefs' release) the JVM may free every batch's Arrow bytes, while the
+    chain (its session, the template) goes on, as without templates: the batch whose plan became
+    the template is held neither by the template's plan nor by the view ``input`` (each held it,
+    up to a fused job's 64 MB, for the chain's life), and a later one not by the template's
+    arguments, which hold a batch's rdd only while its plan is built."""
     from cluster.operators.spark_arrow import JvmRefs
     from cluster.operators.spark_plans import PlanTemplate
     chain, = spark_chains("SELECT id, v FROM input WHERE v > 2", "held", parallelism=1)
     session = chain._session()
     jvm = session._jvm
+    weak = {}
     try:
         with JvmRefs(session) as refs:
             first = chain.bridge.to_jvm(session, batch(0), refs)
-            template = PlanTemplate.of(session, chain._plan(session, first, refs))
+            weak["the analysed batch"] = jvm.java.lang.ref.WeakReference(refs.add(refs.add(first.logicalPlan()).rdd()))
+            template = PlanTemplate.of(session, chain._plan(session, first, refs), refs)
         assert template is not None
         with JvmRefs(session) as refs:
             second = chain.bridge.to_jvm(session, batch(1), refs)
-            weak = jvm.java.lang.ref.WeakReference(refs.add(refs.add(second.logicalPlan()).rdd()))
+            weak["a later batch"] = jvm.java.lang.ref.WeakReference(refs.add(refs.add(second.logicalPlan()).rdd()))
             out = chain.bridge.from_jvm(session, template.bind(second, refs), refs)
             expected = batch(1).filter(pc.greater(batch(1)["v"], 2))
             assert out.to_pydict() == expected.to_pydict()
         deadline = time.monotonic() + 10
-        while weak.get() is not None and time.monotonic() < deadline:
+        while any(w.get() is not None for w in weak.values()) and time.monotonic() < deadline:
             jvm.System.gc()
             time.sleep(0.1)
-        assert weak.get() is None, "the second batch's rdd is still referenced in the JVM"
+        held = [what for what, w in weak.items() if w.get() is not None]
+        assert not held, f"the rdd of {held} is still referenced in the JVM"
         template.release()
     finally:
         chain.close()

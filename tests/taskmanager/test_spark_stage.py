@@ -55,6 +55,15 @@ def test_the_byte_cap_and_a_change_of_schema_end_a_batch():
     assert waiting.take().column_names == ["y"]
 
 
+def test_a_table_over_the_byte_cap_is_cut_at_its_rows_mean_size():
+    waiting = BatchAccumulator(max_rows=1_000_000, max_bytes=100 * 8)  # x is int64: 8 bytes a row
+    waiting.add(rows(0, 250))
+    assert [t.num_rows for t in (waiting.take(), waiting.take(), waiting.take())] == [100, 100, 50]
+    waiting.add(rows(0, 250))
+    assert waiting.take(max_bytes=40 * 8).num_rows == 40  # what a fused job has left: a lower cap
+    assert waiting.take(max_bytes=1 << 30).num_rows == 100  # never above the accumulator's own
+
+
 # ---------------------------------------------------------------- SparkStage
 class Jobs:
     """Stands in for the Spark chain: records each batch, may be held until released."""
