@@ -79,17 +79,20 @@ class PlanTemplate:
         # batch's Arrow bytes in the JVM for as long as the chain ran, a whole fused job's input
         # per thread and plan; with 1M-row batches of eight int64 columns (64 MB) and the batch
         # the view "input" kept (SparkChain._plan), a 1g heap ran out within a few jobs.
-        copy_args[rdd_arg] = refs.add(refs.add(session._jsc.emptyRDD()).rdd())
-        try:
-            path, root = cls._rebuilt(session, path, refs.add(leaf.makeCopy(copy_args)), refs)
-        finally:
-            copy_args[rdd_arg] = None  # each batch's, during bind
+        empty = refs.add(refs.add(session._jsc.emptyRDD()).rdd())
+        to_seq = session._jvm.org.apache.spark.api.python.PythonUtils.toSeq
+        nodes = cls._over(empty, leaf, copy_args, rdd_arg, path, to_seq, refs, keep=True)
+        root = nodes[0]
+        own_path = []  # each new ancestor with its children: Java objects of the template's own
+        for node, (_, _, side) in zip(nodes, path):
+            kids = refs.add(node.children())
+            own_path.append((node, [kids.apply(i) for i in range(kids.size())], side))
         # Each new Dataset adds its id to a mutable set among its plan root's tags (for detecting
         # ambiguous self-joins), and withNewChildren copies a node's tags: left on the template's
         # root, that one set gained an id for every batch, for as long as the job ran
         root.unsetTagValue(session._jvm.org.apache.spark.sql.classic.Dataset.DATASET_ID_TAG())
-        kept = [copy_args, *(obj for node, kids, _ in path for obj in (node, *kids))]
-        return cls(session, path, copy_args, rdd_arg, kept)
+        kept = [copy_args, *(obj for node, kids, _ in own_path for obj in (node, *kids))]
+        return cls(session, own_path, copy_args, rdd_arg, kept)
 
     @classmethod
     def _walk(cls, node, path: list, leaves: list, refs: "JvmRefs") -> None:
@@ -107,38 +110,33 @@ class PlanTemplate:
                 path.insert(0, (node, kids, i))
 
     @staticmethod
-    def _rebuilt(session, path: list[tuple[Any, list[Any], int]], leaf,
-                 refs: "JvmRefs") -> tuple[list[tuple[Any, list[Any], int]], Any]:
-        """``path`` over ``leaf`` instead of its input leaf: new ancestors, as ``bind`` makes them,
-        each with its children (Java objects of the template's own, not in ``refs``); the new root."""
-        to_seq = session._jvm.org.apache.spark.api.python.PythonUtils.toSeq
-        rebuilt: list[tuple[Any, list[Any], int]] = []
-        node = leaf
+    def _over(rdd, leaf, copy_args, rdd_arg: int, path: list[tuple[Any, list[Any], int]], to_seq,
+              refs: "JvmRefs", keep: bool = False) -> list[Any]:
+        """The plan along ``path`` over a copy of the input ``leaf`` that reads ``rdd`` with the
+        template's attribute ids (``copy_args``): its new nodes, the root first and the leaf's copy
+        last, in ``refs`` but for the ancestors when ``keep`` (a template's own)."""
+        copy_args[rdd_arg] = rdd
+        try:
+            node = refs.add(leaf.makeCopy(copy_args))
+        finally:
+            # the array is the template's: holding a batch's rdd, it kept the batch's Arrow bytes
+            # in the JVM until the next batch, past the job that JvmRefs releases them after
+            copy_args[rdd_arg] = None
+        nodes = [node]
         for parent, children, side in reversed(path):
             kids = list(children)
             kids[side] = node
             node = parent.withNewChildren(refs.add(to_seq(kids)))
-            own = refs.add(node.children())
-            rebuilt.insert(0, (node, [own.apply(i) for i in range(own.size())], side))
-        return rebuilt, node
+            nodes.insert(0, node if keep else refs.add(node))
+        return nodes
 
     def bind(self, jdf, refs: "JvmRefs") -> Any:
         """The plan over ``jdf``'s relation (an Arrow batch's, of the template's schema), as a
         Java DataFrame."""
         leaf = refs.add(jdf.logicalPlan())
-        self._copy_args[self._rdd_arg] = refs.add(leaf.rdd())
-        try:
-            node = refs.add(leaf.makeCopy(self._copy_args))  # the batch's rows, the template's attribute ids
-        finally:
-            # the array is the template's: holding the batch's rdd, it kept the batch's Arrow bytes
-            # in the JVM until the next batch, past the job that JvmRefs releases them after
-            self._copy_args[self._rdd_arg] = None
-        for parent, children, side in reversed(self._path):
-            kids = list(children)
-            kids[side] = node
-            node = refs.add(parent.withNewChildren(refs.add(self._to_seq(kids))))
-        node.setAnalyzed()
-        return refs.add(self._of_rows(self._session._jsparkSession, node))
+        root = self._over(refs.add(leaf.rdd()), leaf, self._copy_args, self._rdd_arg, self._path, self._to_seq, refs)[0]
+        root.setAnalyzed()
+        return refs.add(self._of_rows(self._session._jsparkSession, root))
 
     def release(self) -> None:
         gateway = self._session.sparkContext._gateway
