@@ -6,7 +6,7 @@ so. Every task gets its own ``newSession()`` (its own temp views and SQL conf, o
 
 Consecutive ``.spark``/``.sql`` operators of one task run as ONE Spark plan per batch: the batch
 goes in as Arrow, every step only adds to the DataFrame's plan, and one ``toArrow()`` runs it; a
-chain of SQL steps analyses its plan at the first batch only (spark_plans.py). The
+chain of SQL steps is analysed once per TaskManager, for every job's chains (spark_plans.py). The
 settings come from ../shared/notes/spark.md (measured here): Arrow in as Arrow data
 (localRelationThreshold=0), few shuffle partitions, adaptive execution off so that a batch is one
 Spark job.
@@ -31,7 +31,7 @@ from .base import Operator, OperatorContext, TaskCancelled, UserFunctionError
 from .spark_arrow import ArrowBridge, JvmRefs
 from .spark_fusion import PARTITION_COLUMN, FusionGroup
 from .spark_memory import BatchMemory, budget_of_heap
-from .spark_plans import PlanTemplate
+from .spark_plans import INPUT_VIEW, CachedPlan, PlanCache, PlanTemplate
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -117,6 +117,7 @@ class SparkRunner:
         self.queued = False  # waiting for another TaskManager's JVM start to end before starting its own
         self.startup_seconds: Optional[float] = None
         self.memory = BatchMemory(budget_of_heap(config.spark_driver_memory))  # every Spark job of the TaskManager
+        self.plans = PlanCache()  # every job's .sql chains
         self._thread = threading.Thread(target=self._start, name="spark-start", daemon=True)
 
     @classmethod
@@ -230,28 +231,29 @@ class SparkChain(Operator, kind="spark"):
         self._outputs_checked = False  # the columns consumers key by, checked once per attempt
         self._local = threading.local()
         self.fused_jobs = 0  # jobs this subtask ran with other subtasks' batches in them (spark_fusion)
-        # the first batch's analysed plan, re-used for later ones (spark_plans): SQL steps only
+        # the analysed plan of the steps over an input schema, re-used for later batches and by
+        # later jobs (spark_plans): SQL steps only
         self._reuse_plans = all(isinstance(step, str) for _, step in self.steps)
-        self._templates: list[PlanTemplate] = []  # every thread's, released at close
-        self._templates_lock = threading.Lock()
         self.plans_reused = 0
 
     def open(self) -> None:
         runner = SparkRunner.get(self.ctx.config)
         self._task_session = runner.session_for_task(self.ctx.cancelled, self.ctx.set_detail)
         self.memory = runner.memory
+        self.plans = runner.plans
         self.group = f"streamlab-{self.ctx.execution_id}"
         self.bridge = ArrowBridge(self._task_session.sparkContext.defaultParallelism)
         # The input schema the client knew (a source's declared schema, a generator's sample).
-        # Analysis only (no Spark job, no row read): a wrong column
-        # fails the task here, naming the step, and the job's sources have not read yet (a task
-        # opens its inputs only once its consumers have opened).
+        # Analysis only (no Spark job, no row read): a wrong column fails the task here, naming the
+        # step, and the job's sources have not read yet (a task opens its inputs only once its
+        # consumers have opened). A plan an earlier job analysed over this schema needs none.
         schema = self.params.get("input_schema")
         if schema is not None:
             empty = pa.ipc.read_schema(pa.py_buffer(schema)).empty_table()
-            session = self._session()
-            with JvmRefs(session) as refs:
-                self._plan(session, refs.add(session.createDataFrame(empty)._jdf), refs)
+            if self._cached(empty.schema, False) is None:
+                session = self._session()
+                with JvmRefs(session) as refs:
+                    self._plan(session, refs.add(session.createDataFrame(empty)._jdf), refs)
 
     def _session(self):
         """This thread's session (views are per session), with this task's job group set on the
@@ -272,22 +274,27 @@ class SparkChain(Operator, kind="spark"):
         except Exception:
             log.exception("%s: cancelling its Spark jobs failed", self.spec.where())
 
-    def _plan(self, session, jdf, refs: JvmRefs):
+    def _plan(self, session, jdf, refs: JvmRefs, columns: Optional[list] = None):
         """The steps' plan over ``jdf`` (a Java DataFrame), analysed step by step so that an error
-        names its step; the columns consumers key by are checked on the first batch."""
+        names its step; the columns consumers key by are checked on the first batch. ``columns``
+        gets each step's output columns."""
         from pyspark.sql import DataFrame
         for spec, step in self.steps:
             try:
                 if isinstance(step, str):
-                    jdf.createOrReplaceTempView("input")
+                    jdf.createOrReplaceTempView(INPUT_VIEW)
                     jdf = refs.add(session._jsparkSession.sql(step))  # parsed and analysed here
                 else:
                     df = step(DataFrame(jdf, session))
                     if not isinstance(df, DataFrame):
                         raise TypeError(f"the function must return a Spark DataFrame, got {type(df).__name__}")
                     jdf = df._jdf  # not released: the function may keep its DataFrame for later batches
-                if not self._outputs_checked:
-                    self._check_consumers(spec, list(jdf.columns()))
+                if not self._outputs_checked or columns is not None:
+                    output = list(jdf.columns())
+                    if not self._outputs_checked:
+                        self._check_consumers(spec, output)
+                    if columns is not None:
+                        columns.append(tuple(output))
             except (TaskCancelled, UserFunctionError):
                 raise
             except Exception as exc:
@@ -296,7 +303,7 @@ class SparkChain(Operator, kind="spark"):
         if any(isinstance(step, str) for _, step in self.steps):
             # analysed: the view has done its work, and left in the session's catalog it kept the
             # batch (its Arrow bytes) in the JVM until the next batch's view or the session's end
-            refs.add(session._jsparkSession.catalog()).dropTempView("input")
+            refs.add(session._jsparkSession.catalog()).dropTempView(INPUT_VIEW)
         self._outputs_checked = True
         return jdf
 
@@ -318,9 +325,10 @@ class SparkChain(Operator, kind="spark"):
             started = time.perf_counter()
             jdf_in = self.bridge.to_jvm(session, table, refs)
             planned = time.perf_counter()
-            jdf = self._reused(jdf_in, table.schema, False, refs)
+            jdf = self._reused(session, jdf_in, table.schema, False, refs)
             if jdf is None:
-                jdf = self._keep(session, self._plan(session, jdf_in, refs), table.schema, False, refs)
+                columns: list = []
+                jdf = self._keep(session, self._plan(session, jdf_in, refs, columns), columns, table.schema, False, refs)
             ran = time.perf_counter()
             out = self._run(session, jdf, refs)
         self.timings.add(table.num_rows, planned - started, ran - planned, time.perf_counter() - ran)
@@ -335,49 +343,66 @@ class SparkChain(Operator, kind="spark"):
             started = time.perf_counter()
             jdf_in, ranges = self.bridge.parts_to_jvm(session, tables, refs)
             planned = time.perf_counter()
-            jdf = self._reused(jdf_in, tables[0].schema, True, refs)
+            jdf = self._reused(session, jdf_in, tables[0].schema, True, refs)
             if jdf is None:
-                jdf = self._plan(session, jdf_in, refs)
+                columns: list = []
+                jdf = self._plan(session, jdf_in, refs, columns)
                 if not fusion.check_plan(jdf, refs):
                     return None, ranges
                 tag = refs.add(session._jvm.org.apache.spark.sql.functions.spark_partition_id())
-                jdf = self._keep(session, refs.add(jdf.withColumn(PARTITION_COLUMN, tag)), tables[0].schema, True, refs)
+                jdf = self._keep(session, refs.add(jdf.withColumn(PARTITION_COLUMN, tag)), columns, tables[0].schema,
+                                 True, refs)
             ran = time.perf_counter()
             out = self._run(session, jdf, refs)
         self.timings.add(sum(t.num_rows for t in tables), planned - started, ran - planned, time.perf_counter() - ran)
         self.fused_jobs += 1
         return out, ranges
 
-    def _reused(self, jdf_in, schema: pa.Schema, tagged: bool, refs: JvmRefs):
-        """The plan of an earlier batch of this schema over ``jdf_in``, or None: plan this one."""
-        template = getattr(self._local, "templates", {}).get(_plan_key(tagged, schema))
-        if template is None or not self._reuse_plans:
+    def _plan_key(self, tagged: bool, schema: pa.Schema) -> tuple:
+        # without metadata, which Spark ignores: pandas' differs from table to table (a RangeIndex's
+        # bounds), and a schema's hash includes it where its equality does not
+        return tuple(step for _, step in self.steps), tagged, schema.remove_metadata() if schema.metadata else schema
+
+    def _cached(self, schema: pa.Schema, tagged: bool) -> Optional[PlanTemplate]:
+        """The re-usable plan of the steps over ``schema`` that a batch of this chain or an earlier
+        job analysed, if any; its consumers are checked against its columns."""
+        if not self._reuse_plans or any(pa.types.is_timestamp(field.type) for field in schema):
+            return None  # timestamps: PySpark's own path
+        cached = self.plans.get(self._plan_key(tagged, schema))
+        if cached is None or cached.template is None:
+            return None
+        if not self._outputs_checked:
+            for (spec, _), output in zip(self.steps, cached.columns):
+                self._check_consumers(spec, list(output))
+            self._outputs_checked = True
+        return cached.template
+
+    def _reused(self, session, jdf_in, schema: pa.Schema, tagged: bool, refs: JvmRefs):
+        """The plan analysed before over ``jdf_in``, or None: plan this batch."""
+        template = self._cached(schema, tagged)
+        if template is None:
             return None
         try:
-            jdf = template.bind(jdf_in, refs)
+            jdf = template.bind(session, jdf_in, refs)
         except Exception:
             self._stop_reusing("re-using the analysed plan failed")
             return None
-        self.plans_reused += 1
+        if jdf is not None:  # None: released, the least recently used of the TaskManager's plans
+            self.plans_reused += 1
         return jdf
 
-    def _keep(self, session, jdf, schema: pa.Schema, tagged: bool, refs: JvmRefs):
-        """Keep ``jdf``'s analysed plan for this thread's later batches of ``schema``; ``jdf``."""
-        templates = getattr(self._local, "templates", None)
-        if templates is None:
-            templates = self._local.templates = {}
-        key = _plan_key(tagged, schema)
-        if self._reuse_plans and key not in templates \
-                and not any(pa.types.is_timestamp(field.type) for field in schema):  # PySpark's own path
+    def _keep(self, session, jdf, columns: list, schema: pa.Schema, tagged: bool, refs: JvmRefs):
+        """Keep ``jdf``'s analysed plan for later batches of ``schema`` (any job's); ``jdf``."""
+        if not self._reuse_plans or any(pa.types.is_timestamp(field.type) for field in schema):
+            return jdf  # timestamps: PySpark's own path
+        key = self._plan_key(tagged, schema)
+        if self.plans.get(key) is None:
             try:
                 template = PlanTemplate.of(session, jdf, refs, tagged)
             except Exception:
                 self._stop_reusing("keeping the analysed plan failed")
                 return jdf
-            templates[key] = template
-            if template is not None:
-                with self._templates_lock:
-                    self._templates.append(template)
+            self.plans.put(key, CachedPlan(template, tuple(columns)))
         return jdf
 
     def _stop_reusing(self, what: str) -> None:
@@ -396,10 +421,6 @@ class SparkChain(Operator, kind="spark"):
     def close(self) -> None:
         if hasattr(self, "bridge"):
             self.bridge.close()
-        with self._templates_lock:
-            templates, self._templates = self._templates, []
-        for template in templates:
-            template.release()
 
     def metrics(self) -> dict:
         # spark-jobs is Spark's own count (its status tracker, by job group), not ours
@@ -432,12 +453,6 @@ class BatchTimings:
             return {"spark-batches": self.batches, "spark-rows": self.rows,
                     "spark-arrow-in-ms": round(self.arrow_in * 1000), "spark-plan-ms": round(self.plan * 1000),
                     "spark-run-ms": round(self.run * 1000)}
-
-
-def _plan_key(tagged: bool, schema: pa.Schema) -> tuple[bool, pa.Schema]:
-    # without metadata, which Spark ignores: pandas' differs from table to table (a RangeIndex's
-    # bounds), and a schema's hash includes it where its equality does not
-    return tagged, schema.remove_metadata() if schema.metadata else schema
 
 
 def _step(spec: OperatorSpec) -> Union[str, Callable]:

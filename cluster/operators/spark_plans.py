@@ -1,4 +1,4 @@
-"""A Spark chain's analysed plan, re-used for every batch after the first.
+"""Analysed plans of ``.sql`` chains, re-used for every batch after the first, by every job.
 
 Per batch, a ``.sql`` chain made its view ``input`` (a command that Spark analyses and runs),
 parsed and analysed every step, and analysed the fused job's partition tag once more: at 1.3M
@@ -9,28 +9,84 @@ from batch to batch: here the first batch's analysed plan is kept, and each late
 relation takes the place of its input leaf, with that leaf's attribute ids (which every expression
 above refers to); the plan is marked analysed and goes straight to optimisation.
 
+A plan depends on nothing but its SQL and its input's schema when it reads nothing but its input
+and constants, so the TaskManager keeps one per SQL, schema and fusion (``PlanCache``) for every
+job's chains: kept per chain and thread, each job analysed its plan three times over (its first
+batch on each worker thread, its first fused round), 150-250 ms of a 5M-row job's 1.1-1.3 s, and a
+re-run notebook cell analysed again what it had analysed a minute before.
+
 Re-used only when the plan reads its input through one leaf among the tree's children: a
 subquery expression holds a plan of its own inside an expression, and a self-join reads the input
-twice; those plans are analysed per batch as before. So are plans that are not deterministic:
-analysis fixes the seed of ``rand()``, ``uuid()`` and their kind (Spark's ResolveRandomSeed), and
-a re-used plan would draw the same numbers for every batch. ``.spark`` functions never are
-re-used (they may build a different plan each time).
+twice; those plans are analysed per batch as before. So are plans that read a table or a view
+(each batch reads what they hold at its time, as a Spark Structured Streaming micro-batch does)
+and plans that are not deterministic: analysis fixes the seed of ``rand()``, ``uuid()`` and their
+kind (Spark's ResolveRandomSeed), and a re-used plan would draw the same numbers for every batch.
+``.spark`` functions never are re-used (they may build a different plan each time).
 
 pyspark is pinned (pyproject.toml): these are Spark's internal methods, public in its bytecode
-(``TreeNode.makeCopy``/``withNewChildren``, ``AnalysisHelper.setAnalyzed``,
-``classic.Dataset.ofRows``).
+(``TreeNode.makeCopy``/``withNewChildren``, ``QueryPlan.subqueries``,
+``AnalysisHelper.setAnalyzed``, ``classic.Dataset.ofRows``).
 
-Thread use: a template belongs to the thread whose session analysed it (SparkChain keeps them per
-thread).
+Thread use: any thread may call a ``PlanCache`` and a ``PlanTemplate`` (each under its own lock).
 """
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
 if TYPE_CHECKING:
     from .spark_arrow import JvmRefs
 
+INPUT_VIEW = "input"  # the view each SQL step reads (SparkChain._plan)
 INPUT_LEAF = "LogicalRDD"  # an Arrow batch's relation (spark_arrow.ArrowBridge, PySpark's createDataFrame)
+# the leaves besides its input that a plan shared by every job may read: constants, the same for all
+CONSTANT_LEAVES = ("LocalRelation", "OneRowRelation", "Range")
+PLANS_KEPT = 64  # a TaskManager's plans, the least recently used released first
+
+
+@dataclass(frozen=True)
+class CachedPlan:
+    """A chain's analysed plan, or None when it cannot be re-used (each batch is analysed), and
+    each step's output columns, which a chain that does not analyse checks its consumers against."""
+    template: Optional["PlanTemplate"]
+    columns: tuple[tuple[str, ...], ...]
+
+
+class PlanCache:
+    """A TaskManager's analysed plans, by key: the chain's SQL steps, its input's Arrow schema
+    (without metadata) and whether fused. Any thread."""
+
+    def __init__(self, capacity: int = PLANS_KEPT):
+        self.capacity = capacity
+        self._lock = threading.Lock()
+        self._plans: OrderedDict[tuple, CachedPlan] = OrderedDict()
+
+    def get(self, key: tuple) -> Optional[CachedPlan]:
+        with self._lock:
+            plan = self._plans.get(key)
+            if plan is not None:
+                self._plans.move_to_end(key)
+            return plan
+
+    def put(self, key: tuple, plan: CachedPlan) -> CachedPlan:
+        """Keep ``plan``, unless another thread kept one for the key first: the plan kept."""
+        with self._lock:
+            kept = self._plans.get(key)
+            if kept is None:
+                self._plans[key] = kept = plan
+                evicted = [self._plans.popitem(last=False)[1] for _ in range(len(self._plans) - self.capacity)]
+            else:
+                evicted = [plan]
+        for old in evicted:  # a thread binding one now finishes first (the template's lock)
+            if old.template is not None:
+                old.template.release()
+        return kept
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._plans)
 
 
 class PlanTemplate:
@@ -38,7 +94,9 @@ class PlanTemplate:
 
     def __init__(self, session, path: list[tuple[Any, list[Any], int]], copy_args: Any, rdd_arg: int,
                  kept: list[Any]):
-        self._session = session
+        self._gateway = session.sparkContext._gateway
+        self._lock = threading.Lock()  # a bind sets the batch's rdd in the one copy_args array
+        self._released = False
         # from the root down: each ancestor of the input leaf, its children, and the leaf's side
         self._path = path
         # the leaf's constructor arguments, its attribute ids among them; its rdd set per batch
@@ -63,9 +121,9 @@ class PlanTemplate:
             return None  # seeds fixed at analysis: each batch needs its own
         path: list[tuple[Any, list[Any], int]] = []
         leaves: list[Any] = []
-        cls._walk(plan, path, leaves, refs)
-        if len(leaves) != 1 or plan.treeString().count(INPUT_LEAF) != 1:
-            return None  # the input read twice, or inside an expression (a subquery)
+        in_subqueries: list[Any] = []
+        if not cls._walk(plan, path, leaves, in_subqueries, refs) or len(leaves) != 1 or in_subqueries:
+            return None  # a table or view read, the input read twice, or inside an expression (a subquery)
         leaf = leaves[0]
         names = [leaf.productElementName(i) for i in range(leaf.productArity())]
         if "rdd" not in names:
@@ -95,19 +153,31 @@ class PlanTemplate:
         return cls(session, own_path, copy_args, rdd_arg, kept)
 
     @classmethod
-    def _walk(cls, node, path: list, leaves: list, refs: "JvmRefs") -> None:
-        """Fill ``path`` with the ancestors of the one input leaf (``leaves`` gets every one)."""
+    def _walk(cls, node, path: list, leaves: list, in_subqueries: list, refs: "JvmRefs") -> bool:
+        """Fill ``path`` with the ancestors of the first input leaf of the tree's children
+        (``leaves`` gets every one, ``in_subqueries`` those of subquery expressions); False when
+        the plan reads anything but its input and constants."""
+        name = node.nodeName()
+        if name == "View" and not (node.isTempView() and node.desc().identifier().unquotedString() == INPUT_VIEW):
+            return False  # another view's plan, fixed at analysis: it may be replaced before the next batch
         children = refs.add(node.children())
         if children.size() == 0:
-            if node.nodeName() == INPUT_LEAF:
+            if name == INPUT_LEAF:
                 leaves.append(node)
-            return
+                return True
+            return name in CONSTANT_LEAVES
+        subqueries = refs.add(node.subqueries())
+        for i in range(subqueries.size()):
+            if not cls._walk(refs.add(subqueries.apply(i)), [], in_subqueries, in_subqueries, refs):
+                return False
         kids = [refs.add(children.apply(i)) for i in range(children.size())]
         for i, child in enumerate(kids):
             found = len(leaves)
-            cls._walk(child, path, leaves, refs)
+            if not cls._walk(child, path, leaves, in_subqueries, refs):
+                return False
             if len(leaves) > found and len(leaves) == 1:
                 path.insert(0, (node, kids, i))
+        return True
 
     @staticmethod
     def _over(rdd, leaf, copy_args, rdd_arg: int, path: list[tuple[Any, list[Any], int]], to_seq,
@@ -130,16 +200,21 @@ class PlanTemplate:
             nodes.insert(0, node if keep else refs.add(node))
         return nodes
 
-    def bind(self, jdf, refs: "JvmRefs") -> Any:
+    def bind(self, session, jdf, refs: "JvmRefs") -> Optional[Any]:
         """The plan over ``jdf``'s relation (an Arrow batch's, of the template's schema), as a
-        Java DataFrame."""
+        Java DataFrame of ``session``; None when the template was released (evicted) meanwhile."""
         leaf = refs.add(jdf.logicalPlan())
-        root = self._over(refs.add(leaf.rdd()), leaf, self._copy_args, self._rdd_arg, self._path, self._to_seq, refs)[0]
+        with self._lock:
+            if self._released:
+                return None
+            root = self._over(refs.add(leaf.rdd()), leaf, self._copy_args, self._rdd_arg, self._path,
+                              self._to_seq, refs)[0]
         root.setAnalyzed()
-        return refs.add(self._of_rows(self._session._jsparkSession, root))
+        return refs.add(self._of_rows(session._jsparkSession, root))
 
     def release(self) -> None:
-        gateway = self._session.sparkContext._gateway
-        for obj in self._kept:
-            gateway.detach(obj)
-        self._kept = []
+        with self._lock:
+            self._released = True
+            kept, self._kept = self._kept, []
+        for obj in kept:
+            self._gateway.detach(obj)

@@ -123,8 +123,9 @@ class RedisServer:
             self.process = None
 
 
-def spark_chains(query: str, job: str, parallelism: int = 2) -> list["SparkChain"]:
-    """The subtasks of a one-step .sql chain, opened on the process's TaskManager SparkSession."""
+def spark_chains(query: str, job: str, parallelism: int = 2, params: Optional[dict] = None) -> list["SparkChain"]:
+    """The subtasks of a one-step .sql chain, opened on the process's TaskManager SparkSession;
+    ``params``: the step's own besides its SQL (the client's input_schema, consumer_columns)."""
     from cluster.operators.spark import SparkChain
     config = TaskConfig.from_dict({})
     out = []
@@ -134,7 +135,7 @@ def spark_chains(query: str, job: str, parallelism: int = 2) -> list["SparkChain
                               cancelled=threading.Event(), sender=None, execution_id=f"{job}-{subtask}",
                               task_name=f"sql ({subtask + 1}/{parallelism})")
         spec = OperatorSpec(uid="sql-1", kind="spark", name="sql", call_site="test.py:1",
-                            params={"sql": query}, udf=None)
+                            params={"sql": query, **(params or {})}, udf=None)
         chain = SparkChain([spec], ctx)
         chain.open()
         out.append(chain)

@@ -1,17 +1,34 @@
-"""A .sql chain's first analysed plan, re-used for later batches (cluster/operators/spark_plans.py),
-on the test process's TaskManager SparkSession: every batch still gets exactly its own rows'
-result; plans that read their input twice or inside an expression are analysed per batch."""
+"""A .sql chain's first analysed plan, re-used for later batches and later jobs
+(cluster/operators/spark_plans.py), on the test process's TaskManager SparkSession: every batch
+still gets exactly its own rows' result; plans that read their input twice, inside an expression,
+or read a view are analysed per batch."""
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pytest
 
+from cluster.conf import TaskConfig
+from cluster.operators.base import UserFunctionError
+from cluster.operators.spark import SparkRunner
 from cluster.operators.spark_fusion import FusionGroup, split_by_partition
+from cluster.operators.spark_plans import PlanCache
 
 from .harness import spark_chains
+
+
+@pytest.fixture(autouse=True)
+def plans(spark) -> PlanCache:
+    """The TaskManager's plans, empty for each test: a plan another test analysed is not re-used."""
+    runner = SparkRunner.get(TaskConfig.from_dict({}))
+    runner.ready.wait()
+    kept, runner.plans = runner.plans, PlanCache()
+    yield runner.plans
+    runner.plans = kept
 
 
 def batch(i: int, n: int = 200) -> pa.Table:
@@ -60,7 +77,7 @@ def test_a_reused_plan_gathers_nothing_from_batch_to_batch(spark):
         for i in range(12):
             chain.process(batch(i))
         assert chain.plans_reused == 11
-        template, = chain._local.templates.values()
+        template = chain.plans.get(chain._plan_key(False, batch(0).schema)).template
         root = template._path[0][0]
         ids = root.getTagValue(dataset_ids)
         assert not ids.isDefined() or ids.get().size() <= 1, f"{ids.get().size()} datasets' ids on the template"
@@ -148,7 +165,7 @@ def test_a_reused_plan_keeps_no_batch_alive_in_the_jvm(spark):
         with JvmRefs(session) as refs:
             second = chain.bridge.to_jvm(session, batch(1), refs)
             weak["a later batch"] = jvm.java.lang.ref.WeakReference(refs.add(refs.add(second.logicalPlan()).rdd()))
-            out = chain.bridge.from_jvm(session, template.bind(second, refs), refs)
+            out = chain.bridge.from_jvm(session, template.bind(session, second, refs), refs)
             expected = batch(1).filter(pc.greater(batch(1)["v"], 2))
             assert out.to_pydict() == expected.to_pydict()
         deadline = time.monotonic() + 10
@@ -160,3 +177,116 @@ def test_a_reused_plan_keeps_no_batch_alive_in_the_jvm(spark):
         template.release()
     finally:
         chain.close()
+
+
+def filtered(table: pa.Table) -> dict:
+    return table.filter(pc.greater(table["v"], 4)).to_pydict()
+
+
+def test_a_later_jobs_chain_runs_the_plan_an_earlier_job_analysed(plans):
+    query = "SELECT id, v FROM input WHERE v > 4"
+    earlier, = spark_chains(query, "earlier", parallelism=1)
+    try:
+        for i in range(2):
+            assert earlier.process(batch(i))[0].to_pydict() == filtered(batch(i))
+        assert earlier.plans_reused == 1
+    finally:
+        earlier.close()
+    assert len(plans) == 1
+    later, = spark_chains(query, "later", parallelism=1)
+    try:
+        for i in range(2, 5):
+            assert later.process(batch(i, 300))[0].to_pydict() == filtered(batch(i, 300)), f"batch {i}"
+        assert later.plans_reused == 3  # its first batch too
+    finally:
+        later.close()
+    other, = spark_chains("SELECT id, v FROM input WHERE v > 5", "other", parallelism=1)
+    try:
+        other.process(batch(0))
+        assert other.plans_reused == 0 and len(plans) == 2
+    finally:
+        other.close()
+
+
+def test_plans_that_read_a_view_are_analysed_per_batch_and_see_what_it_holds_then(spark):
+    """A global temporary view (seen by every session), of constants only, replaced between two
+    batches of one chain."""
+    query = "SELECT input.id, d.name FROM input JOIN global_temp.plan_dim d ON input.v = d.v ORDER BY input.id"
+    spark.sql("CREATE OR REPLACE GLOBAL TEMPORARY VIEW plan_dim AS SELECT 1L AS v, 'one' AS name")
+    chain, = spark_chains(query, "view", parallelism=1)
+    try:
+        table = batch(0, 20)
+        ones = [i for i, v in zip(table["id"].to_pylist(), table["v"].to_pylist()) if v == 1]
+        assert chain.process(table)[0].to_pydict() == {"id": ones, "name": ["one"] * len(ones)}
+        spark.sql("CREATE OR REPLACE GLOBAL TEMPORARY VIEW plan_dim AS SELECT 1L AS v, 'uno' AS name")
+        assert chain.process(table)[0].to_pydict() == {"id": ones, "name": ["uno"] * len(ones)}
+        assert chain.plans_reused == 0
+    finally:
+        chain.close()
+        spark.catalog.dropGlobalTempView("plan_dim")
+
+
+def test_threads_binding_one_plan_at_once_each_run_their_own_rows(plans):
+    """Two subtasks' workers bind the TaskManager's one plan at the same time."""
+    chains = spark_chains("SELECT id, v FROM input WHERE v > 4", "threads")
+    chains[0].process(batch(0))  # the plan both bind
+    wrong: list = []
+
+    def run(chain, subtask: int) -> None:
+        for i in range(1, 16):
+            table = batch(2 * i + subtask, 100 + 7 * i + subtask)
+            if chain.process(table)[0].to_pydict() != filtered(table):
+                wrong.append((subtask, i))
+
+    threads = [threading.Thread(target=run, args=(chain, n)) for n, chain in enumerate(chains)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert not wrong, f"batches given another batch's rows: {wrong}"
+        assert [c.plans_reused for c in chains] == [15, 15]
+    finally:
+        for chain in chains:
+            chain.close()
+
+
+def test_the_least_recently_used_plan_is_released_past_the_capacity(spark):
+    runner = SparkRunner.get(TaskConfig.from_dict({}))
+    runner.plans = plans = PlanCache(capacity=2)
+    queries = [f"SELECT id FROM input WHERE v > {n}" for n in range(3)]
+    chains = [spark_chains(query, f"lru-{n}", parallelism=1)[0] for n, query in enumerate(queries)]
+    try:
+        for chain in chains:
+            chain.process(batch(0))
+        first = chains[0]
+        assert len(plans) == 2 and plans.get(first._plan_key(False, batch(0).schema)) is None
+        again, = spark_chains(queries[0], "lru-again", parallelism=1)
+        chains.append(again)
+        out, = again.process(batch(1))
+        assert out["id"].to_pylist() == [i for i, v in zip(batch(1)["id"].to_pylist(), batch(1)["v"].to_pylist())
+                                         if v > 0]
+        assert again.plans_reused == 0
+    finally:
+        for chain in chains:
+            chain.close()
+
+
+def test_a_chain_that_runs_a_plan_it_did_not_analyse_still_checks_its_consumers_columns(plans):
+    query = "SELECT id, v AS w FROM input"
+    earlier, = spark_chains(query, "columns", parallelism=1)
+    try:
+        earlier.process(batch(0))
+    finally:
+        earlier.close()
+    needs_v = {"consumer_columns": [["v", "key_by column {}", "key_by (test.py:2)"]]}
+    keyed, = spark_chains(query, "columns-keyed", parallelism=1, params=needs_v)  # its first batch checks
+    try:
+        with pytest.raises(UserFunctionError, match="key_by column `v` does not exist; the input .* has id, w"):
+            keyed.process(batch(1))
+    finally:
+        keyed.close()
+    # at open, against the schema the client knew: the plan is not analysed again there
+    with pytest.raises(UserFunctionError, match="key_by column `v` does not exist; the input .* has id, w"):
+        spark_chains(query, "columns-open", parallelism=1,
+                     params={"input_schema": batch(0).schema.serialize().to_pybytes(), **needs_v})
