@@ -86,7 +86,14 @@ def spark_conf(config: TaskConfig) -> dict[str, str]:
         # and 2.2-2.3 M). A user's own spark.driver.extraJavaOptions (taskmanager.spark.conf) wins.
         "spark.driver.extraJavaOptions": "-XX:+UseParallelGC",
     }
-    if not config.spark_local:
+    if config.spark_local:
+        # A task's result up to this size goes to the driver in the task's own status message, not
+        # through the block manager (stored, then fetched over a loopback connection, one more copy
+        # each): 16 MB holds a partition of MAX_PARTITION_ROWS rows 64 bytes wide. In two pairs of
+        # stateless benchmark runs the JVM took 7% less CPU per row, and rows/s rose 1-6% (Spark's
+        # default: 1 MB).
+        conf["spark.task.maxDirectResultSize"] = "16m"
+    else:
         for key, value in (("spark.executor.cores", config.spark_executor_cores),
                            ("spark.executor.memory", config.spark_executor_memory),
                            ("spark.cores.max", config.spark_cores_max)):
