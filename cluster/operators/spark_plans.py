@@ -43,6 +43,7 @@ INPUT_VIEW = "input"  # the view each SQL step reads (SparkChain._plan)
 INPUT_LEAF = "LogicalRDD"  # an Arrow batch's relation (spark_arrow.ArrowBridge, PySpark's createDataFrame)
 # the leaves besides its input that a plan shared by every job may read: constants, the same for all
 CONSTANT_LEAVES = ("LocalRelation", "OneRowRelation", "Range")
+NAME_ONLY = ("SubqueryAlias", "View")  # analysed-plan nodes that only name what is below them
 PLANS_KEPT = 64  # a TaskManager's plans, the least recently used released first
 
 
@@ -139,6 +140,9 @@ class PlanTemplate:
         # the view "input" kept (SparkChain._plan), a 1g heap ran out within a few jobs.
         empty = refs.add(refs.add(session._jsc.emptyRDD()).rdd())
         to_seq = session._jvm.org.apache.spark.api.python.PythonUtils.toSeq
+        # the view's name and marker over the input leaf only served name resolution, done: the
+        # optimiser drops them (EliminateSubqueryAliases, EliminateView), and a batch need not build them
+        path = [step for step in path if step[0].nodeName() not in NAME_ONLY]
         nodes = cls._over(empty, leaf, copy_args, rdd_arg, path, to_seq, refs, keep=True)
         root = nodes[0]
         own_path = []  # each new ancestor with its children: Java objects of the template's own
@@ -194,9 +198,16 @@ class PlanTemplate:
             copy_args[rdd_arg] = None
         nodes = [node]
         for parent, children, side in reversed(path):
-            kids = list(children)
-            kids[side] = node
-            node = parent.withNewChildren(refs.add(to_seq(kids)))
+            if len(children) == 1:
+                # a unary node (a Project, a Filter): one py4j call, where withNewChildren's Seq
+                # built from a Python list took four, each a thread switch that a loaded TaskManager
+                # made cost up to a millisecond (its tags, which withNewChildren copies, are left:
+                # the analysed plan's, such as the Dataset ids of the template's root, are not needed)
+                node = parent.withNewChildInternal(node)
+            else:
+                kids = list(children)
+                kids[side] = node
+                node = parent.withNewChildren(refs.add(to_seq(kids)))
             nodes.insert(0, node if keep else refs.add(node))
         return nodes
 
