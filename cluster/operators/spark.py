@@ -28,7 +28,7 @@ from cluster.conf import TaskConfig
 from cluster.graph.job_graph import OperatorSpec, missing_column
 
 from .base import Operator, OperatorContext, TaskCancelled, UserFunctionError
-from .spark_arrow import ArrowBridge, JvmRefs
+from .spark_arrow import ArrowBridge, JvmRefs, by_pyspark
 from .spark_fusion import PARTITION_COLUMN, FusionGroup
 from .spark_memory import BatchMemory, budget_of_heap
 from .spark_plans import INPUT_VIEW, CachedPlan, PlanCache, PlanTemplate
@@ -373,8 +373,8 @@ class SparkChain(Operator, kind="spark"):
     def _cached(self, schema: pa.Schema, tagged: bool) -> Optional[PlanTemplate]:
         """The re-usable plan of the steps over ``schema`` that a batch of this chain or an earlier
         job analysed, if any; its consumers are checked against its columns."""
-        if not self._reuse_plans or any(pa.types.is_timestamp(field.type) for field in schema):
-            return None  # timestamps: PySpark's own path
+        if not self._reuse_plans or by_pyspark(schema):
+            return None
         cached = self.plans.get(self._plan_key(tagged, schema))
         if cached is None or cached.template is None:
             return None
@@ -400,8 +400,8 @@ class SparkChain(Operator, kind="spark"):
 
     def _keep(self, session, jdf, columns: list, schema: pa.Schema, tagged: bool, refs: JvmRefs):
         """Keep ``jdf``'s analysed plan for later batches of ``schema`` (any job's); ``jdf``."""
-        if not self._reuse_plans or any(pa.types.is_timestamp(field.type) for field in schema):
-            return jdf  # timestamps: PySpark's own path
+        if not self._reuse_plans or by_pyspark(schema):
+            return jdf
         key = self._plan_key(tagged, schema)
         if self.plans.get(key) is None:
             try:

@@ -26,6 +26,12 @@ SPLIT_ROWS = 50_000
 MAX_PARTITION_ROWS = 250_000  # spark.sql.execution.arrow.maxRecordsPerBatch, as PySpark cuts
 
 
+def by_pyspark(schema: pa.Schema) -> bool:
+    """Whether a table of ``schema`` goes to the JVM by PySpark's own path (timestamps, which it
+    localises), not ArrowBridge's file: such a batch's plan is not kept, nor fused with others."""
+    return any(pa.types.is_timestamp(field.type) for field in schema)
+
+
 class JvmRefs:
     """The Java objects one Spark job reached through py4j, released in the JVM when it is done.
 
@@ -74,7 +80,7 @@ class ArrowBridge:
 
     def to_jvm(self, session, table: pa.Table, refs: JvmRefs) -> Any:
         """The table as a Java DataFrame of ``session``."""
-        if any(pa.types.is_timestamp(field.type) for field in table.schema):
+        if by_pyspark(table.schema):
             return refs.add(session.createDataFrame(table)._jdf)
         return self.parts_to_jvm(session, [table], refs)[0]
 

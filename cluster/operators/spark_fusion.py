@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any, Optional
 import numpy as np
 import pyarrow as pa
 
+from .spark_arrow import by_pyspark
+
 if TYPE_CHECKING:
     from cluster.taskmanager.spark_stage import SparkStage
 
@@ -94,7 +96,7 @@ class FusionGroup:
                 return  # another worker's round took this stage's input
             schema = taken[0][3].schema
             if len(taken) > 1 and self.narrow is not False and all(t[3].schema.equals(schema) for t in taken) \
-                    and not any(pa.types.is_timestamp(field.type) for field in schema):
+                    and not by_pyspark(schema):
                 try:
                     outputs = self._fused(taken[0][1], [t[3] for t in taken])
                 except BaseException as exc:

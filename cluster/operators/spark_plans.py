@@ -140,9 +140,6 @@ class PlanTemplate:
         # the view "input" kept (SparkChain._plan), a 1g heap ran out within a few jobs.
         empty = refs.add(refs.add(session._jsc.emptyRDD()).rdd())
         to_seq = session._jvm.org.apache.spark.api.python.PythonUtils.toSeq
-        # the view's name and marker over the input leaf only served name resolution, done: the
-        # optimiser drops them (EliminateSubqueryAliases, EliminateView), and a batch need not build them
-        path = [step for step in path if step[0].nodeName() not in NAME_ONLY]
         nodes = cls._over(empty, leaf, copy_args, rdd_arg, path, to_seq, refs, keep=True)
         root = nodes[0]
         own_path = []  # each new ancestor with its children: Java objects of the template's own
@@ -158,8 +155,8 @@ class PlanTemplate:
 
     @classmethod
     def _walk(cls, node, path: list, leaves: list, in_subqueries: list, refs: "JvmRefs") -> bool:
-        """Fill ``path`` with the ancestors of the first input leaf of the tree's children
-        (``leaves`` gets every one, ``in_subqueries`` those of subquery expressions); False when
+        """Fill ``path`` with the ancestors of the first input leaf of the tree's children, but
+        for those that only name it (``leaves`` gets every one, ``in_subqueries`` those of subquery expressions); False when
         the plan reads anything but its input and constants."""
         name = node.nodeName()
         if name == "View" and not (node.isTempView() and node.desc().identifier().unquotedString() == INPUT_VIEW):
@@ -179,7 +176,10 @@ class PlanTemplate:
             found = len(leaves)
             if not cls._walk(child, path, leaves, in_subqueries, refs):
                 return False
-            if len(leaves) > found and len(leaves) == 1:
+            if len(leaves) > found and len(leaves) == 1 and name not in NAME_ONLY:
+                # the view's name and marker over the input leaf only served name resolution, done:
+                # the optimiser drops them (EliminateSubqueryAliases, EliminateView), and a batch
+                # need not build them
                 path.insert(0, (node, kids, i))
         return True
 
