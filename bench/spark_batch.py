@@ -17,6 +17,13 @@ session.sql, toArrow: what SparkChain did before) and SparkChain's own (ArrowBri
 are timed on separate runs of the same batch (execute and arrow out each re-run the plan), so
 they add up only roughly to "batch", the whole batch timed on its own.
 
+A third row, "process", is a batch as a TaskManager runs it now (SparkChain.process): the plan
+analysed once and bound to each batch (spark_plans), and a batch of at most
+execution.spark.local-batch-rows rows of a plan of projections and filters run in the driver with
+no Spark job (spark_local). Its own timings: "arrow in" the batch to the JVM (for a batch in the
+driver, its Arrow file), "analysis" the kept plan bound to the batch, "execute" the rest (for a
+batch in the driver, everything the JVM does with it).
+
     .venv/bin/python bench/spark_batch.py [--quick]
 """
 from __future__ import annotations
@@ -153,6 +160,21 @@ def breakdown(path, table: pa.Table, calls: Py4jCalls, reps: int) -> dict:
     return figures
 
 
+def process_figures(op: SparkChain, table: pa.Table, calls: Py4jCalls, reps: int) -> dict:
+    """SparkChain.process as a TaskManager runs it, with its own split of the time (BatchTimings)."""
+    op.process(table)  # the plan kept
+    before, timings = calls.count, op.timings
+    op.process(table)
+    figures = {"py4j": calls.count - before}
+    start = (timings.batches, timings.arrow_in, timings.plan, timings.run)
+    figures["batch"] = median_ms(lambda: op.process(table), reps)
+    batches = timings.batches - start[0]
+    figures["arrow in"] = (timings.arrow_in - start[1]) / batches * 1000
+    figures["analysis"] = (timings.plan - start[2]) / batches * 1000
+    figures["execute"] = (timings.run - start[3]) / batches * 1000
+    return figures
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="fewer repetitions and no 1M-row batch")
@@ -176,6 +198,10 @@ def main() -> None:
                 figures = breakdown(path, table, calls, 3 if args.quick or n >= 1_000_000 else 7)
                 print(f"{name:<10} {path.name:<10} {n:>9,} " + " ".join(f"{figures[c]:>9.1f}" for c in columns[:-1])
                       + f" {figures['py4j']:>9} {n / figures['batch'] * 1000:>11,.0f}")
+            figures = process_figures(op, table, calls, 3 if args.quick or n >= 1_000_000 else 7)
+            print(f"{name:<10} {'process':<10} {n:>9,} "
+                  + " ".join(f"{figures[c]:>9.1f}" if c in figures else f"{'-':>9}" for c in columns[:-1])
+                  + f" {figures['py4j']:>9} {n / figures['batch'] * 1000:>11,.0f}")
     runner.stop()
 
 

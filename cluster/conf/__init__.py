@@ -388,6 +388,9 @@ OPTIONS: dict[str, ConfigOption] = {
         ConfigOption("execution.spark.max-batch-size", _size(1),
                      "Most bytes one Spark job of a task takes (never more than a sixteenth of "
                      "taskmanager.spark.driver-memory, which bounds a TaskManager's jobs together)."),
+        ConfigOption("execution.spark.local-batch-rows", _int(0),
+                     "Batches of a .sql chain of projections and filters up to this many rows run in the "
+                     "TaskManager's Spark driver, without a Spark job (0: every batch is a Spark job)."),
         ConfigOption("execution.spark.max-concurrent-batches", _int(1, 8),
                      "Spark jobs of one task in flight at once (results keep their order)."),
         ConfigOption("execution.spark.fuse-subtasks", _bool,
@@ -542,6 +545,7 @@ class TaskConfig:
     bind_host: str = _key("taskmanager.bind-host")
     spark_max_batch_rows: int = _key("execution.spark.max-batch-rows")
     spark_max_batch_bytes: int = _key("execution.spark.max-batch-size")
+    spark_local_batch_rows: int = _key("execution.spark.local-batch-rows")
     spark_max_concurrent_batches: int = _key("execution.spark.max-concurrent-batches")
     spark_fuse_subtasks: bool = _key("execution.spark.fuse-subtasks")
     spark_properties: dict[str, str] = _key(SPARK_CONF)

@@ -30,6 +30,7 @@ from cluster.graph.job_graph import OperatorSpec, missing_column
 from .base import Operator, OperatorContext, TaskCancelled, UserFunctionError
 from .spark_arrow import ArrowBridge, JvmRefs, by_pyspark
 from .spark_fusion import PARTITION_COLUMN, FusionGroup
+from .spark_local import LocalBatches, classpath_entry
 from .spark_memory import BatchMemory, budget_of_heap
 from .spark_plans import INPUT_VIEW, CachedPlan, PlanCache, PlanTemplate
 
@@ -102,6 +103,16 @@ def spark_conf(config: TaskConfig) -> dict[str, str]:
     return conf | config.spark_properties
 
 
+def with_local_batches(conf: dict[str, str]) -> dict[str, str]:
+    """``conf`` with spark_local's helper on the driver's class path, after the user's own entries
+    (compiled first if this machine has not yet)."""
+    entry = classpath_entry()
+    if entry is None:
+        return conf
+    given = conf.get("spark.driver.extraClassPath")
+    return conf | {"spark.driver.extraClassPath": os.pathsep.join([given, entry]) if given else entry}
+
+
 class SparkRunner:
     """The TaskManager's SparkSession: started once, shared by every slot."""
 
@@ -125,6 +136,7 @@ class SparkRunner:
         self.startup_seconds: Optional[float] = None
         self.memory = BatchMemory(budget_of_heap(config.spark_driver_memory))  # every Spark job of the TaskManager
         self.plans = PlanCache()  # every job's .sql chains
+        self.local_batches: Optional[LocalBatches] = None  # small batches without a Spark job, if it loaded
         self._thread = threading.Thread(target=self._start, name="spark-start", daemon=True)
 
     @classmethod
@@ -157,10 +169,11 @@ class SparkRunner:
             from pyspark.sql import SparkSession
             _prompt_py4j_release()
             builder = SparkSession.builder
-            for key, value in spark_conf(self.config).items():
+            for key, value in with_local_batches(spark_conf(self.config)).items():
                 builder = builder.config(key, value)
             session = builder.getOrCreate()
             session.createDataFrame(pa.table({"warm": [1, 2]})).selectExpr("sum(warm)").toArrow()
+            self.local_batches = LocalBatches.load(session)
             self.session = session
             self.startup_seconds = time.monotonic() - self.started_at
             log.info("SparkSession ready in %.1f s", self.startup_seconds)
@@ -242,12 +255,15 @@ class SparkChain(Operator, kind="spark"):
         # later jobs (spark_plans): SQL steps only
         self._reuse_plans = all(isinstance(step, str) for _, step in self.steps)
         self.plans_reused = 0
+        self.local_batch_count = 0  # batches run in the driver without a Spark job (spark_local)
 
     def open(self) -> None:
         runner = SparkRunner.get(self.ctx.config)
         self._task_session = runner.session_for_task(self.ctx.cancelled, self.ctx.set_detail)
         self.memory = runner.memory
         self.plans = runner.plans
+        self.local_batches = runner.local_batches
+        self.local_rows = self.ctx.config.spark_local_batch_rows
         self.group = f"streamlab-{self.ctx.execution_id}"
         self.bridge = ArrowBridge(self._task_session.sparkContext.defaultParallelism)
         # The input schema the client knew (a source's declared schema, a generator's sample).
@@ -330,6 +346,10 @@ class SparkChain(Operator, kind="spark"):
         session = self._session()
         with self.memory.hold(table.nbytes, self.ctx.cancelled), JvmRefs(session) as refs:
             started = time.perf_counter()
+            if self.runs_locally(table.schema, table.num_rows) and (local := self._local_batch(session, table)):
+                out, written = local
+                self.timings.add(table.num_rows, written - started, 0.0, time.perf_counter() - written)
+                return [out]
             jdf_in = self.bridge.to_jvm(session, table, refs)
             planned = time.perf_counter()
             jdf = self._reused(session, jdf_in, table.schema, False, refs)
@@ -364,6 +384,35 @@ class SparkChain(Operator, kind="spark"):
         self.timings.add(sum(t.num_rows for t in tables), planned - started, ran - planned, time.perf_counter() - ran)
         self.fused_jobs += 1
         return out, ranges
+
+    def runs_locally(self, schema: pa.Schema, rows: int) -> bool:
+        """Whether a batch of ``rows`` rows of ``schema`` may run in the driver without a Spark job
+        (spark_local): a plan of projections and filters over it is kept, for fused rounds or not.
+        Only asks (a fused round's worker asks it of the leader's chain): never raises."""
+        if self.local_batches is None or rows > self.local_rows or not self._reuse_plans or by_pyspark(schema):
+            return False
+        for tagged in (False, True):
+            cached = self.plans.get(self._plan_key(tagged, schema))
+            if cached is not None and cached.template is not None:
+                return cached.template.local
+        return False
+
+    def _local_batch(self, session, table: pa.Table) -> Optional[tuple[pa.Table, float]]:
+        """The batch's output by spark_local, and when its Arrow file was written; None: it needs a
+        Spark job (no kept plan of its own yet, or one that Spark cannot run locally)."""
+        template = self._cached(table.schema, False)
+        if template is None or not template.local or self.local_batches is None:
+            return None
+        path, _ = self.bridge.write(session, [table])
+        written = time.perf_counter()
+        try:
+            out = self.local_batches.run(session, template, path, self.bridge.output_file(session))
+        except Exception as exc:
+            raise self._failed(exc) from exc
+        if out is None:
+            return None
+        self.local_batch_count += 1
+        return out, written
 
     def _plan_key(self, tagged: bool, schema: pa.Schema) -> tuple:
         # without metadata, which Spark ignores: pandas' differs from table to table (a RangeIndex's
@@ -421,9 +470,12 @@ class SparkChain(Operator, kind="spark"):
         try:
             return self.bridge.from_jvm(session, jdf, refs)
         except Exception as exc:
-            names = ", ".join(s.name for s, _ in self.steps)
-            raise UserFunctionError(f"operator chain [{names}] ({self.spec.call_site}) failed in Spark: "
-                                    f"{type(exc).__name__}: {_first_line(exc)}", names, self.spec.call_site) from exc
+            raise self._failed(exc) from exc
+
+    def _failed(self, exc: Exception) -> UserFunctionError:
+        names = ", ".join(s.name for s, _ in self.steps)
+        return UserFunctionError(f"operator chain [{names}] ({self.spec.call_site}) failed in Spark: "
+                                 f"{type(exc).__name__}: {_first_line(exc)}", names, self.spec.call_site)
 
     def close(self) -> None:
         if hasattr(self, "bridge"):
@@ -434,7 +486,8 @@ class SparkChain(Operator, kind="spark"):
         jobs = len(self._task_session.sparkContext.statusTracker().getJobIdsForGroup(self.group)) \
             if hasattr(self, "group") else 0
         return self.timings.metrics() | {"spark-jobs": jobs, "spark-fused-jobs": self.fused_jobs,
-                                         "spark-plans-reused": self.plans_reused}
+                                         "spark-plans-reused": self.plans_reused,
+                                         "spark-local-batches": self.local_batch_count}
 
 
 class BatchTimings:

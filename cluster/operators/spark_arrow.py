@@ -91,7 +91,17 @@ class ArrowBridge:
         if schema is None:
             from pyspark.sql.pandas.types import from_arrow_schema
             schema = self._schemas[tables[0].schema] = from_arrow_schema(tables[0].schema).json()
-        path = self._file(session)
+        path, ranges = self.write(session, tables)
+        if self._to_dataframe is None:
+            utils = session._jvm.PythonSQLUtils
+            self._read_arrow, self._to_dataframe = utils.readArrowStreamFromFile, utils.toDataFrame
+        batches = refs.add(self._read_arrow(path))  # read whole: the file is free again
+        return refs.add(self._to_dataframe(batches, schema, session._jsparkSession)), ranges
+
+    def write(self, session, tables: list[pa.Table]) -> tuple[str, list[tuple[int, int]]]:
+        """Tables of one schema as this thread's Arrow stream file (its path), and for each table
+        the range of batches its rows are in."""
+        path = self._file(session, "in")
         ranges = []
         partitions = 0
         # Overwritten in place, never emptied first: ext4 writes a file that is truncated to zero
@@ -108,11 +118,11 @@ class ArrowBridge:
                         partitions += 1
                     ranges.append((first, partitions))
             raw.truncate(raw.tell())  # a longer batch's tail, after this one's end of stream
-        if self._to_dataframe is None:
-            utils = session._jvm.PythonSQLUtils
-            self._read_arrow, self._to_dataframe = utils.readArrowStreamFromFile, utils.toDataFrame
-        batches = refs.add(self._read_arrow(path))  # read whole: the file is free again
-        return refs.add(self._to_dataframe(batches, schema, session._jsparkSession)), ranges
+        return path, ranges
+
+    def output_file(self, session) -> str:
+        """This thread's file for a batch's output written by the JVM (spark_local)."""
+        return self._file(session, "out")
 
     def from_jvm(self, session, jdf, refs: JvmRefs) -> pa.Table:
         """Run the Java DataFrame's plan and take its rows as one Arrow table."""
@@ -135,13 +145,16 @@ class ArrowBridge:
         schema = refs.add(jdf.schema())
         return to_arrow_schema(StructType.fromJson(json.loads(schema.json())), timezone="UTC").empty_table()
 
-    def _file(self, session) -> str:
-        path = getattr(self._local, "path", None)
+    def _file(self, session, kind: str) -> str:
+        paths = getattr(self._local, "paths", None)
+        if paths is None:
+            paths = self._local.paths = {}
+        path = paths.get(kind)
         if path is None:
             directory = getattr(session.sparkContext, "_temp_dir", None) or tempfile.gettempdir()
-            fd, path = tempfile.mkstemp(prefix="streamlab-batch-", suffix=".arrow", dir=directory)
+            fd, path = tempfile.mkstemp(prefix=f"streamlab-batch-{kind}-", suffix=".arrow", dir=directory)
             os.close(fd)
-            self._local.path = path
+            paths[kind] = path
             with self._lock:
                 self._paths.append(path)
         return path

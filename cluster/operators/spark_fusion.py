@@ -95,8 +95,10 @@ class FusionGroup:
             if not taken:
                 return  # another worker's round took this stage's input
             schema = taken[0][3].schema
+            # small batches run in the driver without a Spark job (spark_local), each its own
+            small = taken[0][1].runs_locally(schema, sum(t[3].num_rows for t in taken))
             if len(taken) > 1 and self.narrow is not False and all(t[3].schema.equals(schema) for t in taken) \
-                    and not by_pyspark(schema):
+                    and not by_pyspark(schema) and not small:
                 try:
                     outputs = self._fused(taken[0][1], [t[3] for t in taken])
                 except BaseException as exc:

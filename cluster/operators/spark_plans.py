@@ -34,7 +34,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 if TYPE_CHECKING:
     from .spark_arrow import JvmRefs
@@ -105,6 +105,9 @@ class PlanTemplate:
         self._kept = kept  # every Java object the template holds, released with it
         self._to_seq = session._jvm.org.apache.spark.api.python.PythonUtils.toSeq
         self._of_rows = session._jvm.org.apache.spark.sql.classic.Dataset.ofRows
+        # a chain of one-child nodes (projections, filters) down to the input: a small batch may
+        # run in the driver (spark_local); set False once Spark's optimiser left a job to run
+        self.local = bool(path) and all(len(children) == 1 for _, children, _ in path)
 
     @classmethod
     def of(cls, session, jdf, refs: "JvmRefs", tagged: bool = False) -> Optional["PlanTemplate"]:
@@ -222,6 +225,14 @@ class PlanTemplate:
                               self._to_seq, refs)[0]
         root.setAnalyzed()
         return refs.add(self._of_rows(session._jsparkSession, root))
+
+    def run_local(self, call: Callable[[Any], int]) -> Optional[int]:
+        """``call(root)`` with the template's own plan root (spark_local's helper builds the batch's
+        plan from it in the JVM); None when the template was released."""
+        with self._lock:
+            if self._released:
+                return None
+            return call(self._path[0][0])
 
     def release(self) -> None:
         with self._lock:

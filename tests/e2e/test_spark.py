@@ -202,6 +202,9 @@ def test_fused_sql_subtasks_are_exactly_once_through_a_restart(cluster, client, 
             raise RuntimeError("injected once, past the middle")
         return df
     env = StreamEnvironment(parallelism=2, cluster=cluster.cluster_dir, config={
+        # every batch a Spark job: at this rate the rounds are small enough to run in the driver
+        # without one (spark_local), each subtask's own, not fused
+        "execution.spark.local-batch-rows": 0,
         "execution.checkpointing.interval": "200 ms", "restart-strategy.type": "fixed-delay",
         "restart-strategy.fixed-delay.attempts": 3, "restart-strategy.fixed-delay.delay": "200 ms"})
     (env.from_generator(orders, count=n, rate=8_000)

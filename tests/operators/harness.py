@@ -123,11 +123,13 @@ class RedisServer:
             self.process = None
 
 
-def spark_chains(query: str, job: str, parallelism: int = 2, params: Optional[dict] = None) -> list["SparkChain"]:
+def spark_chains(query: str, job: str, parallelism: int = 2, params: Optional[dict] = None,
+                 config: Optional[dict] = None) -> list["SparkChain"]:
     """The subtasks of a one-step .sql chain, opened on the process's TaskManager SparkSession;
-    ``params``: the step's own besides its SQL (the client's input_schema, consumer_columns)."""
+    ``params``: the step's own besides its SQL (the client's input_schema, consumer_columns);
+    ``config``: the job's configuration."""
     from cluster.operators.spark import SparkChain
-    config = TaskConfig.from_dict({})
+    config = TaskConfig.from_dict(config or {})
     out = []
     for subtask in range(parallelism):
         ctx = OperatorContext(job_id=job, job_name=job, attempt=0, subtask=subtask, parallelism=parallelism,

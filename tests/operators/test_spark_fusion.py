@@ -17,15 +17,23 @@ from cluster.taskmanager.spark_stage import SparkStage
 from .harness import spark_chains
 
 
+def job_chains(*args, **kwargs):
+    """spark_chains whose every batch is a Spark job: small rounds would run in the driver without
+    one, each subtask's batch its own (test_small_rounds_run_in_the_driver_each_subtask_its_own)."""
+    return spark_chains(*args, config={"execution.spark.local-batch-rows": 0}, **kwargs)
+
+
 def rows(subtask: int, n: int, start: int = 0) -> pa.Table:
     seq = (np.arange(n, dtype=np.int64) + start) * 2 + subtask  # subtask 0 even ids, subtask 1 odd
     return pa.table({"id": seq, "v": seq % 7})
 
 
-def run_subtasks(subtasks: list[SparkChain], inputs: list[list[pa.Table]], fuse: bool = True) -> list[pa.Table]:
+def run_subtasks(subtasks: list[SparkChain], inputs: list[list[pa.Table]], fuse: bool = True,
+                 paced: bool = False) -> list[pa.Table]:
     """Each subtask as its task does it: a thread that owns its Spark stage, submits its tables one
-    by one as they come and flushes at the end; the stages in one fusion group (as task.py joins
-    them). Every subtask's output, in its order."""
+    by one as they come and flushes at the end (``paced``: after each table, as a slow source's
+    rows come once the last are through); the stages in one fusion group (as task.py joins them).
+    Every subtask's output, in its order."""
     results: list = [None] * len(subtasks)
     errors: list = []
     joined = threading.Barrier(len(subtasks))
@@ -42,7 +50,7 @@ def run_subtasks(subtasks: list[SparkChain], inputs: list[list[pa.Table]], fuse:
             try:
                 for table in inputs[i]:
                     stage.submit([table])
-                    out += stage.take_results()
+                    out += stage.flush() if paced else stage.take_results()
                 out += stage.flush()
             finally:
                 stage.close()
@@ -59,13 +67,30 @@ def run_subtasks(subtasks: list[SparkChain], inputs: list[list[pa.Table]], fuse:
     return results
 
 
+def test_small_rounds_run_in_the_driver_each_subtask_its_own(spark):
+    """Once the plan is kept, a round small enough runs each subtask's batch without a Spark job
+    (spark_local) rather than one job for both: each still gets exactly its own rows."""
+    subtasks = spark_chains("SELECT id, v * 10 AS w FROM input WHERE v <> 3", "fused small")
+    inputs = [[rows(s, 50 + i, start=10_000 * i) for i in range(30)] for s in range(2)]
+    try:
+        results = run_subtasks(subtasks, inputs, paced=True)
+        for table, got in zip([pa.concat_tables(i) for i in inputs], results):
+            expected = table.filter(pa.compute.not_equal(table["v"], 3))
+            assert got.column("id").to_pylist() == expected["id"].to_pylist()
+            assert got.column("w").to_pylist() == [v * 10 for v in expected["v"].to_pylist()]
+        # all but the first few (before a plan was kept) ran in the driver
+        assert sum(chain.local_batch_count for chain in subtasks) >= 50
+    finally:
+        close(subtasks)
+
+
 def close(subtasks):
     for chain in subtasks:
         chain.close()
 
 
 def test_fused_subtasks_get_their_own_rows_in_order(spark):
-    subtasks = spark_chains("SELECT id, v * 10 AS w FROM input WHERE v <> 3", "fused")
+    subtasks = job_chains("SELECT id, v * 10 AS w FROM input WHERE v <> 3", "fused")
     # many small tables (as a source polls them): while a job runs, both subtasks' next ones wait
     inputs = [[rows(s, 300 + i, start=10_000 * i) for i in range(40)] for s in range(2)]
     inputs[1].insert(5, rows(1, 120_000, start=900_000))  # one cut into several partitions
@@ -85,7 +110,7 @@ def test_fused_subtasks_get_their_own_rows_in_order(spark):
 def test_a_fused_job_takes_no_more_than_the_budget_for_batches_in_the_jvm(spark):
     """Two subtasks' waiting batches together over the TaskManager's budget (spark_memory): the job
     takes what fits, the rest goes in the next one; every subtask still gets all its rows."""
-    subtasks = spark_chains("SELECT id, v FROM input", "budget")
+    subtasks = job_chains("SELECT id, v FROM input", "budget")
     memory = BatchMemory(40_000)  # 2,500 rows of two int64 columns
     inputs = [[rows(s, 1_000, start=1_000 * i) for i in range(12)] for s in range(2)]
     job_bytes: list[int] = []
@@ -107,7 +132,7 @@ def test_a_fused_job_takes_no_more_than_the_budget_for_batches_in_the_jvm(spark)
 
 
 def test_a_plan_with_an_exchange_runs_one_job_per_subtask_batch(spark):
-    subtasks = spark_chains("SELECT v, count(*) AS n FROM input GROUP BY v", "grouped")
+    subtasks = job_chains("SELECT v, count(*) AS n FROM input GROUP BY v", "grouped")
     inputs = [[rows(s, 700, start=1_000 * i) for i in range(10)] for s in range(2)]
     try:
         results = run_subtasks(subtasks, inputs)
@@ -123,7 +148,7 @@ def test_a_plan_with_an_exchange_runs_one_job_per_subtask_batch(spark):
 
 
 def test_without_fusion_each_subtask_runs_its_own_jobs(spark):
-    subtasks = spark_chains("SELECT id FROM input", "alone")
+    subtasks = job_chains("SELECT id FROM input", "alone")
     inputs = [[rows(s, 50, start=100 * i) for i in range(5)] for s in range(2)]
     try:
         results = run_subtasks(subtasks, inputs, fuse=False)
@@ -159,7 +184,7 @@ def test_a_batch_run_on_another_subtasks_thread_counts_under_its_own_job_group(s
     """A fused round's worker runs its fellow subtasks' batches (each in a job of its own when the
     plan mixes partitions): every job must be in the job group of the subtask whose batch it is,
     which its metrics count and its cancellation cancels."""
-    first, second = spark_chains("SELECT v, count(*) AS n FROM input GROUP BY v", "groups")
+    first, second = job_chains("SELECT v, count(*) AS n FROM input GROUP BY v", "groups")
     try:
         for chain in (first, second, first, second, first):  # one thread, as one worker's rounds
             assert chain.process(rows(chain.ctx.subtask, 50))
@@ -174,7 +199,7 @@ def test_a_subtask_joins_its_group_while_a_round_runs(spark):
     group's lock, held here as a round holds it). When 5M rows of the stateless .sql benchmark
     began, one subtask waited 300-450 ms so for the other's first job. Leaving does wait: a round
     may hold the leaving stage's batch."""
-    subtasks = spark_chains("SELECT id FROM input", "joining")
+    subtasks = job_chains("SELECT id FROM input", "joining")
     key = ("joining", 0, "sql-1")
     stages = [SparkStage(c.process, c.cancel_jobs, c.spec.where(), 1_000_000, 64 << 20, 1, c.ctx.cancelled,
                          lambda: None) for c in subtasks]

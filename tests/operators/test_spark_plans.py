@@ -21,6 +21,12 @@ from cluster.operators.spark_plans import PlanCache
 from .harness import spark_chains
 
 
+def job_chains(*args, **kwargs):
+    """spark_chains whose every batch is a Spark job: the plans re-used here are bound to each
+    batch's input (small batches that run in the driver are test_spark_local.py's)."""
+    return spark_chains(*args, config={"execution.spark.local-batch-rows": 0}, **kwargs)
+
+
 @pytest.fixture(autouse=True)
 def plans(spark) -> PlanCache:
     """The TaskManager's plans, empty for each test: a plan another test analysed is not re-used."""
@@ -37,7 +43,7 @@ def batch(i: int, n: int = 200) -> pa.Table:
 
 
 def test_later_batches_run_the_first_batchs_plan_over_their_own_rows(spark):
-    chain, = spark_chains("SELECT id, v * 10 AS w FROM input WHERE v <> 3", "plans", parallelism=1)
+    chain, = job_chains("SELECT id, v * 10 AS w FROM input WHERE v <> 3", "plans", parallelism=1)
     try:
         for i in range(6):
             table = batch(i, 100 + 50 * i)
@@ -53,7 +59,7 @@ def test_later_batches_run_the_first_batchs_plan_over_their_own_rows(spark):
 
 
 def test_fused_rounds_reuse_the_tagged_plan(spark):
-    first, second = spark_chains("SELECT id, v FROM input WHERE v < 6", "fused-plans")
+    first, second = job_chains("SELECT id, v FROM input WHERE v < 6", "fused-plans")
     group = FusionGroup(("fused-plans",))
     try:
         for i in range(4):
@@ -70,7 +76,7 @@ def test_fused_rounds_reuse_the_tagged_plan(spark):
 
 def test_a_reused_plan_gathers_nothing_from_batch_to_batch(spark):
     """Each Dataset adds its id to its plan root's tags; the template's root must not keep them."""
-    chain, = spark_chains("SELECT id, v FROM input WHERE v > 2", "tags", parallelism=1)
+    chain, = job_chains("SELECT id, v FROM input WHERE v > 2", "tags", parallelism=1)
     session = chain._session()
     dataset_ids = session._jvm.org.apache.spark.sql.classic.Dataset.DATASET_ID_TAG()
     try:
@@ -87,7 +93,7 @@ def test_a_reused_plan_gathers_nothing_from_batch_to_batch(spark):
 
 def test_batches_whose_schemas_differ_only_in_metadata_share_a_plan(spark):
     """pandas' metadata differs from table to table (a RangeIndex's bounds); Spark ignores it."""
-    chain, = spark_chains("SELECT id, v * 10 AS w FROM input WHERE v <> 3", "metadata", parallelism=1)
+    chain, = job_chains("SELECT id, v * 10 AS w FROM input WHERE v <> 3", "metadata", parallelism=1)
     try:
         for i in range(4):
             table = batch(i).replace_schema_metadata({b"pandas": f'{{"index_columns": [{{"start": {i}}}]}}'.encode()})
@@ -101,7 +107,7 @@ def test_batches_whose_schemas_differ_only_in_metadata_share_a_plan(spark):
 
 def test_plans_that_draw_random_numbers_are_analysed_per_batch(spark):
     """Analysis fixes rand()'s seed: a re-used plan drew the same numbers for every batch."""
-    chain, = spark_chains("SELECT id, rand() AS r FROM input WHERE rand() < 2", "random", parallelism=1)
+    chain, = job_chains("SELECT id, rand() AS r FROM input WHERE rand() < 2", "random", parallelism=1)
     try:
         draws = [chain.process(batch(0))[0]["r"].to_pylist() for _ in range(3)]
         assert len(draws[0]) == batch(0).num_rows
@@ -112,7 +118,7 @@ def test_plans_that_draw_random_numbers_are_analysed_per_batch(spark):
 
 
 def test_a_new_schema_gets_a_plan_of_its_own(spark):
-    chain, = spark_chains("SELECT id, v + 1 AS u FROM input", "schemas", parallelism=1)
+    chain, = job_chains("SELECT id, v + 1 AS u FROM input", "schemas", parallelism=1)
     try:
         whole = batch(0)
         halves = pa.table({"id": whole["id"], "v": pc.divide(pc.cast(whole["v"], pa.float64()), 2.0)})
@@ -133,7 +139,7 @@ def test_plans_that_read_the_input_twice_or_in_a_subquery_are_analysed_per_batch
             lambda t: t["id"].to_pylist()[1:],
     }
     for n, (query, expected) in enumerate(queries.items()):
-        chain, = spark_chains(query, f"twice-{n}", parallelism=1)
+        chain, = job_chains(query, f"twice-{n}", parallelism=1)
         try:
             for i in range(3):
                 table = batch(i, 50 + i)
@@ -152,7 +158,7 @@ def test_a_reused_plan_keeps_no_batch_alive_in_the_jvm(spark):
     arguments, which hold a batch's rdd only while its plan is built."""
     from cluster.operators.spark_arrow import JvmRefs
     from cluster.operators.spark_plans import PlanTemplate
-    chain, = spark_chains("SELECT id, v FROM input WHERE v > 2", "held", parallelism=1)
+    chain, = job_chains("SELECT id, v FROM input WHERE v > 2", "held", parallelism=1)
     session = chain._session()
     jvm = session._jvm
     weak = {}
@@ -185,7 +191,7 @@ def filtered(table: pa.Table) -> dict:
 
 def test_a_later_jobs_chain_runs_the_plan_an_earlier_job_analysed(plans):
     query = "SELECT id, v FROM input WHERE v > 4"
-    earlier, = spark_chains(query, "earlier", parallelism=1)
+    earlier, = job_chains(query, "earlier", parallelism=1)
     try:
         for i in range(2):
             assert earlier.process(batch(i))[0].to_pydict() == filtered(batch(i))
@@ -193,14 +199,14 @@ def test_a_later_jobs_chain_runs_the_plan_an_earlier_job_analysed(plans):
     finally:
         earlier.close()
     assert len(plans) == 1
-    later, = spark_chains(query, "later", parallelism=1)
+    later, = job_chains(query, "later", parallelism=1)
     try:
         for i in range(2, 5):
             assert later.process(batch(i, 300))[0].to_pydict() == filtered(batch(i, 300)), f"batch {i}"
         assert later.plans_reused == 3  # its first batch too
     finally:
         later.close()
-    other, = spark_chains("SELECT id, v FROM input WHERE v > 5", "other", parallelism=1)
+    other, = job_chains("SELECT id, v FROM input WHERE v > 5", "other", parallelism=1)
     try:
         other.process(batch(0))
         assert other.plans_reused == 0 and len(plans) == 2
@@ -213,7 +219,7 @@ def test_plans_that_read_a_view_are_analysed_per_batch_and_see_what_it_holds_the
     batches of one chain."""
     query = "SELECT input.id, d.name FROM input JOIN global_temp.plan_dim d ON input.v = d.v ORDER BY input.id"
     spark.sql("CREATE OR REPLACE GLOBAL TEMPORARY VIEW plan_dim AS SELECT 1L AS v, 'one' AS name")
-    chain, = spark_chains(query, "view", parallelism=1)
+    chain, = job_chains(query, "view", parallelism=1)
     try:
         table = batch(0, 20)
         ones = [i for i, v in zip(table["id"].to_pylist(), table["v"].to_pylist()) if v == 1]
@@ -228,7 +234,7 @@ def test_plans_that_read_a_view_are_analysed_per_batch_and_see_what_it_holds_the
 
 def test_threads_binding_one_plan_at_once_each_run_their_own_rows(plans):
     """Two subtasks' workers bind the TaskManager's one plan at the same time."""
-    chains = spark_chains("SELECT id, v FROM input WHERE v > 4", "threads")
+    chains = job_chains("SELECT id, v FROM input WHERE v > 4", "threads")
     chains[0].process(batch(0))  # the plan both bind
     wrong: list = []
 
@@ -255,13 +261,13 @@ def test_the_least_recently_used_plan_is_released_past_the_capacity(spark):
     runner = SparkRunner.get(TaskConfig.from_dict({}))
     runner.plans = plans = PlanCache(capacity=2)
     queries = [f"SELECT id FROM input WHERE v > {n}" for n in range(3)]
-    chains = [spark_chains(query, f"lru-{n}", parallelism=1)[0] for n, query in enumerate(queries)]
+    chains = [job_chains(query, f"lru-{n}", parallelism=1)[0] for n, query in enumerate(queries)]
     try:
         for chain in chains:
             chain.process(batch(0))
         first = chains[0]
         assert len(plans) == 2 and plans.get(first._plan_key(False, batch(0).schema)) is None
-        again, = spark_chains(queries[0], "lru-again", parallelism=1)
+        again, = job_chains(queries[0], "lru-again", parallelism=1)
         chains.append(again)
         out, = again.process(batch(1))
         assert out["id"].to_pylist() == [i for i, v in zip(batch(1)["id"].to_pylist(), batch(1)["v"].to_pylist())
@@ -274,13 +280,13 @@ def test_the_least_recently_used_plan_is_released_past_the_capacity(spark):
 
 def test_a_chain_that_runs_a_plan_it_did_not_analyse_still_checks_its_consumers_columns(plans):
     query = "SELECT id, v AS w FROM input"
-    earlier, = spark_chains(query, "columns", parallelism=1)
+    earlier, = job_chains(query, "columns", parallelism=1)
     try:
         earlier.process(batch(0))
     finally:
         earlier.close()
     needs_v = {"consumer_columns": [["v", "key_by column {}", "key_by (test.py:2)"]]}
-    keyed, = spark_chains(query, "columns-keyed", parallelism=1, params=needs_v)  # its first batch checks
+    keyed, = job_chains(query, "columns-keyed", parallelism=1, params=needs_v)  # its first batch checks
     try:
         with pytest.raises(UserFunctionError, match="key_by column `v` does not exist; the input .* has id, w"):
             keyed.process(batch(1))
@@ -288,5 +294,5 @@ def test_a_chain_that_runs_a_plan_it_did_not_analyse_still_checks_its_consumers_
         keyed.close()
     # at open, against the schema the client knew: the plan is not analysed again there
     with pytest.raises(UserFunctionError, match="key_by column `v` does not exist; the input .* has id, w"):
-        spark_chains(query, "columns-open", parallelism=1,
+        job_chains(query, "columns-open", parallelism=1,
                      params={"input_schema": batch(0).schema.serialize().to_pybytes(), **needs_v})

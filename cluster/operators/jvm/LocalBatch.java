@@ -1,0 +1,104 @@
+package streamlab;
+
+import java.io.BufferedOutputStream;
+import java.io.FileOutputStream;
+import java.io.IOException;
+import java.io.OutputStream;
+import java.nio.channels.Channels;
+import java.util.ArrayList;
+
+import org.apache.arrow.vector.ipc.ArrowStreamWriter;
+import org.apache.arrow.vector.ipc.WriteChannel;
+import org.apache.arrow.vector.ipc.message.IpcOption;
+import org.apache.arrow.vector.ipc.message.MessageSerializer;
+import org.apache.spark.sql.api.python.PythonSQLUtils;
+import org.apache.spark.sql.catalyst.InternalRow;
+import org.apache.spark.sql.catalyst.plans.logical.LocalRelation;
+import org.apache.spark.sql.catalyst.plans.logical.LogicalPlan;
+import org.apache.spark.sql.classic.Dataset;
+import org.apache.spark.sql.classic.SparkSession;
+import org.apache.spark.sql.execution.arrow.ArrowConverters$;
+import org.apache.spark.sql.internal.SQLConf;
+import org.apache.spark.sql.types.StructType;
+import org.apache.spark.sql.util.ArrowUtils$;
+import scala.collection.immutable.ArraySeq;
+import scala.collection.immutable.Seq;
+
+/**
+ * A small batch through an analysed plan in the driver, without a Spark job: streamlab's
+ * cluster/operators/spark_local.py calls {@link #run} once per batch through py4j.
+ *
+ * <p>Spark turns a projection or filter over a LocalRelation into a LocalRelation of the results
+ * while it optimises the plan (its ConvertToLocalRelation rule, which evaluates the expressions
+ * with its interpreted evaluator), as it does for any small local data (Spark Connect's and
+ * PySpark's createDataFrame below spark.sql.execution.arrow.localRelationThreshold). A Spark job
+ * costs 20-50 ms of scheduling however few its rows; a batch of a few thousand rows takes a few
+ * milliseconds this way. Done in one call because each py4j call is a round trip of up to a
+ * millisecond on a busy TaskManager, and a byte array returned through py4j took 45 ms.
+ */
+public final class LocalBatch {
+    private LocalBatch() {}
+
+    /**
+     * The rows of the Arrow stream file {@code in} through {@code plan}, written to {@code out} as
+     * an Arrow stream. {@code plan} is an analysed plan whose nodes each have one child, down to
+     * the leaf the batch takes the place of (it keeps the leaf's attributes, which the nodes above
+     * refer to). Returns the rows written, or -1 (nothing written) when Spark's optimiser leaves
+     * something to execute: the caller runs the plan as a Spark job.
+     */
+    public static long run(SparkSession session, LogicalPlan plan, String in, String out) throws IOException {
+        ArrayList<LogicalPlan> path = new ArrayList<>();
+        LogicalPlan leaf = plan;
+        while (leaf.children().size() == 1) {
+            path.add(leaf);
+            leaf = leaf.children().head();
+        }
+        if (!leaf.children().isEmpty()) {
+            throw new IllegalArgumentException("not a plan of one input: " + leaf.nodeName());
+        }
+        SQLConf conf = session.sessionState().conf();
+        String timeZone = conf.sessionLocalTimeZone();
+        boolean largeVarTypes = conf.arrowUseLargeVarTypes();
+        // as Dataset.collectAsArrowToPython, which the batches of a Spark job go out by
+        boolean errorOnDuplicates = "legacy".equals(conf.pandasStructHandlingMode());
+
+        scala.collection.Iterator<InternalRow> reader = ArrowConverters$.MODULE$.fromBatchIterator(
+            PythonSQLUtils.readArrowStreamFromFile(in), leaf.schema(), timeZone, errorOnDuplicates,
+            largeVarTypes, null);
+        ArrayList<InternalRow> rows = new ArrayList<>();
+        while (reader.hasNext()) {
+            rows.add(reader.next().copy()); // the reader fills one row over and over
+        }
+        LogicalPlan node = new LocalRelation(leaf.output(), seq(rows.toArray(new InternalRow[0])), false,
+                                             scala.Option.empty());
+        for (int i = path.size() - 1; i >= 0; i--) {
+            node = path.get(i).withNewChildren(seq(new LogicalPlan[] {node}));
+        }
+        node.setAnalyzed();
+        Dataset<?> result = Dataset.ofRows(session, node);
+        LogicalPlan optimized = result.queryExecution().optimizedPlan();
+        if (!(optimized instanceof LocalRelation)) {
+            return -1;
+        }
+        Seq<InternalRow> data = ((LocalRelation) optimized).data();
+        StructType schema = result.schema();
+        scala.collection.Iterator<byte[]> batches = ArrowConverters$.MODULE$.toBatchIterator(
+            data.iterator(), schema, conf.arrowMaxRecordsPerBatch(), timeZone, errorOnDuplicates, largeVarTypes,
+            null);
+        try (OutputStream file = new BufferedOutputStream(new FileOutputStream(out), 1 << 16)) {
+            WriteChannel channel = new WriteChannel(Channels.newChannel(file));
+            MessageSerializer.serialize(channel, ArrowUtils$.MODULE$.toArrowSchema(
+                schema, timeZone, errorOnDuplicates, largeVarTypes, ArrowUtils$.MODULE$.toArrowSchema$default$5()));
+            while (batches.hasNext()) {
+                channel.write(batches.next()); // an encapsulated record batch message each
+            }
+            ArrowStreamWriter.writeEndOfStream(channel, IpcOption.DEFAULT);
+        }
+        return data.size();
+    }
+
+    @SuppressWarnings("unchecked")
+    private static <T> Seq<T> seq(T[] items) {
+        return (Seq<T>) (Object) ArraySeq.unsafeWrapArray(items);
+    }
+}
