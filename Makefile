@@ -45,15 +45,18 @@ check-python:
 check-java:
 	@java -version 2>&1 | grep -Eq 'version "(1[7-9]|[2-9][0-9])' || { \
 	  echo "Java 17 or newer is needed (Spark runs in each TaskManager) and was not found."; \
-	  echo "  Debian/Ubuntu: sudo apt-get install openjdk-17-jre-headless"; \
+	  echo "  Debian/Ubuntu: sudo apt-get install openjdk-17-jdk-headless (a JRE runs too; the JDK's javac"; \
+	  echo "                 compiles the class that runs small Spark batches without a job)"; \
 	  echo "  conda:         conda env create -f environment.yml (it includes openjdk 17)"; exit 1; }
 
 # Servers and a browser the tests use for real: redis-server (Redis Streams connectors),
-# Debian's chromium (the JupyterLab browser test) and Debian's zookeeper (the HA tests).
+# Debian's chromium (the JupyterLab browser test) and Debian's zookeeper (the HA tests); and the
+# JDK's javac (cluster/operators/spark_local.py, which the Spark tests run).
 system-deps:
 	@missing=""; command -v redis-server >/dev/null || missing="$$missing redis-server"; \
 	  command -v chromium >/dev/null || missing="$$missing chromium"; \
 	  [ -x /usr/share/zookeeper/bin/zkServer.sh ] || missing="$$missing zookeeper"; \
+	  command -v javac >/dev/null || missing="$$missing openjdk-17-jdk-headless"; \
 	  if [ -n "$$missing" ]; then \
 	    if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	      echo "installing$$missing"; apt-get update -qq && \
