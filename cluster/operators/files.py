@@ -428,5 +428,8 @@ class FileSink(Operator, kind="file-sink"):
         # an in-progress file nobody prepared can never be committed
         if self._writer is not None:
             self._writer.close()
-            os.remove(self._in_progress_path())
             self._writer = None
+            try:
+                os.remove(self._in_progress_path())
+            except FileNotFoundError:
+                pass  # a cancelled attempt's file, removed as a stray by the next attempt's restore_state

@@ -88,6 +88,20 @@ def test_close_without_finish_discards_the_in_progress_file(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+def test_an_old_attempt_closes_after_the_next_one_removed_its_in_progress_file(tmp_path):
+    # a failover: the new attempt restores (removing the old attempt's uncovered in-progress file as
+    # a stray) while the old attempt's task, being cancelled elsewhere, has yet to close
+    old = Driven(FileSink.parquet(tmp_path)).op
+    old.process(batch(0, 3))
+    new = Driven(FileSink.parquet(tmp_path)).op
+    new.restore_state([])
+    assert hidden(tmp_path) == []
+    old.close()  # no error: its file is gone already
+    new.process(batch(3, 2))
+    new.finish()
+    assert sorted(pd.read_parquet(tmp_path)["n"]) == [3, 4]
+
+
 def test_batches_are_cast_to_the_file_schema_or_fail_clearly(tmp_path):
     sink = Driven(FileSink.parquet(tmp_path)).op
     sink.process(pa.table({"n": pa.array([1], pa.int64()), "s": ["a"]}))
