@@ -26,7 +26,7 @@ import pyarrow as pa
 from cluster.state.backend import create_backend
 from cluster.state.key_groups import key_group_range, key_groups_of_frame
 
-from .base import Operator, OperatorSnapshot, UserFunctionError
+from .base import Operator, OperatorSnapshot, UserFunctionError, frame_to_table
 from .sources import to_table
 from .timers import EVENT_TIME, PROCESSING_TIME, TimerService
 from .watermarks import NO_WATERMARK
@@ -131,7 +131,7 @@ class KeyedCount(KeyedOperator, kind="keyed-count"):
         self.backend.put_many("count", batch.key_groups, batch.keys, counts)
         out = batch.key_frame
         out["count"] = np.asarray(counts, dtype=np.int64)
-        return [pa.Table.from_pandas(out, preserve_index=False)]
+        return [frame_to_table(out)]
 
 
 class LocalAggregate(Operator, kind="local-aggregate"):
@@ -142,7 +142,7 @@ class LocalAggregate(Operator, kind="local-aggregate"):
         if table.num_rows == 0:
             return []
         frame = partial_aggregate_frame(table.to_pandas(), list(self.params["key"]), self.params["aggregations"])
-        return [pa.Table.from_pandas(frame, preserve_index=False)]
+        return [frame_to_table(frame)]
 
 
 class KeyedAggregate(KeyedOperator, kind="keyed-aggregate"):
@@ -164,7 +164,7 @@ class KeyedAggregate(KeyedOperator, kind="keyed-aggregate"):
         grouped = frame.groupby(self.key, sort=False, dropna=False)
         frame = pd.DataFrame({name: getattr(grouped[name], MERGE_IN_BATCH[kind])()
                               for name, kind, _ in self.partials}).reset_index()
-        frame, _, keys, groups, _ = self.group(pa.Table.from_pandas(frame, preserve_index=False))
+        frame, _, keys, groups, _ = self.group(frame_to_table(frame))
         new_values = frame[[n for n, _, _ in self.partials]].astype(object).values.tolist()
         merged = []
         for old, new in zip(self.backend.get_many("partials", groups, keys), new_values):
@@ -178,7 +178,7 @@ class KeyedAggregate(KeyedOperator, kind="keyed-aggregate"):
                 out[name] = np.asarray(columns[f"__{name}__s"], dtype=float) / np.asarray(columns[f"__{name}__c"])
             else:
                 out[name] = columns[f"__{name}__{PARTIALS[func][0]}"]
-        return [pa.Table.from_pandas(out, preserve_index=False)]
+        return [frame_to_table(out)]
 
 
 def fold_rows(frame: pd.DataFrame, slots: np.ndarray, acc: list, reduce: Callable, where: str) -> None:
@@ -221,7 +221,7 @@ class KeyedReduce(KeyedOperator, kind="keyed-reduce"):
         acc = self.backend.get_many("reduced", groups, keys)
         fold_rows(frame, grouped.ngroup().to_numpy(), acc, self.call_user, self.spec.where())
         self.backend.put_many("reduced", groups, keys, acc)
-        return [pa.Table.from_pandas(pd.DataFrame(acc, columns=list(frame.columns)), preserve_index=False)]
+        return [frame_to_table(pd.DataFrame(acc, columns=list(frame.columns)))]
 
 
 class ValueState:

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from .base import SourceOperator, UserFunctionError
+from .base import SourceOperator, UserFunctionError, frame_to_table
 
 
 def to_table(result, where: str) -> pa.Table:
@@ -27,7 +27,7 @@ def to_table(result, where: str) -> pa.Table:
     if isinstance(result, dict):
         result = pd.DataFrame(result)
     if isinstance(result, pd.DataFrame):
-        return pa.Table.from_pandas(result, preserve_index=False)
+        return frame_to_table(result)
     raise UserFunctionError(f"{where} must return a pandas DataFrame, got {type(result).__name__}")
 
 

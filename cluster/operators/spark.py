@@ -482,8 +482,10 @@ class SparkChain(Operator, kind="spark"):
             self.bridge.close()
 
     def metrics(self) -> dict:
-        # spark-jobs is Spark's own count (its status tracker, by job group), not ours
-        jobs = len(self._task_session.sparkContext.statusTracker().getJobIdsForGroup(self.group)) \
+        # spark-jobs is Spark's own count (its status tracker, by job group), not ours. The Java
+        # array's length is asked, not PySpark's list of it: that list is made one py4j call per
+        # job id, up to Spark's retained 1,000 jobs at every metrics snapshot of a busy chain
+        jobs = len(self._task_session.sparkContext._jsc.statusTracker().getJobIdsForGroup(self.group)) \
             if hasattr(self, "group") else 0
         return self.timings.metrics() | {"spark-jobs": jobs, "spark-fused-jobs": self.fused_jobs,
                                          "spark-plans-reused": self.plans_reused,

@@ -41,7 +41,7 @@ import pyarrow as pa
 
 from cluster.state.key_groups import key_groups_of_frame
 
-from .base import Operator, OperatorSnapshot
+from .base import Operator, OperatorSnapshot, frame_to_table
 from .keyed import MERGE, MERGE_IN_BATCH, PARTIALS, KeyedOperator, fold_rows, partial_columns, quoted
 from .sources import to_table
 from .timers import EVENT_TIME, PROCESSING_TIME, TimerService
@@ -125,7 +125,7 @@ class WindowPartial(Operator, kind="window-partial"):
         if not isinstance(self.assigner, TumblingWindows):  # a row in several windows: one row per window
             frame = frame.take(rows)
         partials = window_partials(frame, key, starts, starts + self.assigner.size, latest, aggregations)
-        return [pa.Table.from_pandas(partials, preserve_index=False)]
+        return [frame_to_table(partials)]
 
 
 def spark_window_partials(spec: dict) -> Callable:
@@ -368,7 +368,7 @@ class WindowOperator(KeyedOperator, kind="window"):
         if self.function == "reduce":
             fold_rows(frame, slots, acc, self.call_user, self.spec.where())
         else:
-            table = pa.Table.from_pandas(frame, preserve_index=False)
+            table = frame_to_table(frame)
             order = np.argsort(slots, kind="stable")
             bounds = np.searchsorted(slots[order], np.arange(len(first) + 1))
             for slot in range(len(first)):
