@@ -31,6 +31,7 @@ import pyarrow as pa
 from cluster.graph.chaining import StreamNode
 from cluster.graph.job_graph import GraphValidationError, OperatorSpec, ShipStrategy, missing_column
 from cluster.graph.operator_kinds import KINDS, Output
+from cluster.operators.base import frame_to_table
 from cluster.operators.records import parse_schema
 
 SAMPLE_ROWS = 16
@@ -206,7 +207,7 @@ def _table(result) -> pa.Table:
     if isinstance(result, dict):
         result = pd.DataFrame(result)
     if isinstance(result, pd.DataFrame):
-        return pa.Table.from_pandas(result, preserve_index=False)
+        return frame_to_table(result)  # as the runtime converts it
     if isinstance(result, pa.Table):
         return result
     raise TypeError(type(result).__name__)
