@@ -217,8 +217,13 @@ class RecordWriter:
             targets = operator_index_for_key_group(
                 key_groups_of(table, self.desc.key, self.desc.max_parallelism),
                 self.desc.max_parallelism, len(self.desc.channels))
-            for index in np.unique(targets):
-                self._buffer(int(index), table.take(pa.array(np.flatnonzero(targets == index))))
+            # which channels get rows: counted, not sorted (np.unique sorts every row's target)
+            used = np.flatnonzero(np.bincount(targets, minlength=len(self.desc.channels)))
+            if len(used) == 1:
+                self._buffer(int(used[0]), table)
+                return
+            for channel in used:
+                self._buffer(int(channel), table.take(pa.array(np.flatnonzero(targets == channel))))
         elif strategy == ShipStrategy.BROADCAST:
             for index in range(len(self.desc.channels)):
                 self._buffer(index, table)

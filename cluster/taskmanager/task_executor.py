@@ -17,6 +17,7 @@ is lost: every task is cancelled, every slot freed, and the TaskExecutor registe
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
@@ -365,6 +366,7 @@ def main(argv=None) -> None:
     tm = TaskExecutor(conf, load_secret(args.cluster_dir / "secret"), address, args.id,
                       cluster_dir=args.cluster_dir)
     tm.start()
+    gc.freeze()  # the modules and the TaskManager's own objects: full collections skip them (see SparkRunner)
     if leader is not None:
         leader.on_change = lambda info: tm.endpoint.call_soon(tm.follow_leader, info["rpc"])
         tm.endpoint.call_soon(tm.follow_leader, leader.leader()["rpc"])  # a change before the line above
