@@ -18,11 +18,11 @@ are timed on separate runs of the same batch (execute and arrow out each re-run 
 they add up only roughly to "batch", the whole batch timed on its own.
 
 A third row, "process", is a batch as a TaskManager runs it now (SparkChain.process): the plan
-analysed once and bound to each batch (spark_plans), and a batch of at most
-execution.spark.local-batch-rows rows of a plan of projections and filters run in the driver with
-no Spark job (spark_local). Its own timings: "arrow in" the batch to the JVM (for a batch in the
-driver, its Arrow file), "analysis" the kept plan bound to the batch, "execute" the rest (for a
-batch in the driver, everything the JVM does with it).
+analysed once and bound to each batch in the one call into the JVM that also runs its job
+(spark_plans.BatchJobs), and a batch of at most execution.spark.local-batch-rows rows of a plan of
+projections and filters run in the driver with no Spark job (spark_local). Its own timings: "arrow
+in" the batch's Arrow file, "analysis" the kept plan bound to the batch in the JVM, "execute" the
+rest (for a batch in the driver, everything the JVM does with it).
 
     .venv/bin/python bench/spark_batch.py [--quick]
 """

@@ -39,12 +39,12 @@ def spark():
     import sys
     from pyspark.sql import SparkSession
     from cluster.conf import TaskConfig
-    from cluster.operators.spark import spark_conf, with_local_batches
+    from cluster.operators.spark import spark_conf, with_jvm_helpers
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ["PYSPARK_PYTHON"] = sys.executable
     builder = SparkSession.builder
     # as a TaskManager's session: the in-process Spark chains use it (SparkRunner finds it started)
-    conf = with_local_batches(spark_conf(TaskConfig.from_dict({"taskmanager.spark.master": "local[1]"})))
+    conf = with_jvm_helpers(spark_conf(TaskConfig.from_dict({"taskmanager.spark.master": "local[1]"})))
     for key, value in conf.items():
         builder = builder.config(key, value)
     session = builder.appName("streamlab-tests").getOrCreate()

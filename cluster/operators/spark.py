@@ -13,6 +13,7 @@ Spark job.
 """
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import sys
@@ -30,9 +31,10 @@ from cluster.graph.job_graph import OperatorSpec, missing_column
 from .base import Operator, OperatorContext, TaskCancelled, UserFunctionError
 from .spark_arrow import ArrowBridge, JvmRefs, by_pyspark
 from .spark_fusion import PARTITION_COLUMN, FusionGroup
-from .spark_local import LocalBatches, classpath_entry
+from .spark_jvm import classpath_entry
+from .spark_local import LocalBatches
 from .spark_memory import BatchMemory, budget_of_heap
-from .spark_plans import INPUT_VIEW, CachedPlan, PlanCache, PlanTemplate
+from .spark_plans import INPUT_VIEW, BatchJobs, CachedPlan, PlanCache, PlanTemplate
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -103,8 +105,8 @@ def spark_conf(config: TaskConfig) -> dict[str, str]:
     return conf | config.spark_properties
 
 
-def with_local_batches(conf: dict[str, str]) -> dict[str, str]:
-    """``conf`` with spark_local's helper on the driver's class path, after the user's own entries
+def with_jvm_helpers(conf: dict[str, str]) -> dict[str, str]:
+    """``conf`` with streamlab's Java helpers (spark_jvm) on the driver's class path, after the user's own entries
     (compiled first if this machine has not yet)."""
     entry = classpath_entry()
     if entry is None:
@@ -137,6 +139,7 @@ class SparkRunner:
         self.memory = BatchMemory(budget_of_heap(config.spark_driver_memory))  # every Spark job of the TaskManager
         self.plans = PlanCache()  # every job's .sql chains
         self.local_batches: Optional[LocalBatches] = None  # small batches without a Spark job, if it loaded
+        self.batch_jobs: Optional[BatchJobs] = None  # a batch of a kept plan as a job in one call, if it loaded
         self._thread = threading.Thread(target=self._start, name="spark-start", daemon=True)
 
     @classmethod
@@ -169,12 +172,17 @@ class SparkRunner:
             from pyspark.sql import SparkSession
             _prompt_py4j_release()
             builder = SparkSession.builder
-            for key, value in with_local_batches(spark_conf(self.config)).items():
+            for key, value in with_jvm_helpers(spark_conf(self.config)).items():
                 builder = builder.config(key, value)
             session = builder.getOrCreate()
             session.createDataFrame(pa.table({"warm": [1, 2]})).selectExpr("sum(warm)").toArrow()
             self.local_batches = LocalBatches.load(session)
+            self.batch_jobs = BatchJobs.load(session)
             self.session = session
+            # What Python holds by now (pyspark, py4j, pandas: some 100k objects) lives as long as the
+            # TaskManager: out of the collector's sight, a full collection, which stops every task
+            # of the process, took 50-110 ms here with them and next to nothing without
+            gc.freeze()
             self.startup_seconds = time.monotonic() - self.started_at
             log.info("SparkSession ready in %.1f s", self.startup_seconds)
         except Exception as exc:  # reported to every task that needs Spark
@@ -263,6 +271,7 @@ class SparkChain(Operator, kind="spark"):
         self.memory = runner.memory
         self.plans = runner.plans
         self.local_batches = runner.local_batches
+        self.batch_jobs = runner.batch_jobs
         self.local_rows = self.ctx.config.spark_local_batch_rows
         self.group = f"streamlab-{self.ctx.execution_id}"
         self.bridge = ArrowBridge(self._task_session.sparkContext.defaultParallelism)
@@ -350,6 +359,8 @@ class SparkChain(Operator, kind="spark"):
                 out, written = local
                 self.timings.add(table.num_rows, written - started, 0.0, time.perf_counter() - written)
                 return [out]
+            if (kept := self._kept_plan_job(session, [table], False, started)) is not None:
+                return [kept[0]]
             jdf_in = self.bridge.to_jvm(session, table, refs)
             planned = time.perf_counter()
             jdf = self._reused(session, jdf_in, table.schema, False, refs)
@@ -368,6 +379,9 @@ class SparkChain(Operator, kind="spark"):
         session = self._session()
         with self.memory.hold(sum(t.nbytes for t in tables), self.ctx.cancelled), JvmRefs(session) as refs:
             started = time.perf_counter()
+            if (kept := self._kept_plan_job(session, tables, True, started)) is not None:
+                self.fused_jobs += 1
+                return kept
             jdf_in, ranges = self.bridge.parts_to_jvm(session, tables, refs)
             planned = time.perf_counter()
             jdf = self._reused(session, jdf_in, tables[0].schema, True, refs)
@@ -383,6 +397,29 @@ class SparkChain(Operator, kind="spark"):
             out = self._run(session, jdf, refs)
         self.timings.add(sum(t.num_rows for t in tables), planned - started, ran - planned, time.perf_counter() - ran)
         self.fused_jobs += 1
+        return out, ranges
+
+    def _kept_plan_job(self, session, tables: list[pa.Table], tagged: bool,
+                       started: float) -> Optional[tuple[pa.Table, list[tuple[int, int]]]]:
+        """The tables through the plan kept for their schema as one Spark job in a single call into
+        the JVM (spark_plans.BatchJobs): the output and each table's partitions; None when no plan
+        is kept or the helper is missing, for the Python way."""
+        schema = tables[0].schema
+        if self.batch_jobs is None or by_pyspark(schema) or (template := self._cached(schema, tagged)) is None:
+            return None
+        path, ranges = self.bridge.write(session, tables)
+        written = time.perf_counter()
+        try:
+            done = self.batch_jobs.run(session, template, self.bridge.spark_schema(schema), path,
+                                       self.bridge.output_file(session))
+        except Exception as exc:
+            raise self._failed(exc) from exc
+        if done is None:  # released meanwhile: the Python way analyses the plan again
+            return None
+        out, bind = done
+        self.plans_reused += 1
+        self.timings.add(sum(t.num_rows for t in tables), written - started, bind,
+                         time.perf_counter() - written - bind)
         return out, ranges
 
     def runs_locally(self, schema: pa.Schema, rows: int) -> bool:

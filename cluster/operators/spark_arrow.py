@@ -87,16 +87,21 @@ class ArrowBridge:
     def parts_to_jvm(self, session, tables: list[pa.Table], refs: JvmRefs) -> tuple[Any, list[tuple[int, int]]]:
         """Tables of one schema (without timestamps) as one Java DataFrame, and for each table the
         range of partitions its rows are in: one partition per Arrow batch, in order."""
-        schema = self._schemas.get(tables[0].schema)
-        if schema is None:
-            from pyspark.sql.pandas.types import from_arrow_schema
-            schema = self._schemas[tables[0].schema] = from_arrow_schema(tables[0].schema).json()
+        schema = self.spark_schema(tables[0].schema)
         path, ranges = self.write(session, tables)
         if self._to_dataframe is None:
             utils = session._jvm.PythonSQLUtils
             self._read_arrow, self._to_dataframe = utils.readArrowStreamFromFile, utils.toDataFrame
         batches = refs.add(self._read_arrow(path))  # read whole: the file is free again
         return refs.add(self._to_dataframe(batches, schema, session._jsparkSession)), ranges
+
+    def spark_schema(self, schema: pa.Schema) -> str:
+        """The Spark schema of an Arrow schema (without timestamps), as JSON."""
+        spark = self._schemas.get(schema)
+        if spark is None:
+            from pyspark.sql.pandas.types import from_arrow_schema
+            spark = self._schemas[schema] = from_arrow_schema(schema).json()
+        return spark
 
     def write(self, session, tables: list[pa.Table]) -> tuple[str, list[tuple[int, int]]]:
         """Tables of one schema as this thread's Arrow stream file (its path), and for each table

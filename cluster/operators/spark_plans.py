@@ -33,8 +33,13 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
+
+import pyarrow as pa
+
+from . import spark_jvm
 
 if TYPE_CHECKING:
     from .spark_arrow import JvmRefs
@@ -98,6 +103,7 @@ class PlanTemplate:
         self._gateway = session.sparkContext._gateway
         self._lock = threading.Lock()  # a bind sets the batch's rdd in the one copy_args array
         self._released = False
+        self._users = 0  # calls using the root now (root())
         # from the root down: each ancestor of the input leaf, its children, and the leaf's side
         self._path = path
         # the leaf's constructor arguments, its attribute ids among them; its rdd set per batch
@@ -226,17 +232,63 @@ class PlanTemplate:
         root.setAnalyzed()
         return refs.add(self._of_rows(session._jsparkSession, root))
 
-    def run_local(self, call: Callable[[Any], int]) -> Optional[int]:
-        """``call(root)`` with the template's own plan root (spark_local's helper builds the batch's
-        plan from it in the JVM); None when the template was released."""
+    @contextmanager
+    def root(self) -> Iterator[Optional[Any]]:
+        """The template's own plan root, from which the JVM helpers (spark_jvm) build a batch's
+        plan, for the length of a call; None when the template was released or reads its input
+        bare (no node above it). A release meanwhile leaves its objects in the JVM until the last
+        such call is done: the lock is not held through a call, which may be a whole Spark job."""
         with self._lock:
-            if self._released:
-                return None
-            return call(self._path[0][0])
+            root = None if self._released or not self._path else self._path[0][0]
+            if root is not None:
+                self._users += 1
+        try:
+            yield root
+        finally:
+            if root is not None:
+                with self._lock:
+                    self._users -= 1
+                    last = self._released and self._users == 0
+                if last:
+                    self._detach()
 
     def release(self) -> None:
         with self._lock:
             self._released = True
+            if self._users:
+                return  # the last call using its root detaches
+        self._detach()
+
+    def _detach(self) -> None:
+        with self._lock:
             kept, self._kept = self._kept, []
         for obj in kept:
             self._gateway.detach(obj)
+
+
+class BatchJobs:
+    """jvm/BatchJob.java as loaded in a session's JVM: a batch through a kept plan as one Spark
+    job, in one py4j call where the Python way (ArrowBridge.parts_to_jvm, PlanTemplate.bind,
+    ArrowBridge.from_jvm) made some thirty. Any thread."""
+
+    def __init__(self, helper: Any):
+        self._run = helper.run  # the method's lookup, a round trip of its own, made once
+
+    @classmethod
+    def load(cls, session) -> Optional["BatchJobs"]:
+        helper = spark_jvm.load(session, "BatchJob")
+        return None if helper is None else cls(helper)
+
+    def run(self, session, template: PlanTemplate, spark_schema: str, in_path: str,
+            out_path: str) -> Optional[tuple[pa.Table, float]]:
+        """The batch in the Arrow stream file ``in_path`` (``spark_schema``: its Spark schema as
+        JSON) through ``template``'s plan: its output, partitions in order, and the seconds taken to
+        bind the plan to it; None when the template was released meanwhile. A failure of the job
+        raises as PySpark raises it."""
+        from pyspark.errors.exceptions.captured import unwrap_spark_exception
+        with template.root() as root:
+            if root is None:
+                return None
+            with unwrap_spark_exception():
+                bind_ns = self._run(session._jsparkSession, root, spark_schema, in_path, out_path)
+        return spark_jvm.read_stream_file(out_path), bind_ns / 1e9

@@ -25,13 +25,12 @@ from typing import Any, Callable, Optional, Union
 
 import cloudpickle
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 
 from cluster.graph.chaining import StreamNode
 from cluster.graph.job_graph import GraphValidationError, OperatorSpec, ShipStrategy, missing_column
 from cluster.graph.operator_kinds import KINDS, Output
-from cluster.operators.base import frame_to_table
+from cluster.operators.sources import to_table
 from cluster.operators.records import parse_schema
 
 SAMPLE_ROWS = 16
@@ -147,7 +146,7 @@ def declared_schema(params: dict) -> Optional[pa.Schema]:
 # ---------------------------------------------------------------------- what each operator receives
 def _sequence(spec: OperatorSpec, fn: Optional[Callable], table: Optional[pa.Table]) -> Optional[pa.Table]:
     seq = np.arange(SAMPLE_ROWS, dtype=np.int64)
-    return pa.table({"seq": seq}) if fn is None else _table(fn(seq))
+    return pa.table({"seq": seq}) if fn is None else to_table(fn(seq), spec.where())
 
 
 def _declared(spec: OperatorSpec, fn: Optional[Callable], table: Optional[pa.Table]) -> Optional[pa.Table]:
@@ -158,7 +157,7 @@ def _declared(spec: OperatorSpec, fn: Optional[Callable], table: Optional[pa.Tab
 def _function(spec: OperatorSpec, fn: Optional[Callable], table: Optional[pa.Table]) -> Optional[pa.Table]:
     if fn is None or table is None or table.num_rows == 0:
         return None  # a function's output on no rows says little of its output on rows
-    return _table(fn(table.to_pandas()))
+    return to_table(fn(table.to_pandas()), spec.where())
 
 
 def _key_count(spec: OperatorSpec, fn: Optional[Callable], table: Optional[pa.Table]) -> Optional[pa.Table]:
@@ -202,15 +201,6 @@ def _sample_of(node: StreamNode, table: Optional[pa.Table]) -> Optional[pa.Table
     fn = cloudpickle.loads(spec.udf) if spec.udf is not None else None
     return SAMPLERS[kind.output](spec, fn, table)
 
-
-def _table(result) -> pa.Table:
-    if isinstance(result, dict):
-        result = pd.DataFrame(result)
-    if isinstance(result, pd.DataFrame):
-        return frame_to_table(result)  # as the runtime converts it
-    if isinstance(result, pa.Table):
-        return result
-    raise TypeError(type(result).__name__)
 
 
 def _merged(inputs: list[Optional[pa.Table]]) -> Optional[pa.Table]:

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 from cluster.operators.base import UserFunctionError
-from cluster.operators import spark_local
+from cluster.operators import spark_jvm
 
 from .harness import spark_chains
 
@@ -100,19 +100,20 @@ def test_a_runtime_error_in_a_local_batch_fails_the_chain_naming_it(spark):
         chain.close()
 
 
-def test_the_helper_compiles_once_per_machine_and_is_not_needed(monkeypatch, tmp_path: Path):
+def test_the_helpers_compile_once_per_machine_and_are_not_needed(monkeypatch, tmp_path: Path):
     """Compiled into the cache on first use, found there later; with no JDK compiler on a machine
-    that has not compiled it, none (batches run as Spark jobs)."""
+    that has not compiled them, none (batches take the Python way)."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    entry = spark_local.classpath_entry()
-    assert entry is not None and (Path(entry) / "streamlab" / "LocalBatch.class").is_file()
-    compiled = (Path(entry) / "streamlab" / "LocalBatch.class").stat().st_mtime_ns
+    entry = spark_jvm.classpath_entry()
+    classes = [Path(entry or "") / "streamlab" / f"{name}.class" for name in ("LocalBatch", "BatchJob")]
+    assert entry is not None and all(c.is_file() for c in classes)
+    compiled = [c.stat().st_mtime_ns for c in classes]
     monkeypatch.delenv("JAVA_HOME", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path / "no-jdk"))
-    assert spark_local.javac() is None
-    assert spark_local.classpath_entry() == entry  # no compiler needed: the class is there
-    assert (Path(entry) / "streamlab" / "LocalBatch.class").stat().st_mtime_ns == compiled
+    assert spark_jvm.javac() is None
+    assert spark_jvm.classpath_entry() == entry  # no compiler needed: the classes are there
+    assert [c.stat().st_mtime_ns for c in classes] == compiled
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "elsewhere"))
-    assert spark_local.classpath_entry() is None
+    assert spark_jvm.classpath_entry() is None
     assert not [p for p in (tmp_path / "elsewhere").rglob("*") if p.is_file()]
     assert os.listdir(Path(entry).parent) == [Path(entry).name]  # no staging directory left

@@ -296,3 +296,80 @@ def test_a_chain_that_runs_a_plan_it_did_not_analyse_still_checks_its_consumers_
     with pytest.raises(UserFunctionError, match="key_by column `v` does not exist; the input .* has id, w"):
         job_chains(query, "columns-open", parallelism=1,
                      params={"input_schema": batch(0).schema.serialize().to_pybytes(), **needs_v})
+
+
+ALL_KINDS = ("SELECT id, v * 10 AS w, upper(name) AS name, CAST(id / 7 AS DECIMAL(12, 2)) AS money, "
+             "array(v, v + 1) AS pair FROM input WHERE v <> 3")
+
+
+def named(i: int, n: int) -> pa.Table:
+    table = batch(i, n)
+    names = pa.array([None if s % 5 == 0 else f"n{s % 9}" for s in table["id"].to_pylist()], pa.string())
+    return table.append_column("name", names)
+
+
+def test_a_kept_plans_batch_is_one_call_into_the_jvm_and_gives_the_python_ways_rows(spark):
+    """spark_plans.BatchJobs (jvm/BatchJob.java) against the Python way (the kept plan bound node by
+    node, its Arrow served over a socket) on the same batches: the same tables, schemas included."""
+    helper, = job_chains(ALL_KINDS, "batch-job", parallelism=1)
+    python, = job_chains(ALL_KINDS, "batch-job-python", parallelism=1)
+    python.batch_jobs = None
+    client = helper._session().sparkContext._gateway._gateway_client
+    send, commands = client.send_command, []
+    try:
+        for i, n in enumerate((200, 1, 3_000, 60_000)):
+            client.send_command = lambda command, *a, **k: (commands.append(command), send(command, *a, **k))[1]
+            got = pa.concat_tables(helper.process(named(i, n)))
+            client.send_command = send
+            expected = pa.concat_tables(python.process(named(i, n)))
+            assert got.schema == expected.schema and got.equals(expected), f"batch {i}"
+        assert helper.plans_reused == 3 and python.plans_reused == 4  # its first batch ran the helper's plan
+        assert helper.metrics()["spark-jobs"] == 4
+        commands.clear()
+        client.send_command = lambda command, *a, **k: (commands.append(command), send(command, *a, **k))[1]
+        helper.process(named(9, 500))
+        client.send_command = send
+        # one call (and the job group's, set again on this thread after the other chain's batch;
+        # py4j's releases of proxies that Python freed meanwhile are no calls)
+        calls = [c.split("\n")[1:3] for c in commands if c.startswith("c\n")]
+        assert [c for c in calls if c[1] != "setJobGroup"] == [["z:streamlab.BatchJob", "run"]], commands
+        empty, = helper.process(named(10, 50).filter(pc.equal(named(10, 50)["v"], 3)))
+        assert empty.num_rows == 0 and empty.schema == expected.schema
+    finally:
+        client.send_command = send
+        helper.close()
+        python.close()
+
+
+def test_a_runtime_error_in_a_kept_plans_job_fails_the_chain_naming_it(spark):
+    chain, = job_chains("SELECT id, 100 DIV v AS q FROM input", "batch-job-error", parallelism=1)
+    try:
+        good = batch(0).filter(pc.not_equal(batch(0)["v"], 0))
+        chain.process(good)
+        assert chain.process(good)[0]["q"].to_pylist() == [100 // v for v in good["v"].to_pylist()]
+        with pytest.raises(UserFunctionError) as failure:
+            chain.process(batch(1))  # v = 0 in some rows: Spark's ANSI division by zero
+        message = str(failure.value)
+        assert "operator chain [sql] (test.py:1) failed in Spark" in message and "DIVIDE_BY_ZERO" in message
+        assert chain.process(good)[0].num_rows == good.num_rows  # the chain goes on
+    finally:
+        chain.close()
+
+
+def test_a_template_released_while_a_job_uses_its_root_leaves_the_jvm_when_that_job_is_done(plans):
+    chain, = job_chains("SELECT id, v FROM input WHERE v > 4", "release-in-use", parallelism=1)
+    try:
+        chain.process(batch(0))
+        template = chain._cached(batch(0).schema, False)
+        assert template is not None
+        with template.root() as root:
+            template.release()  # evicted by another job's plan meanwhile
+            assert root.nodeName() == "Project"  # still in the JVM for this call
+            assert template._kept
+        assert not template._kept
+        with template.root() as root:
+            assert root is None
+        plans._plans.clear()
+        assert chain.process(batch(1))[0].to_pydict() == filtered(batch(1))  # analysed again
+    finally:
+        chain.close()

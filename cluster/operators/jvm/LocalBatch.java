@@ -1,16 +1,8 @@
 package streamlab;
 
-import java.io.BufferedOutputStream;
-import java.io.FileOutputStream;
 import java.io.IOException;
-import java.io.OutputStream;
-import java.nio.channels.Channels;
 import java.util.ArrayList;
 
-import org.apache.arrow.vector.ipc.ArrowStreamWriter;
-import org.apache.arrow.vector.ipc.WriteChannel;
-import org.apache.arrow.vector.ipc.message.IpcOption;
-import org.apache.arrow.vector.ipc.message.MessageSerializer;
 import org.apache.spark.sql.api.python.PythonSQLUtils;
 import org.apache.spark.sql.catalyst.InternalRow;
 import org.apache.spark.sql.catalyst.plans.logical.LocalRelation;
@@ -20,8 +12,6 @@ import org.apache.spark.sql.classic.SparkSession;
 import org.apache.spark.sql.execution.arrow.ArrowConverters$;
 import org.apache.spark.sql.internal.SQLConf;
 import org.apache.spark.sql.types.StructType;
-import org.apache.spark.sql.util.ArrowUtils$;
-import scala.collection.immutable.ArraySeq;
 import scala.collection.immutable.Seq;
 
 /**
@@ -69,10 +59,10 @@ public final class LocalBatch {
         while (reader.hasNext()) {
             rows.add(reader.next().copy()); // the reader fills one row over and over
         }
-        LogicalPlan node = new LocalRelation(leaf.output(), seq(rows.toArray(new InternalRow[0])), false,
+        LogicalPlan node = new LocalRelation(leaf.output(), BatchJob.seq(rows.toArray(new InternalRow[0])), false,
                                              scala.Option.empty());
         for (int i = path.size() - 1; i >= 0; i--) {
-            node = path.get(i).withNewChildren(seq(new LogicalPlan[] {node}));
+            node = path.get(i).withNewChildren(BatchJob.seq(new LogicalPlan[] {node}));
         }
         node.setAnalyzed();
         Dataset<?> result = Dataset.ofRows(session, node);
@@ -82,23 +72,9 @@ public final class LocalBatch {
         }
         Seq<InternalRow> data = ((LocalRelation) optimized).data();
         StructType schema = result.schema();
-        scala.collection.Iterator<byte[]> batches = ArrowConverters$.MODULE$.toBatchIterator(
-            data.iterator(), schema, conf.arrowMaxRecordsPerBatch(), timeZone, errorOnDuplicates, largeVarTypes,
-            null);
-        try (OutputStream file = new BufferedOutputStream(new FileOutputStream(out), 1 << 16)) {
-            WriteChannel channel = new WriteChannel(Channels.newChannel(file));
-            MessageSerializer.serialize(channel, ArrowUtils$.MODULE$.toArrowSchema(
-                schema, timeZone, errorOnDuplicates, largeVarTypes, ArrowUtils$.MODULE$.toArrowSchema$default$5()));
-            while (batches.hasNext()) {
-                channel.write(batches.next()); // an encapsulated record batch message each
-            }
-            ArrowStreamWriter.writeEndOfStream(channel, IpcOption.DEFAULT);
-        }
+        BatchJob.writeStream(out, schema, timeZone, errorOnDuplicates, largeVarTypes,
+            ArrowConverters$.MODULE$.toBatchIterator(data.iterator(), schema, conf.arrowMaxRecordsPerBatch(), timeZone,
+                                                     errorOnDuplicates, largeVarTypes, null));
         return data.size();
-    }
-
-    @SuppressWarnings("unchecked")
-    private static <T> Seq<T> seq(T[] items) {
-        return (Seq<T>) (Object) ArraySeq.unsafeWrapArray(items);
     }
 }
