@@ -118,8 +118,11 @@ class HaLocalCluster:
         while True:
             if path.exists():
                 try:
-                    if json.loads(path.read_text())["pid"] != not_pid:
-                        return ClusterInfo.load(self.cluster_dir)
+                    info = json.loads(path.read_text())
+                    if info["pid"] != not_pid:
+                        # the file's addresses, not ClusterInfo.load's: that asks the process's
+                        # shared LeaderWatch, which may not have seen the new leader yet
+                        return ClusterInfo.published(self.cluster_dir, info)
                 except (ValueError, KeyError):
                     pass  # being replaced
             for name, proc in self.jobmanagers.items():

@@ -58,6 +58,11 @@ class ClusterInfo:
         info = json.loads(info_file.read_text())
         if not processes.alive(info.get("pid")):
             raise ClusterNotRunning(f"the JobManager of {cluster_dir} (pid {info.get('pid')}) is not running")
+        return cls.published(cluster_dir, info)
+
+    @classmethod
+    def published(cls, cluster_dir: Path, info: dict) -> "ClusterInfo":
+        """The JobManager whose addresses ``info`` are (what it wrote to jobmanager.json)."""
         return cls(cluster_dir, info["rpc"], info["rest"], info["events"], load_secret(cluster_dir / "secret"))
 
     @classmethod

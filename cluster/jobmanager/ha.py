@@ -302,21 +302,50 @@ class ZooKeeperHaServices:
 
 class LeaderRetriever:
     """Follows the leader's addresses in ZooKeeper (TaskManagers, clients): ``on_change(info)``
-    for every leader published; ``leader(timeout)`` for the current one."""
+    for every leader published; ``leader(timeout)`` for the current one.
+
+    The node is read with asynchronous calls, never a blocking one on kazoo's callback thread (as
+    kazoo's DataWatch recipe does): with ZooKeeper gone, that get waited for ever, and kazoo's exit
+    handler, which joins the thread, held the process at exit (a script or test that ended
+    without closing its client, after the server had stopped)."""
 
     def __init__(self, conf, on_change: Callable[[dict], None] = lambda info: None):
         self.root = cluster_root(conf)
+        self.path = f"{self.root}/leader"
         self.client = make_client(conf)
         _connect(self.client, conf)
         self._current: Optional[dict] = None
         self._known = threading.Condition()
         self.on_change = on_change
-        self.client.DataWatch(f"{self.root}/leader", self._changed)
+        # a new session has no watches: read again (and watch) at every (re)connection
+        self.client.add_listener(lambda state: self._read() if str(state) == "CONNECTED" else None)
+        self._read()
 
-    def _changed(self, data, stat) -> None:
-        if not data:
-            return  # no leader now (the last one's session ended): keep following the last one
-        info = json.loads(data)
+    def _read(self, event=None) -> None:
+        """Ask for the node and watch it (any thread; kazoo's watch events call it too)."""
+        self.client.get_async(self.path, watch=self._read).rawlink(self._got)
+
+    def _got(self, result) -> None:
+        from kazoo.exceptions import NoNodeError
+        try:
+            data, _ = result.get(block=False)
+        except NoNodeError:  # no leader now (the last one's session ended): keep following the last one
+            self.client.exists_async(self.path, watch=self._read).rawlink(self._created)
+            return
+        except Exception:  # connection lost or closed: the next CONNECTED reads again
+            return
+        if data:
+            self._changed(json.loads(data))
+
+    def _created(self, result) -> None:
+        try:
+            exists = result.get(block=False) is not None
+        except Exception:
+            return
+        if exists:  # published between the get and the exists: its watch will not fire
+            self._read()
+
+    def _changed(self, info: dict) -> None:
         with self._known:
             changed, self._current = info != self._current, info
             self._known.notify_all()

@@ -37,6 +37,7 @@ def streamlab(*args: str) -> subprocess.CompletedProcess:
 
 def test_an_open_client_and_the_cli_follow_the_new_leader(zookeeper, tmp_path):
     ha = ha_cluster(tmp_path / "ha-client", zookeeper.quorum)
+    client = None
     try:
         ha.start_jobmanager()
         ha.info = ha.leader()
@@ -71,9 +72,10 @@ def test_an_open_client_and_the_cli_follow_the_new_leader(zookeeper, tmp_path):
         want = pd.DataFrame({"k": df.k, "seq": df.seq, "total": df.groupby("k")["v"].cumsum()})
         pd.testing.assert_frame_equal(got, want, check_dtype=False)  # exactly once through the failover
         assert client.rpc.address == ha.info.rpc_address
-        client.close()
     except BaseException:
         print(ha.log_tails())
         raise
     finally:
+        if client is not None:
+            client.close()
         ha.stop()

@@ -1,11 +1,16 @@
 """Leader election and the HA stores: the pure decisions, then the same against a real ZooKeeper."""
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
 
 import pytest
 
 from cluster.conf import Configuration
+from cluster.launch import PROJECT_ROOT
+from kernel_runtime.ha_cluster import LocalZooKeeper
 from tests.conftest import wait_for
 from cluster.jobmanager.ha import Granted, JoinElection, LeaderRetriever, Leadership, Revoked, ZooKeeperHaServices
 
@@ -132,3 +137,42 @@ def test_a_missing_quorum_is_a_clear_error(tmp_path):
     conf = Configuration({"high-availability.type": "zookeeper"}, "the test")
     with pytest.raises(ValueError, match="high-availability.zookeeper.quorum: required"):
         ZooKeeperHaServices(conf, tmp_path)
+
+
+FOLLOWER = """
+import json, sys
+from cluster.conf import Configuration
+from cluster.jobmanager.ha import LeaderRetriever
+retriever = LeaderRetriever(Configuration(json.loads(sys.argv[1]), "the test"))
+print(retriever.leader(10)["rpc"], flush=True)
+sys.stdin.readline()  # the leader is gone and ZooKeeper stopped: end without closing the retriever
+"""
+
+
+def test_a_follower_that_never_closed_its_retriever_exits_after_zookeeper_stopped(tmp_path):
+    """A script or a notebook kernel that ends without closing its client must not hang on
+    kazoo's exit handler once the leader and then ZooKeeper went away."""
+    server = LocalZooKeeper(tmp_path / "zk-own").start()
+    try:
+        conf = ha_conf(server, "exit")
+        leader = ZooKeeperHaServices(conf, tmp_path)
+        leader.start()
+        leader.contend(on_revoked=lambda reason: None)
+        assert leader.wait_for_leadership(10)
+        leader.publish_leader({"rpc": "tcp://127.0.0.1:1"})
+        follower = subprocess.Popen([sys.executable, "-c", FOLLOWER, json.dumps(conf.to_dict())],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                    cwd=PROJECT_ROOT)
+        try:
+            assert follower.stdout is not None and follower.stdin is not None
+            assert follower.stdout.readline().strip() == "tcp://127.0.0.1:1"
+            leader.close()  # the leader node goes with the session: the follower's watch fires
+            server.stop()
+            follower.stdin.write("\n")
+            follower.stdin.flush()
+            assert follower.wait(20) == 0
+        finally:
+            follower.kill()
+            follower.wait()
+    finally:
+        server.stop()

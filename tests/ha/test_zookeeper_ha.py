@@ -53,6 +53,7 @@ def status_at_leader(ha: HaLocalCluster, job_id: str):
 def test_the_leader_is_killed_three_times_and_the_output_is_exactly_once(zookeeper, tmp_path):
     random.seed("leader-kills")
     ha = ha_cluster(tmp_path / "ha-kills", zookeeper.quorum)
+    client = None
     try:
         ha.start_jobmanager()
         ha.info = ha.leader()  # what run_job submits through
@@ -85,7 +86,6 @@ def test_the_leader_is_killed_three_times_and_the_output_is_exactly_once(zookeep
             failovers.append(time.monotonic() - killed_at)
             # a new attempt number: the old leader's tasks, maybe still cancelling, use the last one
             assert status_at_leader(ha, job_id).attempt == kill + 2
-        client.close()
         wait_for(lambda: status_at_leader(ha, job_id).state in ("FINISHED", "FAILED", "CANCELED"), 180,
                  "the job to end")
         assert status_at_leader(ha, job_id).state == "FINISHED"
@@ -97,6 +97,8 @@ def test_the_leader_is_killed_three_times_and_the_output_is_exactly_once(zookeep
         print(ha.log_tails())
         raise
     finally:
+        if client is not None:
+            client.close()
         ha.stop()
 
 
