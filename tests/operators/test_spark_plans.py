@@ -333,6 +333,7 @@ def test_a_kept_plans_batch_is_one_call_into_the_jvm_and_gives_the_python_ways_r
         # py4j's releases of proxies that Python freed meanwhile are no calls)
         calls = [c.split("\n")[1:3] for c in commands if c.startswith("c\n")]
         assert [c for c in calls if c[1] != "setJobGroup"] == [["z:streamlab.BatchJob", "run"]], commands
+        assert spark._jvm.streamlab.BatchJob.held() == 0  # a local job's batches went with it
         empty, = helper.process(named(10, 50).filter(pc.equal(named(10, 50)["v"], 3)))
         assert empty.num_rows == 0 and empty.schema == expected.schema
     finally:
@@ -351,6 +352,8 @@ def test_a_runtime_error_in_a_kept_plans_job_fails_the_chain_naming_it(spark):
             chain.process(batch(1))  # v = 0 in some rows: Spark's ANSI division by zero
         message = str(failure.value)
         assert "operator chain [sql] (test.py:1) failed in Spark" in message and "DIVIDE_BY_ZERO" in message
+        # the failed local job's input and the output of its partitions that finished are let go
+        assert spark._jvm.streamlab.BatchJob.held() == 0
         assert chain.process(good)[0].num_rows == good.num_rows  # the chain goes on
     finally:
         chain.close()
