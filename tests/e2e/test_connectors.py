@@ -149,10 +149,14 @@ def test_malformed_row_without_side_output_fails_the_job_naming_file_and_line(cl
 def test_redis_stream_in_transformed_to_redis_stream_out(cluster, client, redis_url):  # noqa: F811
     r = redis.Redis.from_url(redis_url, decode_responses=True)
     try:
-        def add(key: str, df: pd.DataFrame) -> dict[str, dict]:
-            return {r.xadd(key, {k: str(v) for k, v in row.items()}): row for row in df.to_dict("records")}
+        def add(key: str, df: pd.DataFrame, start: int) -> dict[str, dict]:
+            # ids of our own, "<stream>-<row>": Redis's own are "<ms>-<seq>" per stream, so the two
+            # streams' entries of one millisecond had the same ids, and the expected rows collided
+            stream = 1 + ["orders-a", "orders-b"].index(key)
+            return {r.xadd(key, {k: str(v) for k, v in row.items()}, id=f"{stream}-{start + i}"): row
+                    for i, row in enumerate(df.to_dict("records"))}
 
-        sent = add("orders-a", orders(300)) | add("orders-b", orders(200, start=300))
+        sent = add("orders-a", orders(300), 0) | add("orders-b", orders(200, start=300), 300)
         env = StreamEnvironment(parallelism=2, cluster=cluster.cluster_dir)
         (env.from_source(RedisStreamSource(redis_url, ["orders-a", "orders-b"], schema=SCHEMA, count=400,
                                            id_field="id", batch_size=64))
@@ -161,10 +165,10 @@ def test_redis_stream_in_transformed_to_redis_stream_out(cluster, client, redis_
         handle = env.execute_async("redis to redis", client=client)
         wait_for(lambda: r.xlen("totals") >= 500, 30, "the first entries through the job")
         # the rest arrives while the job runs: it waits for `count` entries of each stream
-        sent |= add("orders-a", orders(100, start=500)) | add("orders-b", orders(200, start=600))
+        sent |= add("orders-a", orders(100, start=500), 500) | add("orders-b", orders(200, start=600), 600)
         assert handle.wait(60).state == JobState.FINISHED
         out = {f["id"]: f for _, f in r.xrange("totals")}
-        assert sorted(out) == sorted(sent)  # every entry once
+        assert len(sent) == 800 and sorted(out) == sorted(sent)  # every entry once
         for entry, row in sent.items():
             got = out[entry]
             assert (got.keys(), got["user"], int(got["amount"])) == (
