@@ -202,7 +202,6 @@ def _sample_of(node: StreamNode, table: Optional[pa.Table]) -> Optional[pa.Table
     return SAMPLERS[kind.output](spec, fn, table)
 
 
-
 def _merged(inputs: list[Optional[pa.Table]]) -> Optional[pa.Table]:
     """The sample of what an operator receives: known only if every input is."""
     if not inputs or any(t is None for t in inputs):

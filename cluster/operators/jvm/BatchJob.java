@@ -129,16 +129,10 @@ public final class BatchJob {
      * them, but the tasks carry the key and their batch's index, not the batch. */
     private static RDD<InternalRow> localRows(SparkSession session, String key, scala.collection.Iterator<byte[]> in,
                                               StructType schema, String timeZone, boolean largeVarTypes) {
-        List<byte[]> batches = new ArrayList<>();
-        in.foreach(new AbstractFunction1<byte[], Object>() {
-            @Override
-            public Object apply(byte[] batch) {
-                return batches.add(batch);
-            }
-        });
-        INPUTS.put(key, batches.toArray(new byte[0][]));
+        byte[][] batches = (byte[][]) in.toArray(ClassTag$.MODULE$.apply(byte[].class));
+        INPUTS.put(key, batches);
         List<Integer> indices = new ArrayList<>();
-        for (int i = 0; i < batches.size(); i++) {
+        for (int i = 0; i < batches.length; i++) {
             indices.add(i);
         }
         // one slice per index (ParallelCollectionRDD slices evenly, in order); at least one partition
@@ -205,12 +199,9 @@ public final class BatchJob {
 
         @Override
         public Object apply(TaskContext context, scala.collection.Iterator<byte[]> batches) {
-            List<byte[]> mine = new ArrayList<>();
-            while (batches.hasNext()) {
-                mine.add(batches.next());
-            }
-            OUTPUTS.put(key + "/" + context.partitionId(), mine.toArray(new byte[0][]));
-            return mine.size();
+            byte[][] mine = (byte[][]) batches.toArray(ClassTag$.MODULE$.apply(byte[].class));
+            OUTPUTS.put(key + "/" + context.partitionId(), mine);
+            return mine.length;
         }
     }
 
