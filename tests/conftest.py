@@ -17,6 +17,8 @@ import pytest
 
 from kernel_runtime import JobClient, LocalCluster
 
+pytest_plugins = ["tests.hangs"]  # a test past its timeout fails alone, with its stacks
+
 FAST = {"heartbeat.interval": "200 ms", "heartbeat.timeout": "2 s"}
 
 

@@ -40,7 +40,8 @@ from tests.conftest import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "cluster" / "k8s"
-KUBECTL = shutil.which("kubectl") or "/usr/bin/kubectl"
+# the machine's, or the one `make system-deps` puts in the venv where Debian has none
+KUBECTL = shutil.which("kubectl") or str(Path(sys.executable).with_name("kubectl"))
 STREAMLAB = [sys.executable, "-m", "kernel_runtime.cli"]
 POD_IP = "127.0.0.1"  # what status.podIP is for a "pod" that is this machine
 N = 20_000
