@@ -6,11 +6,12 @@ import os
 import re
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 STREAMLAB = [sys.executable, "-m", "kernel_runtime.cli"]
@@ -55,18 +56,12 @@ def test_cli_session(shell_env, tmp_path):
     listing = sh(["list"], shell_env).stdout
     assert job_id in listing and "live page counts" in listing
     sh(["cancel", job_id], shell_env)
-    deadline = time.monotonic() + 20
-    while "CANCELED" not in sh(["list"], shell_env).stdout:
-        assert time.monotonic() < deadline, "job not cancelled"
-        time.sleep(0.2)
+    wait_for(lambda: "CANCELED" in sh(["list"], shell_env).stdout, 60, "the job cancelled")
 
     # a savepoint of a running job, then stop-with-savepoint, then start again from it
     detached = sh(["run", "-d", "examples/live_counts.py"], shell_env).stdout
     job_id = re.search(r"JobID ([0-9a-f]{32})", detached).group(1)
-    deadline = time.monotonic() + 60
-    while "RUNNING" not in sh(["list"], shell_env).stdout:
-        assert time.monotonic() < deadline, "job not running"
-        time.sleep(0.2)
+    wait_for(lambda: "RUNNING" in sh(["list"], shell_env).stdout, 60, "the job running")
     taken = sh(["savepoint", job_id], shell_env).stdout
     path = re.search(r"Path: file:(\S+)", taken).group(1)
     assert os.path.exists(os.path.join(path, "_metadata"))

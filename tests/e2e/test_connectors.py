@@ -3,7 +3,6 @@ compared with the same computation in pandas."""
 from __future__ import annotations
 
 import os
-import time
 
 import numpy as np
 import pandas as pd
@@ -88,6 +87,21 @@ def test_csv_key_by_count_to_parquet_equals_pandas(cluster, client, tmp_path):
     assert parts(tmp_path / "counts") == ["part-0-0.parquet"]
 
 
+def source_idle_ms(client, job_id: str) -> list[int]:
+    """The idle time of each source subtask (a watching source's polls with nothing to read)."""
+    details = client.job_details(job_id)
+    source = next(v["id"] for v in details["vertices"] if v["name"].startswith("Source"))
+    return [s["metrics"]["idle-ms"] for s in sorted(details["subtasks"], key=lambda s: s["subtask"])
+            if s["vertex_id"] == source]
+
+
+def rows_read(client, job_id: str) -> int:
+    """The rows the source subtasks took in from their files (chained to the collect)."""
+    details = client.job_details(job_id)
+    source = next(v["id"] for v in details["vertices"] if v["name"].startswith("Source"))
+    return sum(s["metrics"]["records-in"] for s in details["subtasks"] if s["vertex_id"] == source)
+
+
 def test_watched_directory_picks_up_a_file_added_while_running(cluster, client, tmp_path):
     (tmp_path / "in").mkdir()
     for i in range(2):
@@ -101,7 +115,14 @@ def test_watched_directory_picks_up_a_file_added_while_running(cluster, client, 
         for i in range(3):
             write(orders(50, start=100 + i * 50), tmp_path / "in" / f"later-{i}.csv", "csv")
         wait_for(lambda: len(handle.results) >= 250, 30, "the rows of the files added while running")
-        time.sleep(1.0)  # five more scans: a file read twice would show now
+        # five more scans each (monitor_interval 0.2 s): each source subtask idle for another
+        # second between them, by its own metrics; a file read twice would have shown by then
+        idle = source_idle_ms(client, handle.job_id)
+        wait_for(lambda: all(now >= then + 1000 for now, then in zip(source_idle_ms(client, handle.job_id), idle)),
+                 60, "five more scans of the directory")
+        # and every row they read by then is in the handle: a row read twice is in the frame below
+        read = rows_read(client, handle.job_id)
+        wait_for(lambda: len(handle.results) >= read, 30, f"the {read} rows read in the handle")
         assert handle.status == JobState.RUNNING
         pd.testing.assert_frame_equal(sorted_frame(handle.results, ["price"]), orders(250), check_dtype=False)
     finally:

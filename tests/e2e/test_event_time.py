@@ -203,11 +203,23 @@ def test_an_idle_split_holds_the_watermark_back_only_without_idleness(cluster, c
             wait_for(lambda: handle.job_status().state == "RUNNING" and any(
                 s["metrics"].get("newestEventTimestamp", NO_WATERMARK) >= int(frame.ts.max())
                 for s in client.job_details(handle.job_id)["subtasks"]), 30, "every row read")
-            time.sleep(2)  # time enough for windows to fire, if the watermark could advance
+            details = client.job_details(handle.job_id)
+            source, window = (next(v["id"] for v in details["vertices"] if v["name"].startswith(name))
+                              for name in ("Source", "window"))
+
+            def metrics(vertex: str) -> list[dict]:
+                return [s["metrics"] for s in client.job_details(handle.job_id)["subtasks"] if s["vertex_id"] == vertex]
+            # the reading subtask sent a watermark past every window's end: were it the window's,
+            # they would all fire
+            wait_for(lambda: max(m.get("currentOutputWatermark", NO_WATERMARK) for m in metrics(source))
+                     >= int(frame.ts.max()) - 201, 30, "the reading subtask's last watermark")
+            # then the window task waits two more seconds of its own with nothing queued: whatever
+            # came before (that watermark included) it has handled
+            idle = metrics(window)[0]["idle-ms"]
+            wait_for(lambda: (m := metrics(window)[0])["idle-ms"] >= idle + 2_000 and m["input-queue"] == 0, 60,
+                     "the window task idle two more seconds")
             assert handle.row_count() == 0
-            windows = [s for s in client.job_details(handle.job_id)["subtasks"] if s["vertex_id"] == next(
-                v["id"] for v in client.job_details(handle.job_id)["vertices"] if v["name"].startswith("window"))]
-            assert all(s["metrics"]["currentInputWatermark"] == NO_WATERMARK for s in windows)
+            assert all(m["currentInputWatermark"] == NO_WATERMARK for m in metrics(window))
         handle.cancel()
         wait_for(lambda: handle.job_status().state == "CANCELED", 30, "the job cancelled")
 

@@ -114,13 +114,15 @@ def test_wait_returns_as_soon_as_the_job_ends(cluster, client):
     assert 1 <= fetches <= 2 and asked == {op: 0 for op in asked}, (fetches, asked)
     end_ms = client.job_details(handle.job_id)["end-time"]
     assert result.state == "FINISHED" and len(result.to_pandas()) == 2_000
-    # the JobManager's clock and ours are one (same host): wait() heard of the end at once
-    assert returned_ms - end_ms < 500, f"wait() returned {returned_ms - end_ms:.0f} ms after the end"
+    # with no request asked meanwhile (above), only the job's events could have told wait() of the
+    # end; how soon after it is bench/wait_latency.py's figure (a loaded machine moves it)
+    print(f"wait() returned {returned_ms - end_ms:.0f} ms after the job's end")
 
 
-def run_feeds(cluster, job_id: str, count: int, window: float) -> tuple[dict, list[int]]:
-    """``count`` dashboard feeds on one job for ``window`` seconds: the control requests the
-    JobManager handled meanwhile (by op), and how many updates each feed delivered."""
+def run_feeds(cluster, job_id: str, count: int, updates: int) -> tuple[dict, list[int]]:
+    """``count`` dashboard feeds on one job until each has delivered ``updates`` more updates
+    (a running job's summary comes once a second): the control requests the JobManager handled
+    meanwhile (by op), and how many updates each feed delivered."""
     from kernel_runtime import JobClient
     deliveries = [0] * count
 
@@ -133,10 +135,11 @@ def run_feeds(cluster, job_id: str, count: int, window: float) -> tuple[dict, li
     stats = JobClient(cluster.info)
     try:
         feeds = [JobFeed(cluster.info, job_id, deliver(i), schedule=_direct).start() for i in range(count)]
-        wait_for(lambda: all(deliveries), 15, "every feed's first update")
-        time.sleep(1.5)  # past the first heartbeat: a fetch it may call for (a raced event) is done
-        before = stats.control_stats()
-        time.sleep(window)
+        # past the first update's heartbeat: a fetch it may call for (a raced event) is done
+        wait_for(lambda: min(deliveries) >= 2, 30, "every feed's second update")
+        before, seen = stats.control_stats(), list(deliveries)
+        wait_for(lambda: all(d >= s + updates for d, s in zip(deliveries, seen)), 60,
+                 f"{updates} more updates of every feed")
         after = stats.control_stats()
         for feed in feeds:
             feed.stop()
@@ -151,11 +154,12 @@ def test_five_dashboards_ask_the_jobmanager_no_more_than_one(cluster, client):
     handle = env.execute_async("watched", client=client)
     try:
         wait_for(lambda: handle.status == "RUNNING", 30, "the job running")
-        one, one_updates = run_feeds(cluster, handle.job_id, 1, 3.0)
-        five, five_updates = run_feeds(cluster, handle.job_id, 5, 3.0)
-        # while they follow the job, no dashboard asks anything: the events bring every update
+        one, one_updates = run_feeds(cluster, handle.job_id, 1, 3)
+        five, five_updates = run_feeds(cluster, handle.job_id, 5, 3)
+        # while they follow the job, three updates each, no dashboard asks anything: the events
+        # bring every update
         assert sum(one.values()) == 0 and sum(five.values()) == 0, (one, five)
-        assert min(five_updates) >= 2 and min(one_updates) >= 2  # a running job's summary, once a second
+        assert min(five_updates) >= 5 and min(one_updates) >= 5, (one_updates, five_updates)
     finally:
         handle.cancel()
         wait_for(lambda: handle.status == "CANCELED", 15, "the job cancelled")

@@ -4,7 +4,7 @@ under it runs; ended jobs keep no user code in the JobManager and at most jobsto
 of them are kept."""
 from __future__ import annotations
 
-import time
+from datetime import datetime
 import urllib.error
 from pathlib import Path
 
@@ -67,10 +67,8 @@ def run(env: StreamEnvironment, client: JobClient, name: str):
 def test_a_100_mb_closure_is_refused_at_submit_naming_it(own_cluster, limits_client):
     env = pipeline(own_cluster.cluster_dir, 100_000_000)
     jm_before = rss_mb(own_cluster.jobmanager.pid)
-    started = time.monotonic()
-    with pytest.raises(JobGraphTooLarge) as info:
+    with pytest.raises(JobGraphTooLarge) as info:  # refused by the client, before anything is sent
         env.execute_async("too big", client=limits_client)
-    assert time.monotonic() - started < 10
     text = str(info.value)
     assert "job 'too big' is too large to submit" in text
     assert "operator 'holds a blob' (test_limits.py:" in text and "95.4 mb" in text
@@ -132,10 +130,15 @@ def test_ended_jobs_keep_no_user_code_and_the_history_is_bounded(own_cluster, li
 
 def test_an_ended_job_expires_after_jobstore_expiration_time(own_cluster, limits_client):
     job_id, _ = run(pipeline(own_cluster.cluster_dir, 10), limits_client, "expires")
-    ended = time.monotonic()
+    ended_ms = rest(own_cluster, f"/jobs/{job_id}")[1]["end-time"]
 
     def listed() -> bool:
         return job_id in {j["jid"] for j in rest(own_cluster, "/jobs/overview")[1]["jobs"]}
     assert listed()
-    wait_for(lambda: not listed(), timeout=EXPIRATION_S + 15, what="the ended job to expire")
-    assert time.monotonic() - ended >= EXPIRATION_S - 1
+    wait_for(lambda: not listed(), timeout=EXPIRATION_S + 30, what="the ended job to expire")
+    # not before its time, by the JobManager's own clock: its log line of the removal against
+    # the job's end time (a loaded machine can only make the removal later)
+    removal = next(line for line in (own_cluster.cluster_dir / "log" / "jobmanager.log").read_text().splitlines()
+                   if f"job {job_id} removed from the job store" in line)
+    removed_ms = datetime.strptime(removal[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp() * 1000
+    assert removed_ms - ended_ms >= EXPIRATION_S * 1000 - 10, (removal, ended_ms)

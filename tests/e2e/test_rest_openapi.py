@@ -148,5 +148,6 @@ def test_flinks_openapi_description_holds_for_what_streamlab_serves(cluster, liv
     assert not failures, "\n\n".join(failures)
     # the real ids were asked for: every GET of the job answered 200 at least once
     assert all(200 in c for op, c in counts.items() if op.startswith("GET")), counts
-    assert 202 in counts["POST /jobs/{jobid}/savepoints"] and 202 in counts["PATCH /jobs/{jobid}"] or \
-        202 in counts["POST /jobs/{jobid}/stop"], counts
+    # a savepoint of the running job was taken, and the job was then ended by a stop or a cancel
+    assert 202 in counts["POST /jobs/{jobid}/savepoints"], counts
+    assert 202 in counts["POST /jobs/{jobid}/stop"] or 202 in counts["PATCH /jobs/{jobid}"], counts

@@ -4,8 +4,10 @@ from __future__ import annotations
 import json
 import os
 import socket
+import urllib.error
 
 import msgpack
+import pytest
 import zmq
 
 from cluster.protocol import messages as m
@@ -44,6 +46,14 @@ def _tcp_garbage(address: str) -> None:
             s.sendall(payload)
 
 
+def _raw_http(address: str, request: bytes) -> bytes:
+    """The first bytes the HTTP server answers to a raw request."""
+    host, port = address.replace("http://", "").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(request)
+        return s.recv(4096)
+
+
 def test_garbage_to_every_socket_is_dropped_and_the_cluster_keeps_serving(cluster, client):
     secret = cluster.info.secret
     _, tms = rest(cluster, "/taskmanagers")
@@ -53,11 +63,15 @@ def test_garbage_to_every_socket_is_dropped_and_the_cluster_keeps_serving(cluste
         _zmq_garbage(address, secret)
         _tcp_garbage(address)
     _tcp_garbage(cluster.info.rest_address)
-    for path in ("/jobs/not-a-job", "/jobs/" + "0" * 32, "/%%%", "/jobs/overview?x=\x00"):
-        try:
+    # malformed REST paths are answered with an error each, as the client sent them
+    for path, code in (("/jobs/not-a-job", 400), ("/jobs/" + "0" * 32, 404), ("/%%%", 404), ("/%00", 404)):
+        with pytest.raises(urllib.error.HTTPError) as answer:
             rest(cluster, path)
-        except Exception:
-            pass  # 404s are the expected answer; the server must only stay up
+        assert answer.value.code == code, (path, answer.value)
+    assert rest(cluster, "/jobs/overview?x=%00")[0] == 200
+    # a raw NUL in the request line (urllib refuses to send one): refused with a 4xx, not a hang up
+    assert _raw_http(cluster.info.rest_address, b"GET /jobs/overview?x=\x00 HTTP/1.1\r\nHost: x\r\n\r\n")[:10] \
+        in (b"HTTP/1.1 4", b"HTTP/1.0 4"), "a NUL in the request line was not refused with a 4xx"
 
     # still serving: every process is alive and a job runs to the right result
     _, overview = rest(cluster, "/overview")

@@ -16,6 +16,8 @@ from cluster.protocol.endpoint import RpcError
 from kernel_runtime import JobClient, StreamEnvironment
 from tests.conftest import FAST, rest
 
+from .heartbeats import wait_for_heartbeats
+
 HEARTBEAT_TIMEOUT_S = int(FAST["heartbeat.timeout"].split()[0])
 
 
@@ -40,12 +42,13 @@ def test_storage_blocked_longer_than_the_heartbeat_timeout_loses_no_taskmanager(
             outcome["error"] = exc
     submitter = threading.Thread(target=submit)
     submitter.start()
+    ids = {tm["id"] for tm in before["taskmanagers"]}
     try:
-        deadline = time.monotonic() + 2.5 * HEARTBEAT_TIMEOUT_S
-        while time.monotonic() < deadline:  # the loop answers while its storage hangs
-            status, overview = rest(cluster, "/overview")
-            assert status == 200 and overview["taskmanagers"] == 2
-            time.sleep(0.25)
+        # the loop goes on hearing both TaskManagers, and answering, while its storage hangs for
+        # more than twice heartbeat.timeout: heartbeats received that long after the submission
+        wait_for_heartbeats(cluster, ids, after=time.time() + 2.5 * HEARTBEAT_TIMEOUT_S)
+        status, overview = rest(cluster, "/overview")
+        assert status == 200 and overview["taskmanagers"] == 2
         assert submitter.is_alive(), "the submission should still wait for the savepoint's metadata"
     finally:
         with open(savepoint / "_metadata", "w") as pipe:  # the disk comes back, with garbage
@@ -54,7 +57,9 @@ def test_storage_blocked_longer_than_the_heartbeat_timeout_loses_no_taskmanager(
         client.close()
     assert isinstance(outcome.get("error"), RpcError)
     assert "cannot start from savepoint" in str(outcome["error"]) and "not valid JSON" in str(outcome["error"])
-    time.sleep(1)  # had a heartbeat been missed, expiry would run right after the loop woke
+    # had a heartbeat been missed, expiry would run right after the loop woke: a heartbeat of
+    # each, received after the storage came back, shows the loop has run past that
+    wait_for_heartbeats(cluster, ids, after=time.time() + 0.5)
     assert log.read_text().count(" lost") == lost_before
     _, after = rest(cluster, "/taskmanagers")
     assert {tm["id"] for tm in after["taskmanagers"]} == {tm["id"] for tm in before["taskmanagers"]}

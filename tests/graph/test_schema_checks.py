@@ -78,6 +78,12 @@ def test_a_redis_source_with_a_schema_emits_its_id_field_first():
     (env.from_source(RedisStreamSource("redis://127.0.0.1:6379", "s", schema="n bigint", id_field="id"))
         .key_by("id", "n").count().collect())
     env.get_job_graph()  # both columns are known: no error
+    # what the graph's checks know the source emits: the id first, as text, then the schema's fields
+    other = StreamEnvironment(parallelism=1)
+    (other.from_source(RedisStreamSource("redis://127.0.0.1:6379", "s", schema="n bigint", id_field="id"))
+        .key_by("nn").count(name="by nn").collect())
+    with pytest.raises(GraphValidationError, match=r"key_by column `nn` does not exist; the input has id, n\b"):
+        other.get_job_graph()
     env = StreamEnvironment(parallelism=1)
     env.from_source(RedisStreamSource("redis://127.0.0.1:6379", "s", schema="n bigint")).key_by("id").count().collect()
     with pytest.raises(GraphValidationError, match="key_by column `id` does not exist; the input has n$"):

@@ -18,6 +18,7 @@ from cluster.protocol import messages as m
 from cluster.protocol.codec import Codec
 from cluster.protocol.endpoint import Peer, RpcEndpoint
 from kernel_runtime import StreamEnvironment
+from tests.conftest import wait_for
 
 TM = "tm-1"
 
@@ -196,22 +197,38 @@ def test_one_message_per_update_for_every_subscriber_however_many(tmp_path):
         assert changes == [(True, job_topic(job_id))]
         for subscribed, topic in changes:
             harness.publisher.subscription_changed(topic, subscribed)
-        time.sleep(0.3)  # every subscription has reached the socket (nothing tells a PUB when)
+        # every subscription has reached the socket (nothing tells a PUB when): probes on the
+        # job's topic until each subscriber has heard one (later probes still on their way come
+        # before the updates: one socket's messages to a subscriber keep their order)
+        heard: set[int] = set()
+
+        def every_subscriber_heard() -> bool:
+            socket.send(job_topic(job_id), m.Acknowledge())
+            for i, sub in enumerate(subscribers):
+                while sub.poll(0):
+                    sub.recv_multipart()
+                    heard.add(i)
+            return len(heard) == len(subscribers)
+        wait_for(every_subscriber_heard, 10, "every subscription at the socket")
 
         for n in range(3):
             harness.metrics(job_id, **{"records-in": n + 1})
             harness.publisher.tick()
         assert harness.publisher.summaries_built == 3  # built once per update, not once per subscriber
+        harness.publisher.tick()  # a heartbeat's turn with nothing changed: the cluster's topic only
+        socket.send(job_topic(job_id), m.ErrorResponse("end of the test"))  # the last on the topic
         for sub in subscribers:
             got = []
             receiver = Codec(b"s" * 32)  # each subscriber is a process of its own, with its own replay window
-            while len(got) < 3 and sub.poll(2000):
+            while not (got and isinstance(got[-1], m.ErrorResponse)) and sub.poll(10_000):
                 topic, *frames = sub.recv_multipart()
                 msg, _, _ = receiver.decode(frames)
-                got.append(msg)
-            assert [(type(g), g.summary["subtasks"][0]["metrics"]["records-in"]) for g in got] == \
-                [(m.JobSummaryUpdated, 1), (m.JobSummaryUpdated, 2), (m.JobSummaryUpdated, 3)]
-            assert not sub.poll(100)  # and nothing else on a job's topic: the heartbeat is the cluster's
+                if got or not isinstance(msg, m.Acknowledge):  # probes still on their way come first
+                    got.append(msg)
+            # the three updates, and nothing else on a job's topic before the end: the heartbeat is the cluster's
+            assert [(type(g), g.summary["subtasks"][0]["metrics"]["records-in"]) for g in got[:-1]] == \
+                [(m.JobSummaryUpdated, 1), (m.JobSummaryUpdated, 2), (m.JobSummaryUpdated, 3)], got
+            assert got[-1] == m.ErrorResponse("end of the test")
     finally:
         for sub in subscribers:
             sub.close(0)

@@ -4,7 +4,11 @@ import subprocess
 import sys
 import time
 
+import psutil
+
 from kernel_runtime import processes
+
+from ..conftest import wait_for
 
 IGNORES_SIGTERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"
 
@@ -33,13 +37,30 @@ def test_stop_terminates_then_kills_what_ignores_sigterm():
     assert polite.wait(5) == -15 and stubborn.wait(5) == -9
 
 
+def wait_for_checks(watchdog: subprocess.Popen, checks: int) -> None:
+    """Until the watchdog has looked at its kernel ``checks`` more times. Between two of its 1 s
+    sleeps it reads /proc (psutil): a count of read calls that grew from one sleep to the next
+    is one more check done."""
+    seen: list[int] = []
+
+    def checked() -> bool:
+        assert watchdog.poll() is None, "the watchdog ended while its kernel lives"
+        sleeping = "nanosleep" in open(f"/proc/{watchdog.pid}/wchan").read()
+        reads = psutil.Process(watchdog.pid).io_counters().read_count
+        if sleeping and (not seen or reads > seen[-1]):
+            seen.append(reads)
+        return len(seen) > checks
+    wait_for(checked, 30, f"{checks} checks of the watchdog")
+
+
 def test_the_watchdog_stops_a_cluster_whose_kernel_is_gone(tmp_path):
     kernel, member = sleeper(), sleeper()
     (tmp_path / processes.PIDS_FILE).write_text(json.dumps({"jobmanager": member.pid, "taskmanagers": []}))
     watchdog = subprocess.Popen([sys.executable, "-I", processes.__file__, str(kernel.pid), str(tmp_path)])
     try:
-        time.sleep(1.5)
+        wait_for_checks(watchdog, 2)
         assert processes.alive(member.pid) and tmp_path.exists()  # the kernel lives: nothing happens
+        assert watchdog.poll() is None
         kernel.kill()
         kernel.wait()
         assert watchdog.wait(15) == 0

@@ -1,6 +1,5 @@
 """%load_ext starts the embedded cluster in the background: it returns before the cluster is up,
 and the cluster comes up (its TaskManagers registered, their Spark starting) without any cell."""
-import time
 from pathlib import Path
 
 import pytest
@@ -40,8 +39,15 @@ def test_load_ext_starts_the_embedded_cluster_in_the_background(kernel):
     logs = [kernel.cluster_dir / "log" / f"taskmanager-{i}.log" for i in range(2)]
     wait_for(lambda: any("starting the SparkSession" in p.read_text() for p in logs), 30, "a TaskManager starting Spark")
 
-    # the first %stream_cluster start is the cluster started at load, not a second one
-    started = time.monotonic()
-    kernel.execute("%stream_cluster start --taskmanagers 2 --slots 2")
-    assert kernel.evaluate(f"str({SESSION}.embedded.cluster_dir)") == directory
-    assert time.monotonic() - started < 10
+    # the first %stream_cluster start is the cluster started at load, not a second one: the same
+    # directory, the same processes, the same TaskManagers
+    processes = (kernel.cluster_dir / "cluster.json").read_text()
+    client = JobClient(ClusterInfo.load(kernel.cluster_dir))
+    try:
+        taskmanagers = {t["id"] for t in client.cluster_overview().taskmanagers}
+        kernel.execute("%stream_cluster start --taskmanagers 2 --slots 2")
+        assert kernel.evaluate(f"str({SESSION}.embedded.cluster_dir)") == directory
+        assert (kernel.cluster_dir / "cluster.json").read_text() == processes
+        assert {t["id"] for t in client.cluster_overview().taskmanagers} == taskmanagers
+    finally:
+        client.close()

@@ -1,18 +1,29 @@
 """The TaskManager's budget for batches in its Spark JVM (cluster/operators/spark_memory.py)."""
 from __future__ import annotations
 
+import sys
 import threading
-import time
 
 import pytest
 
 from cluster.operators.base import TaskCancelled
 from cluster.operators.spark_memory import BatchMemory, budget_of_heap
+from tests.conftest import wait_for
 
 
 def test_the_budget_is_a_sixteenth_of_the_session_heap():
     assert budget_of_heap("1g") == 64 << 20
     assert budget_of_heap("4g") == 256 << 20
+
+
+def waiting_in_hold(thread: threading.Thread) -> bool:
+    """Whether ``thread`` is blocked on the budget's condition inside BatchMemory.hold."""
+    frame = sys._current_frames().get(thread.ident)
+    codes = set()
+    while frame is not None:
+        codes.add(frame.f_code)
+        frame = frame.f_back
+    return BatchMemory.hold.__wrapped__.__code__ in codes and threading.Condition.wait.__code__ in codes
 
 
 def test_a_job_over_what_is_left_waits_until_others_end():
@@ -24,7 +35,7 @@ def test_a_job_over_what_is_left_waits_until_others_end():
                 order.append(("second", memory.held))
         thread = threading.Thread(target=second)
         thread.start()
-        time.sleep(0.2)
+        wait_for(lambda: waiting_in_hold(thread), 10, "the second job waiting for the budget")
         order.append(("first ends", memory.held))
     thread.join(5)
     assert order == [("first ends", 60), ("second", 60)]

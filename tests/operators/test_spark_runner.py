@@ -4,7 +4,6 @@ from __future__ import annotations
 import gc
 import os
 import threading
-import time
 
 import numpy as np
 import pyarrow as pa
@@ -13,34 +12,29 @@ from cluster.conf import TaskConfig
 from cluster.operators.spark import PY4J_RELEASE_POLL_S, SparkRunner
 from cluster.operators.spark_fusion import FusionGroup
 
+from ..conftest import wait_for
 from .harness import spark_chains
 
 
-def test_java_objects_python_drops_are_released_in_the_jvm_within_a_fraction_of_a_second():
-    # py4j's own pace is a release every second, which kept a second of batches alive in the JVM
+def test_java_objects_python_drops_are_released_in_the_jvm_at_our_pace():
+    # py4j's own pace is a release every second, which kept a second of batches alive in the JVM:
+    # its finalizer thread sleeps our poll instead (how long a release waits is
+    # bench/py4j_release.py's figure, not a test's: a loaded machine moves it)
+    import py4j.clientserver
     session = SparkRunner.get(TaskConfig.from_dict({})).session_for_task(threading.Event(), lambda detail: None)
+    assert py4j.clientserver.DEFAULT_WORKER_SLEEP_TIME == PY4J_RELEASE_POLL_S < 1
     pending = session.sparkContext._gateway._gateway_client.finalizer_deque
-    waited = []
     for _ in range(5):
         objects = [session._jvm.java.util.ArrayList() for _ in range(20)]
         del objects
         gc.collect()
         assert pending, "the dropped Java objects were never queued for release"
-        started = time.monotonic()
-        while pending and time.monotonic() - started < 3:
-            time.sleep(0.002)
-        waited.append(time.monotonic() - started)
-    assert not pending
-    # with py4j's 1 s sleep each round waits 0-1 s: five rounds all under 0.3 s by chance is 0.2 %
-    assert max(waited) < 0.3, f"releases waited {[round(w, 3) for w in waited]} s (poll {PY4J_RELEASE_POLL_S} s)"
+        wait_for(lambda: not pending, 30, "py4j's finalizer thread to send the releases")
 
 
 def settle(pending) -> None:
-    """Until py4j's finalizer thread has sent every release waiting."""
-    started = time.monotonic()
-    while pending and time.monotonic() - started < 3:
-        time.sleep(0.01)
-    time.sleep(0.05)  # the last release in flight
+    """Until py4j's finalizer thread has taken every release waiting (the last may be in flight)."""
+    wait_for(lambda: not pending, 30, "py4j's finalizer thread to send the releases")
 
 
 def test_a_spark_batch_leaves_no_java_object_bound_after_its_job():
@@ -64,8 +58,9 @@ def test_a_spark_batch_leaves_no_java_object_bound_after_its_job():
             out, _ = fused.process_parts([table, table], group)
             assert out.num_rows == 2 * (1000 * 5 // 7 + 1)
         settle(pending)
-        left = bindings.size() - before
-        assert left <= 0, f"{left} Java objects of 10 jobs still bound"
+        # every release sent has reached the JVM (the last in flight once the queue is empty)
+        wait_for(lambda: bindings.size() <= before, 30,
+                 f"the Java objects of 10 jobs unbound ({bindings.size() - before} still bound)")
     finally:
         gc.enable()
         for chain in (fused, alone):

@@ -1,6 +1,6 @@
 """Credit accounting and input gates, without sockets."""
+import sys
 import threading
-import time
 
 import pytest
 
@@ -8,13 +8,30 @@ from cluster.operators.base import TaskCancelled
 from cluster.taskmanager.network import END, CreditAccount, InputGate
 from cluster.taskmanager.slot_table import SlotTable
 
+from ..conftest import wait_for
+
+
+def _waiting_in(thread: threading.Thread, method) -> bool:
+    """Whether ``thread`` is blocked on a condition inside ``method``."""
+    frame = sys._current_frames().get(thread.ident)
+    codes = set()
+    while frame is not None:
+        codes.add(frame.f_code)
+        frame = frame.f_back
+    return method.__code__ in codes and threading.Condition.wait.__code__ in codes
+
 
 def test_producer_waits_for_credit_and_reports_backpressure():
     account = CreditAccount()
     cancelled = threading.Event()
-    threading.Timer(0.2, account.add, args=(1,)).start()
+    producer = threading.current_thread()
+
+    def credit_once_the_producer_waits():
+        wait_for(lambda: _waiting_in(producer, CreditAccount.take), 10, "the producer waiting for credit")
+        account.add(1)
+    threading.Thread(target=credit_once_the_producer_waits, daemon=True).start()
     waited = account.take(cancelled)
-    assert waited >= 0.15 and account.credit == 0
+    assert waited > 0 and account.credit == 0  # the wait is reported as back-pressured time
     account.add(2)
     assert account.take(cancelled) == 0.0 and account.credit == 1
 
@@ -40,11 +57,18 @@ def test_gate_round_robins_and_finishes_when_every_channel_ended():
     assert gate.finished
 
 
+
+
 def test_gate_poll_wakes_on_push():
     gate = InputGate(["a"])
-    threading.Timer(0.1, gate.push, args=("a", ("table", 9))).start()
-    start = time.monotonic()
-    assert gate.poll(5)[1] == ("table", 9) and time.monotonic() - start < 2
+    got = []
+    poller = threading.Thread(target=lambda: got.append(gate.poll(600)), daemon=True)  # far longer than the test
+    poller.start()
+    wait_for(lambda: _waiting_in(poller, InputGate.poll), 10, "the poll waiting on an empty gate")
+    gate.push("a", ("table", 9))
+    poller.join(30)  # a poll the push did not wake would sleep out its 600 s
+    assert not poller.is_alive(), "the push did not wake the waiting poll"
+    assert got == [("a", ("table", 9))]
 
 
 def test_slot_table():

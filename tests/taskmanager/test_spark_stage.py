@@ -3,6 +3,7 @@ waits while a job runs goes into the next job whole, outputs keep the input's or
 cancellation reach the task thread."""
 from __future__ import annotations
 
+import sys
 import threading
 import time
 
@@ -102,11 +103,22 @@ def first_job_held(concurrency: int = 1, max_rows: int = 1_000) -> tuple[Jobs, S
     return jobs, s
 
 
-def until(condition, timeout: float = 5.0) -> None:
+def until(condition, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
-        assert time.monotonic() < deadline, "timed out"
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {condition}")
         time.sleep(0.005)
+
+
+def waiting_in_the_stage(ident: int) -> bool:
+    """Whether thread ``ident`` is blocked in a SparkStage's wait for room."""
+    frame = sys._current_frames().get(ident)
+    while frame is not None:
+        if frame.f_code is SparkStage._wait.__code__:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def test_input_that_comes_while_a_job_runs_goes_into_the_next_job_whole():
@@ -125,8 +137,8 @@ def test_outputs_keep_the_input_order_when_a_later_job_ends_first():
     jobs, s = first_job_held(concurrency=2)
     s.submit([rows(10, 10)])
     until(lambda: len(jobs.batches) == 2)  # the second worker took it while the first is held
-    time.sleep(0.05)
-    assert s.take_results() == []  # job 1 is done, but job 0 comes first
+    until(jobs.results.is_set)  # job 1 is done: its output is in, and the task thread was woken
+    assert s.take_results() == []  # but job 0 comes first
     jobs.hold[0].set()
     assert values(s.flush()) == list(range(20))
     s.close()
@@ -135,10 +147,17 @@ def test_outputs_keep_the_input_order_when_a_later_job_ends_first():
 def test_a_full_stage_holds_the_task_thread_until_a_job_takes_the_input():
     jobs, s = first_job_held(max_rows=20)
     s.submit([rows(10, 10)])  # 10 wait: room for 10 more
-    threading.Timer(0.2, jobs.hold[0].set).start()
-    started = time.monotonic()
+    task_thread, released = threading.get_ident(), []
+
+    def release_once_the_task_thread_waits():
+        until(lambda: waiting_in_the_stage(task_thread))
+        released.append(len(jobs.batches))  # still only the held job had taken input
+        jobs.hold[0].set()
+    releaser = threading.Thread(target=release_once_the_task_thread_waits, daemon=True)
+    releaser.start()
     s.submit([rows(20, 10)])  # 20 wait: full, so this returns once the next job has taken them
-    assert time.monotonic() - started >= 0.15
+    assert released == [1], "submit returned before the held job was released"
+    releaser.join(5)
     assert values(s.flush()) == list(range(30))
     s.close()
 
