@@ -148,7 +148,10 @@ class ArrowBridge:
         from pyspark.sql.pandas.types import to_arrow_schema
         from pyspark.sql.types import StructType
         schema = refs.add(jdf.schema())
-        return to_arrow_schema(StructType.fromJson(json.loads(schema.json())), timezone="UTC").empty_table()
+        # zoned timestamps labelled with the session's time zone, as Spark's Arrow batches are
+        # (a batch that kept no row must not change the output's schema)
+        return to_arrow_schema(StructType.fromJson(json.loads(schema.json())),
+                               timezone=session.conf.get("spark.sql.session.timeZone")).empty_table()
 
     def _file(self, session, kind: str) -> str:
         paths = getattr(self._local, "paths", None)

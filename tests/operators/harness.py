@@ -123,19 +123,23 @@ class RedisServer:
             self.process = None
 
 
+def chain_context(job: str, subtask: int, parallelism: int, config: Optional[dict], name: str) -> OperatorContext:
+    """A subtask's context as a TaskManager gives it to a chain (no result channel, no sender)."""
+    return OperatorContext(job_id=job, job_name=job, attempt=0, subtask=subtask, parallelism=parallelism,
+                           max_parallelism=128, config=TaskConfig.from_dict(config or {}), result_address=None,
+                           cancelled=threading.Event(), sender=None, execution_id=f"{job}-{subtask}",
+                           task_name=f"{name} ({subtask + 1}/{parallelism})")
+
+
 def spark_chains(query: str, job: str, parallelism: int = 2, params: Optional[dict] = None,
                  config: Optional[dict] = None) -> list["SparkChain"]:
     """The subtasks of a one-step .sql chain, opened on the process's TaskManager SparkSession;
     ``params``: the step's own besides its SQL (the client's input_schema, consumer_columns);
     ``config``: the job's configuration."""
     from cluster.operators.spark import SparkChain
-    config = TaskConfig.from_dict(config or {})
     out = []
     for subtask in range(parallelism):
-        ctx = OperatorContext(job_id=job, job_name=job, attempt=0, subtask=subtask, parallelism=parallelism,
-                              max_parallelism=128, config=config, result_address=None,
-                              cancelled=threading.Event(), sender=None, execution_id=f"{job}-{subtask}",
-                              task_name=f"sql ({subtask + 1}/{parallelism})")
+        ctx = chain_context(job, subtask, parallelism, config, "sql")
         spec = OperatorSpec(uid="sql-1", kind="spark", name="sql", call_site="test.py:1",
                             params={"sql": query, **(params or {})}, udf=None)
         chain = SparkChain([spec], ctx)

@@ -5,6 +5,8 @@ import java.util.ArrayList;
 
 import org.apache.spark.sql.api.python.PythonSQLUtils;
 import org.apache.spark.sql.catalyst.InternalRow;
+import org.apache.spark.sql.catalyst.expressions.UnsafeProjection;
+import org.apache.spark.sql.catalyst.expressions.UnsafeProjection$;
 import org.apache.spark.sql.catalyst.plans.logical.LocalRelation;
 import org.apache.spark.sql.catalyst.plans.logical.LogicalPlan;
 import org.apache.spark.sql.classic.Dataset;
@@ -55,9 +57,14 @@ public final class LocalBatch {
         scala.collection.Iterator<InternalRow> reader = ArrowConverters$.MODULE$.fromBatchIterator(
             PythonSQLUtils.readArrowStreamFromFile(in), leaf.schema(), timeZone, errorOnDuplicates,
             largeVarTypes, null);
+        // The reader fills one row over and over: each is copied, as an UnsafeRow, by the projection
+        // Spark's own scans use. The row's copy() did not do: over Arrow vectors it copies an array
+        // of primitives with toLongArray() & co., which fail on a null element ("Value at index is
+        // null"), so a batch with an array<bigint> holding a null failed here where a job ran it.
+        UnsafeProjection unsafe = UnsafeProjection$.MODULE$.create(leaf.schema());
         ArrayList<InternalRow> rows = new ArrayList<>();
         while (reader.hasNext()) {
-            rows.add(reader.next().copy()); // the reader fills one row over and over
+            rows.add(unsafe.apply(reader.next()).copy());
         }
         LogicalPlan node = new LocalRelation(leaf.output(), BatchJob.seq(rows.toArray(new InternalRow[0])), false,
                                              scala.Option.empty());
