@@ -18,6 +18,7 @@ import pytest
 from kernel_runtime import JobClient, LocalCluster
 
 pytest_plugins = ["tests.hangs"]  # a test past its timeout fails alone, with its stacks
+pytest_plugins += ["tests.cluster_fixture"]  # own_cluster and @pytest.mark.cluster(...): a checked cluster per test
 
 FAST = {"heartbeat.interval": "200 ms", "heartbeat.timeout": "2 s"}
 

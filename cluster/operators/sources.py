@@ -9,6 +9,9 @@ partly read ones: every number is emitted exactly once, at any parallelism.
 """
 from __future__ import annotations
 
+import logging
+import os
+import signal
 import time
 from typing import Optional
 
@@ -17,6 +20,8 @@ import pandas as pd
 import pyarrow as pa
 
 from .base import SourceOperator, UserFunctionError, frame_to_table
+
+log = logging.getLogger(__name__)
 
 
 def to_table(result, where: str) -> pa.Table:
@@ -106,7 +111,10 @@ class GeneratorSource(SourceOperator, kind="generator-source"):
             self.k += 1
             self._skip_done()
             return pa.table({})
-        n = min(self.batch_size, remaining)
+        start = split * self.split_size + self.offset
+        n = self._rows_before_sentinel(start, min(self.batch_size, remaining))
+        if n == 0:
+            return pa.table({})
         if self.rate is not None:
             now = time.monotonic()
             if self.started is None:
@@ -122,7 +130,6 @@ class GeneratorSource(SourceOperator, kind="generator-source"):
                 return pa.table({})
             n = min(n, due)
             self.last_poll = now
-        start = split * self.split_size + self.offset
         seq = np.arange(start, start + n, dtype=np.int64)
         if self.udf is None:
             table = pa.table({"seq": seq})
@@ -134,6 +141,11 @@ class GeneratorSource(SourceOperator, kind="generator-source"):
         self.offset += n
         self.emitted += n
         return table
+
+    def _rows_before_sentinel(self, start: int, n: int) -> int:
+        """How many of the ``n`` rows from sequence number ``start`` to read now (TestingSource
+        stops before a planned failure)."""
+        return n
 
     # ------------------------------------------------------------------ position
     def snapshot_position(self) -> dict:
@@ -155,3 +167,49 @@ class GeneratorSource(SourceOperator, kind="generator-source"):
         self.partial = partial
         self.k = 0
         self._skip_done()
+
+
+class PlannedFailure(RuntimeError):
+    """What a TestingSource raises at its ``fail_at`` row."""
+
+
+class TestingSource(GeneratorSource, kind="testing-source"):
+    """The generator's rows and position, with failures planned for recovery tests (bytewax's
+    TestingSource sentinels). params fail_at and kill_at: lists of [row, attempt]. In job attempt
+    ``attempt`` (1 the first, each restart one more), the subtask whose split holds sequence number
+    ``row`` emits the rows before it, then raises PlannedFailure (fail_at: the job fails over by
+    its restart strategy) or SIGKILLs its own TaskManager (kill_at). With checkpointing on, it
+    holds at that row until a checkpoint of the attempt has completed, so that the restart
+    restores a position past the start, whatever the timing. A restored attempt reads on from its
+    checkpoint's position, past the row if the attempt is another one."""
+
+    def open(self) -> None:
+        super().open()
+        self.sentinels: list[tuple[int, str]] = sorted(
+            (int(row), how) for how in ("fail_at", "kill_at")
+            for row, attempt in self.params.get(how) or [] if int(attempt) == self.ctx.attempt)
+        self.checkpointed = not self.ctx.config.checkpointing  # a checkpoint of this attempt completed
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        if checkpoint_id > self.ctx.restored_checkpoint:
+            self.checkpointed = True
+
+    def _rows_before_sentinel(self, start: int, n: int) -> int:
+        for row, how in self.sentinels:
+            if row == start:
+                if not self.checkpointed:
+                    time.sleep(PACE_S)  # held at the row: barriers still pass between polls
+                    return 0
+                self._trigger(row, how)
+            if start < row < start + n:
+                return row - start
+        return n
+
+    def _trigger(self, row: int, how: str) -> None:
+        where = f"{self.spec.where()}: planned failure at row {row} in attempt {self.ctx.attempt}"
+        if how == "fail_at":
+            raise PlannedFailure(where)
+        log.warning("%s: SIGKILL of this TaskManager (pid %d)", where, os.getpid())
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        os.kill(os.getpid(), signal.SIGKILL)

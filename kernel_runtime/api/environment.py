@@ -65,15 +65,41 @@ class StreamEnvironment:
         is cut into splits of ``split_size`` numbers (default 16 batches, of 1,000 rows when no
         batch_size is given), which the subtasks take in turn: subtask i of p reads splits i, i+p, ...
         ``watermark_strategy`` gives the rows event time (see assign_timestamps_and_watermarks)."""
+        return self._generator("generator-source", call_site(), fn, {}, count=count, rate=rate,
+                               batch_size=batch_size, name=name, parallelism=parallelism, split_size=split_size,
+                               watermark_strategy=watermark_strategy)
+
+    def from_testing(self, fn: Optional[Callable] = None, *, count: Optional[int] = None,
+                     fail_at: Sentinels = None, kill_at: Sentinels = None, rate: Optional[float] = None,
+                     batch_size: Optional[int] = None, name: str = "testing", parallelism: Optional[int] = None,
+                     split_size: Optional[int] = None,
+                     watermark_strategy: Optional[WatermarkStrategy] = None) -> DataStream:
+        """A generator (the same rows, splits and checkpointed position as ``from_generator``) that
+        fails as planned, for recovery tests (bytewax's TestingSource): ``fail_at=(row, attempt)``
+        raises PlannedFailure, ``kill_at=(row, attempt)`` SIGKILLs the TaskManager, when the subtask
+        reading sequence number ``row`` reaches it in job attempt ``attempt`` (1: the first run;
+        each restart is one more). The rows before it are emitted first; with checkpointing on, the
+        subtask holds at the row until a checkpoint of the attempt has completed, so that the
+        restart restores one. Either takes one ``(row, attempt)`` pair or a list of them."""
         site = call_site()
+        where = f"operator '{name}' ({site})"
+        planned = {"fail_at": _sentinels(fail_at, "fail_at", count, where),
+                   "kill_at": _sentinels(kill_at, "kill_at", count, where)}
+        return self._generator("testing-source", site, fn, planned, count=count, rate=rate, batch_size=batch_size,
+                               name=name, parallelism=parallelism, split_size=split_size,
+                               watermark_strategy=watermark_strategy)
+
+    def _generator(self, kind: str, site: str, fn: Optional[Callable], extra: dict, *, count: Optional[int],
+                   rate: Optional[float], batch_size: Optional[int], name: str, parallelism: Optional[int],
+                   split_size: Optional[int], watermark_strategy: Optional[WatermarkStrategy]) -> DataStream:
         where = f"operator '{name}' ({site})"
         for label, value, low in (("count", count, 0), ("batch_size", batch_size, 1), ("split_size", split_size, 1)):
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < low):
                 raise GraphValidationError(f"{where}: {label} must be an integer >= {low}, got {value!r}")
         if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float)) or rate <= 0):
             raise GraphValidationError(f"{where}: rate must be a positive number of rows per second, got {rate!r}")
-        stream = self._source("generator-source", name, site, {"count": count, "rate": rate, "batch_size": batch_size,
-                                                               "split_size": split_size}, fn, parallelism)
+        stream = self._source(kind, name, site, {"count": count, "rate": rate, "batch_size": batch_size,
+                                                 "split_size": split_size} | extra, fn, parallelism)
         return stream if watermark_strategy is None else stream.assign_timestamps_and_watermarks(watermark_strategy)
 
     def from_source(self, source: "Connector", watermark_strategy: Optional[WatermarkStrategy] = None,
@@ -174,6 +200,23 @@ class StreamEnvironment:
                 return _run(client, graph, detached=False, verbose=False)
             finally:
                 client.close()
+
+
+Sentinels = Optional[tuple[int, int] | list[tuple[int, int]]]
+
+
+def _sentinels(given: Sentinels, label: str, count: Optional[int], where: str) -> list[list[int]]:
+    """``(row, attempt)`` or a list of them, checked, as lists (the job graph's plain data)."""
+    if given is None:
+        return []
+    pairs = [given] if isinstance(given, tuple) else list(given) if isinstance(given, list) else [given]
+    for pair in pairs:
+        ok = isinstance(pair, (tuple, list)) and len(pair) == 2 and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in pair)
+        if not ok or pair[0] < 0 or pair[1] < 1 or (count is not None and pair[0] >= count):
+            raise GraphValidationError(f"{where}: {label} takes (row, attempt) pairs with 0 <= row < count and "
+                                       f"attempt >= 1, got {pair!r}")
+    return [[int(row), int(attempt)] for row, attempt in pairs]
 
 
 def _embedded_cluster(taskmanagers: int, slots: int) -> LocalCluster:

@@ -42,8 +42,9 @@ def running_total(key, rows, state):
     return pd.DataFrame({"k": key, "seq": rows["seq"], "total": sums})
 
 
-def expected() -> pd.DataFrame:
-    df = events(np.arange(N, dtype=np.int64))
+def expected(rows=events, n: int = N) -> pd.DataFrame:
+    """running_total's output for the first ``n`` rows of ``rows`` (a generator's function)."""
+    df = rows(np.arange(n, dtype=np.int64))
     return pd.DataFrame({"k": df.k, "seq": df.seq, "total": df.groupby("k")["v"].cumsum()})
 
 
@@ -92,10 +93,12 @@ def kill_repeatedly(local, handle, client, kills: int, longest_pause: float = 1.
         kill_a_busy_taskmanager(local, handle.job_id, client)
 
 
+FAULTS = {"taskmanager.spark.startup": "lazy", "heartbeat.timeout": "1500 ms"}
+
+
 @pytest.fixture(scope="module")
 def fault_cluster(tmp_path_factory):
-    local = start_cluster(tmp_path_factory.mktemp("faults"), **{
-        "taskmanager.spark.startup": "lazy", "heartbeat.timeout": "1500 ms"})
+    local = start_cluster(tmp_path_factory.mktemp("faults"), **FAULTS)
     yield local
     local.stop()
 
@@ -127,12 +130,13 @@ def test_committed_output_is_exactly_once_through_taskmanager_kills(fault_cluste
     wait_for(lambda: rest(fault_cluster, "/overview")[1]["taskmanagers"] == 2, 30, "two TaskManagers again")
 
 
-def test_a_checkpoint_with_corrupt_or_missing_metadata_is_skipped_on_recovery(fault_cluster, tmp_path):
+@pytest.mark.cluster(taskmanagers=2, slots=2, **FAULTS)  # own_cluster: a fresh one, checked after the test
+def test_a_checkpoint_with_corrupt_or_missing_metadata_is_skipped_on_recovery(own_cluster, tmp_path):
     out = str(tmp_path / "out")
-    client, handle = run_job(fault_cluster, "hashmap", out, **{"state.checkpoints.num-retained": 3})
-    job_dir = fault_cluster.cluster_dir / "checkpoints" / handle.job_id
+    client, handle = run_job(own_cluster, "hashmap", out, **{"state.checkpoints.num-retained": 3})
+    job_dir = own_cluster.cluster_dir / "checkpoints" / handle.job_id
     wait_for(lambda: len(list(job_dir.glob("chk-*/_metadata"))) >= 3, 60, "three retained checkpoints")
-    kill_a_busy_taskmanager(fault_cluster, handle.job_id, client)
+    kill_a_busy_taskmanager(own_cluster, handle.job_id, client)
     # the killed TaskManager acknowledges nothing more, so no checkpoint completes from here on,
     # and the JobManager notices the loss only after heartbeat.timeout: time to break two
     retained = sorted(job_dir.glob("chk-*"), key=lambda d: int(d.name[4:]))
@@ -141,31 +145,32 @@ def test_a_checkpoint_with_corrupt_or_missing_metadata_is_skipped_on_recovery(fa
     (missing / "_metadata").unlink()
     wait_for(lambda: handle.job_status().attempt == 2, 30, "the restart")
     handle.wait(180)
-    log = (fault_cluster.cluster_dir / "log" / "jobmanager.log").read_text()
+    log = (own_cluster.cluster_dir / "log" / "jobmanager.log").read_text()
     assert f"checkpoint {corrupt.name[4:]} skipped for recovery: {corrupt}/_metadata is not valid JSON" in log
     assert f"checkpoint {missing.name[4:]} skipped for recovery: {missing}/_metadata is missing" in log
-    restored = rest(fault_cluster, f"/jobs/{handle.job_id}/checkpoints")[1]["latest"]["restored"]
+    restored = rest(own_cluster, f"/jobs/{handle.job_id}/checkpoints")[1]["latest"]["restored"]
     assert restored["id"] == int(intact.name[4:])
     # restored from an older checkpoint than the last committed one: nothing is lost (what the
     # discarded checkpoints had committed is written again: exactly-once needs intact checkpoints)
     assert set(committed(out)["seq"]) == set(range(N))
     client.close()
-    wait_for(lambda: rest(fault_cluster, "/overview")[1]["taskmanagers"] == 2, 30, "two TaskManagers again")
+    wait_for(lambda: rest(own_cluster, "/overview")[1]["taskmanagers"] == 2, 30, "two TaskManagers again")
 
 
-def test_the_collect_sink_never_shows_a_row_twice_across_a_restart(fault_cluster):
-    env = StreamEnvironment(parallelism=2, cluster=fault_cluster.cluster_dir, config={
+@pytest.mark.cluster(taskmanagers=2, slots=2, **FAULTS)
+def test_the_collect_sink_never_shows_a_row_twice_across_a_restart(own_cluster):
+    env = StreamEnvironment(parallelism=2, cluster=own_cluster.cluster_dir, config={
         "execution.checkpointing.interval": "300 ms", "restart-strategy.fixed-delay.delay": "200 ms"})
     (env.from_generator(events, count=20_000, rate=4_000, batch_size=BATCH, split_size=SPLIT)
         .key_by("k").process(running_total).collect())
-    client = JobClient(fault_cluster.info)
+    client = JobClient(own_cluster.info)
     handle = env.execute_async("collect exactly once", client=client)
     wait_for(lambda: handle.row_count() > 4_000, 60, "rows collected")
-    kill_a_busy_taskmanager(fault_cluster, handle.job_id, client)
+    kill_a_busy_taskmanager(own_cluster, handle.job_id, client)
     result = handle.wait(120).to_pandas().sort_values("seq").reset_index(drop=True)
     assert handle.job_status().attempt == 2
     expected_rows = expected()
     expected_rows = expected_rows[expected_rows.seq < 20_000].reset_index(drop=True)
     pd.testing.assert_frame_equal(result[["k", "seq", "total"]], expected_rows, check_dtype=False)
     client.close()
-    wait_for(lambda: rest(fault_cluster, "/overview")[1]["taskmanagers"] == 2, 30, "two TaskManagers again")
+    wait_for(lambda: rest(own_cluster, "/overview")[1]["taskmanagers"] == 2, 30, "two TaskManagers again")

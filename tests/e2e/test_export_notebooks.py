@@ -7,18 +7,25 @@ and collected tables (the magic's handles by job name). The notebook as executed
 and each package run by a runner against a cluster:
 * a job the notebook ran to FINISHED: the same tables, sorted, row for row (of a changelog, whose
   updates follow the timing of batches, the table it describes: each key's last row);
-* a job the notebook cancelled (an unbounded one): run until its sink has rows, cancelled, then the
-  same columns and, for a table per key, the same keys;
+* a job the notebook cancelled (an unbounded one): run until its sink has rows (and the runner's
+  client holds some: a savepoint completes only once it acknowledged them), cancelled, then the
+  same columns and, for a table per key, the same keys. Its values are compared on a bounded
+  prefix: the notebook also runs a twin of the cell whose unbounded generators read only the first
+  PREFIX rows (a cell added before the capture), which is exported and compared as a finished job;
 * a job that failed (or a cell that raised before submitting): the run fails with the same cause.
-A new notebook is covered by the glob. Runners: session mode (`streamlab run` against a session
+Every %%stream cell of the notebook (read here with nbformat, not by the exporter) must have a
+package unless it is tagged skip-export: a cell the exporter dropped fails the test. A new
+notebook is covered by the glob. Runners: session mode (`streamlab run` against a session
 cluster) and application mode (`streamlab run-application`, a cluster per package, checked gone
 after each run).
 """
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -31,14 +38,35 @@ import psutil
 import pytest
 
 from kernel_runtime import JobClient
-from kernel_runtime.export import export_notebook
+from kernel_runtime.export import SKIP_TAG, export_notebook
 from kernel_runtime.local_cluster import ClusterInfo
+from kernel_runtime.magic_args import parse_stream_args
 
-from ..conftest import start_cluster
+from ..conftest import start_cluster, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 TERMINAL = ("FINISHED", "FAILED", "CANCELED")
+
+PREFIX = 1_234  # the rows of each unbounded generator that a cell's bounded twin reads
+
+# Added to the notebook before its twins: the jobs it left running (unbounded ones), cancelled as
+# of now (what the capture did before the twins were added), so the twins find free slots
+CANCEL_RUNNING = """\
+from kernel_runtime.magic import StreamMagics as _StreamMagics
+_magics = next(c for c in get_ipython().configurables if isinstance(c, _StreamMagics))
+for _handle in list(_magics.jobs.values()):
+    if _handle.job_status().state not in ("FINISHED", "FAILED", "CANCELED"):
+        _handle.cancel()
+        while _handle.job_status().state not in ("FINISHED", "FAILED", "CANCELED"):
+            import time; time.sleep(0.1)
+"""
+
+# Added after the twins: each twin finished (a %%stream cell returns while its job runs)
+WAIT_FOR_TWINS = """\
+for _name in {names!r}:
+    _magics.jobs[_name].wait(300)
+"""
 
 # Appended to the notebook: what each job the notebook's cells submitted ended with.
 CAPTURE = """\
@@ -113,7 +141,7 @@ class SessionRunner:
                                              and j["name"] == name and j["state"] == "RUNNING"), None),
                                f"job {name!r} running", process)
                 _wait(lambda: _sink_records(client.job_details(job_id)) > 0, f"rows at the sink of {name!r}", process)
-                time.sleep(2)  # the rows on their way to the client
+                _client_holds_rows(client, job_id, output)
                 client.cancel(job_id)
                 out, _ = process.communicate(timeout=60)
             finally:
@@ -139,6 +167,13 @@ def _wait(predicate, what: str, process: subprocess.Popen, timeout: float = 120)
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(0.2)
     return value
+
+
+def _client_holds_rows(client: JobClient, job_id: str, output: Path) -> None:
+    """Once rows reached the sink: a savepoint, which completes only when the job's client has
+    acknowledged every row its collect sinks sent before the barrier (CollectSink), so the client
+    holds the rows seen at the sink before the job is cancelled."""
+    client.trigger_savepoint(job_id, str(output.with_name(output.name + "-savepoint")), timeout=120)
 
 
 def _sink_records(details: dict) -> int:
@@ -192,11 +227,8 @@ class ApplicationRunner:
         client = JobClient(info)
         try:
             (job_id,) = [j["jid"] for j in client.list_jobs() if j["name"] == name]
-            deadline = time.monotonic() + 120
-            while _sink_records(client.job_details(job_id)) == 0:
-                assert time.monotonic() < deadline, f"no rows at the sink of {name!r}"
-                time.sleep(0.2)
-            time.sleep(2)  # the rows on their way to main()'s client
+            wait_for(lambda: _sink_records(client.job_details(job_id)) > 0, 120, f"rows at the sink of {name!r}")
+            _client_holds_rows(client, job_id, output)  # main()'s client
             client.cancel(job_id)
         finally:
             client.close()
@@ -212,10 +244,8 @@ def _assert_all_gone(cluster_dir: Path) -> None:
             return str(cluster_dir) in " ".join(proc.cmdline())
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             return False
-    deadline = time.monotonic() + 30
-    while left := [p.pid for p in psutil.process_iter() if of_cluster(p)]:
-        assert time.monotonic() < deadline, f"processes of {cluster_dir} left: {left}"
-        time.sleep(0.2)
+    wait_for(lambda: not [p.pid for p in psutil.process_iter() if of_cluster(p)], 30,
+             f"every process of {cluster_dir} to end")
 
 
 @pytest.fixture(params=["session", "application"])
@@ -227,29 +257,79 @@ def runner(request, tmp_path):
 
 @pytest.fixture(scope="module")
 def notebook_runs(tmp_path_factory):
-    """Each notebook executed once for all runners: its kept tables, and the notebook as executed."""
-    runs: dict[Path, tuple[Path, dict, nbformat.NotebookNode]] = {}
+    """Each notebook executed once for all runners: its kept tables, the notebook as executed, and
+    the bounded twins of its unbounded cells (cell index -> the twin's cell index)."""
+    runs: dict[Path, tuple[Path, dict, nbformat.NotebookNode, dict[int, int]]] = {}
 
     def run(notebook: Path):
         if notebook not in runs:
             seen = tmp_path_factory.mktemp(notebook.stem)
-            executed = execute(notebook, seen)
-            runs[notebook] = (seen, json.loads((seen / "jobs.json").read_text()), executed)
+            executed, twins = execute(notebook, seen)
+            runs[notebook] = (seen, json.loads((seen / "jobs.json").read_text()), executed, twins)
         return runs[notebook]
     return run
 
 
-def execute(notebook: Path, out: Path) -> nbformat.NotebookNode:
-    """The notebook run in a fresh kernel, with the capture cell before its cluster stops."""
+def stream_cells(nb: nbformat.NotebookNode) -> list[tuple[int, nbformat.NotebookNode]]:
+    """The notebook's %%stream cells (not %%stream_sql and the like), by index among all its cells."""
+    return [(i, c) for i, c in enumerate(nb.cells)
+            if c.cell_type == "code" and re.match(r"%%stream(\s|$)", c.source.lstrip())]
+
+
+def tags(cell) -> set[str]:
+    return set(cell.metadata.get("tags", []))
+
+
+def bounded_twin(cell, index: int) -> nbformat.NotebookNode | None:
+    """The cell with ``count=PREFIX`` given to each generator that has no count, under a name of
+    its own (its parallelism and checkpoint interval kept); None if the cell has no unbounded
+    generator. Positions are the ast's: UTF-8 bytes of the body."""
+    first, _, body = cell.source.lstrip().partition("\n")
+    calls = [n for n in ast.walk(ast.parse(body)) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+             and n.func.attr == "from_generator" and not any(k.arg in ("count", None) for k in n.keywords)]
+    if not calls:
+        return None
+    lines = body.encode().splitlines(keepends=True)
+    starts = [sum(len(line) for line in lines[:i]) for i in range(len(lines) + 1)]
+    inserts = []
+    for call in calls:
+        given = [*call.args, *call.keywords]
+        if given:
+            last = max(given, key=lambda n: (n.end_lineno, n.end_col_offset))
+            inserts.append((starts[last.end_lineno - 1] + last.end_col_offset, f", count={PREFIX}"))
+        else:  # from_generator(): before its ")"
+            inserts.append((starts[call.end_lineno - 1] + call.end_col_offset - 1, f"count={PREFIX}"))
+    text = body.encode()
+    for at, what in sorted(inserts, reverse=True):
+        text = text[:at] + what.encode() + text[at:]
+    args = parse_stream_args(first[len("%%stream"):].strip())
+    options = ["--name", f"{args.name or f'cell #{index}'} (first {PREFIX} rows)"]
+    if args.parallelism:
+        options += ["--parallelism", str(args.parallelism)]
+    if args.checkpoint_interval:
+        options += ["--checkpoint-interval", args.checkpoint_interval]
+    return nbformat.v4.new_code_cell(f"%%stream {shlex.join(options)}\n{text.decode()}")
+
+
+def execute(notebook: Path, out: Path) -> tuple[nbformat.NotebookNode, dict[int, int]]:
+    """The notebook run in a fresh kernel, with the bounded twins of its unbounded %%stream cells
+    and the capture cell added before its cluster stops."""
     from nbclient import NotebookClient
     nb = nbformat.read(str(notebook), as_version=4)
-    capture = nbformat.v4.new_code_cell(CAPTURE.format(out=str(out)))
+    twins = [(cell, twin) for i, cell in stream_cells(nb) if not tags(cell) & {SKIP_TAG, "raises-exception"}
+             and (twin := bounded_twin(cell, i)) is not None]
+    names = [parse_stream_args(t.source.partition("\n")[0][len("%%stream"):].strip()).name for _, t in twins]
+    added = [nbformat.v4.new_code_cell(CANCEL_RUNNING), *(t for _, t in twins),
+             nbformat.v4.new_code_cell(WAIT_FOR_TWINS.format(names=names)),
+             nbformat.v4.new_code_cell(CAPTURE.format(out=str(out)))]
     stops = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and c.source.strip() == "%stream_cluster stop"]
-    nb.cells.insert(stops[-1] if stops else len(nb.cells), capture)
+    at = stops[-1] if stops else len(nb.cells)
+    nb.cells[at:at] = added
+    index = {id(c): i for i, c in enumerate(nb.cells)}
     # cells tagged raises-exception may raise; any other error fails the run
     NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(notebook.parent)}},
                    allow_errors=False).execute()
-    return nb
+    return nb, {index[id(cell)]: index[id(twin)] for cell, twin in twins}
 
 
 def masked(text: str) -> str:
@@ -272,11 +352,19 @@ def sorted_rows(frame: pd.DataFrame) -> pd.DataFrame:
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=[n.stem for n in NOTEBOOKS])
 def test_exported_jobs_give_what_the_notebook_gives(notebook, runner, notebook_runs, tmp_path):
-    seen, jobs, executed = notebook_runs(notebook)
+    seen, jobs, executed, twins = notebook_runs(notebook)
     copy = tmp_path / notebook.name  # the notebook as executed: unnamed cells are named by their number
     nbformat.write(executed, str(copy))
     packages = export_notebook(copy, tmp_path / "packages")
-    assert packages, notebook
+    # every %%stream cell has its package, but those tagged skip-export (a cell the exporter drops fails)
+    cells = dict(stream_cells(executed))
+    wanted = {i for i, cell in cells.items() if SKIP_TAG not in tags(cell)}
+    exported = [package.cell.index for package, _ in packages]
+    missing = sorted(wanted - set(exported))
+    assert not missing, f"{notebook.name}: %%stream cells without a package: " + "; ".join(
+        f"cell #{i}: {cells[i].source.lstrip().splitlines()[0]}" for i in missing)
+    assert sorted(exported) == sorted(wanted), f"{notebook.name}: packages of cells {exported}, wanted {wanted}"
+    compared, bounded = set(), set()  # cell indices: finished jobs compared row for row; twins to compare
     for package, directory in packages:
         where = f"{notebook.name}: {package.cell.label}"
         out = tmp_path / "runs" / directory.name
@@ -305,7 +393,12 @@ def test_exported_jobs_give_what_the_notebook_gives(notebook, runner, notebook_r
                     assert list(got.columns) == list(expected.columns), f"{where}, sink {sink!r}"
                     expected, got = (f.drop_duplicates(key, keep="last") for f in (expected, got))
                 pd.testing.assert_frame_equal(sorted_rows(got), sorted_rows(expected), obj=f"{where}, sink {sink!r}")
-        else:  # CANCELED: an unbounded job, run until it has rows
+            compared.add(package.cell.index)
+        else:  # CANCELED: an unbounded job, run until it has rows; its values by its bounded twin
+            twin = twins.get(package.cell.index)
+            assert twin is not None, f"{where}: unbounded, and no bounded twin to compare values on (bounded_twin " \
+                                     "bounds the generators of a cell; give another source a count there)"
+            bounded.add(twin)
             ran = runner.run_until_rows(directory, out, package.name)
             assert "was cancelled" in ran.output, f"{where}:\n{ran.output[-3000:]}"
             for sink, kept in job["sinks"].items():
@@ -317,3 +410,5 @@ def test_exported_jobs_give_what_the_notebook_gives(notebook, runner, notebook_r
                     key = kept["mode"][len("update by "):].split(", ")
                     assert set(got[key].itertuples(index=False)) == set(expected[key].itertuples(index=False)), \
                         f"{where}, sink {sink!r}: keys {key}"
+    # the twins of the unbounded jobs ran to FINISHED, in the notebook and exported, with the same values
+    assert bounded <= compared, f"{notebook.name}: bounded twins not compared as finished jobs: {bounded - compared}"

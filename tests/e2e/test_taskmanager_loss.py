@@ -7,19 +7,13 @@ import signal
 import pytest
 
 from kernel_runtime import JobClient, JobExecutionError, StreamEnvironment
-from tests.conftest import assert_at_rest, rest, start_cluster, wait_for
+from tests.conftest import assert_at_rest, rest, wait_for
 
-pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def own_cluster(tmp_path):
-    # no Spark here: these jobs do not use it, and two JVMs starting would only slow the kills
-    # spread out: every job here has tasks on both TaskManagers, whichever one a test kills
-    local = start_cluster(tmp_path / "c", **{"taskmanager.spark.startup": "lazy",
-                                             "cluster.evenly-spread-out-slots": True})
-    yield local
-    local.stop()
+# each test's own_cluster (tests/cluster_fixture.py), 2 TaskManagers x 2 slots, checked after it.
+# No Spark here: these jobs do not use it, and two JVMs starting would only slow the kills.
+# Spread out: every job here has tasks on both TaskManagers, whichever one a test kills
+pytestmark = [pytest.mark.slow, pytest.mark.cluster(taskmanagers=2, slots=2, **{
+    "taskmanager.spark.startup": "lazy", "cluster.evenly-spread-out-slots": True})]
 
 
 def _kill_taskmanager(local, index: int) -> str:
