@@ -228,14 +228,24 @@ def jobmanager_create_secret(path) -> None:
 
 
 # ---------------------------------------------------------------------- taskmanager
+FOLLOW_LEADER = "zk"  # cluster.taskmanager's --jobmanager for "the leader in ZooKeeper"
+
+
+def _checked_jobmanager(ctx, param, value: Optional[str]) -> Optional[str]:
+    """--jobmanager as given: checked before anything else is (the directory, its secret)."""
+    return value if value is None or value.strip() == FOLLOW_LEADER else jobmanager_address(value)
+
+
 @click.group()
 def taskmanager() -> None:
     """Start or stop TaskManagers on this host (Flink's taskmanager.sh)."""
 
 
 taskmanager_options = [
-    click.option("--jobmanager", "jobmanager_at", required=True, metavar="HOST:PORT",
-                 help="The JobManager's rpc address (jobmanager.rpc.address:jobmanager.rpc.port)."),
+    click.option("--jobmanager", "jobmanager_at", metavar="HOST:PORT|zk", callback=_checked_jobmanager,
+                 help="The JobManager's rpc address (jobmanager.rpc.address:jobmanager.rpc.port); 'zk', "
+                      "the default where the configuration has high availability: the leader in ZooKeeper "
+                      "(the high-availability.* keys), followed on every change."),
     cluster_dir_option, config_option, secret_option, dynamic_option,
 ]
 
@@ -244,6 +254,22 @@ def with_taskmanager_options(command):
     for option in reversed(taskmanager_options):
         command = option(command)
     return command
+
+
+def taskmanager_target(jobmanager_at: Optional[str], conf: Configuration, cluster_dir: Path) -> str:
+    """What a TaskManager is told to connect to: the JobManager's address (checked by
+    _checked_jobmanager), or the leader that the HA keys of its configuration name (``zk``, or no
+    --jobmanager on an HA cluster)."""
+    ha = conf["high-availability.type"] == "zookeeper"
+    if jobmanager_at is None or jobmanager_at.strip() == FOLLOW_LEADER:
+        if ha:
+            return FOLLOW_LEADER
+        given = "--jobmanager zk" if jobmanager_at is not None else "without --jobmanager, a TaskManager"
+        raise click.UsageError(f"{given} follows the leader in ZooKeeper, but {cluster_dir / 'config.yaml'} "
+                               "has high-availability.type: none; give the JobManager as --jobmanager HOST:PORT, "
+                               "or the HA keys (-D high-availability.type=zookeeper "
+                               "-D high-availability.zookeeper.quorum=HOST:PORT)")
+    return jobmanager_at
 
 
 def _taskmanager_id() -> str:
@@ -255,9 +281,9 @@ def _taskmanager_id() -> str:
 @timeout_option
 def taskmanager_start(jobmanager_at, cluster_dir, config_file, secret_file, dynamic, timeout) -> None:
     """Start a TaskManager in the background; return once it registered at the JobManager."""
-    address = jobmanager_address(jobmanager_at)
     cluster_dir = (cluster_dir or default_cluster_dir()).resolve()
-    prepare_cluster_dir(cluster_dir, config_file, secret_file, dynamic, may_create_secret=False)
+    conf = prepare_cluster_dir(cluster_dir, config_file, secret_file, dynamic, may_create_secret=False)
+    address = taskmanager_target(jobmanager_at, conf, cluster_dir)
     # several TaskManagers may share a directory: each its own log and output files
     index = 0
     while launch.log_path(cluster_dir, f"taskmanager-{index}").exists():
@@ -267,6 +293,7 @@ def taskmanager_start(jobmanager_at, cluster_dir, config_file, secret_file, dyna
     proc = launch.spawn("cluster.taskmanager", name, cluster_dir, "--jobmanager", address, "--id", tm_id)
     processes.record_pids(cluster_dir, add_taskmanagers=[proc.pid])
     log_file = launch.log_path(cluster_dir, name)
+    where = "the leader in ZooKeeper" if address == FOLLOW_LEADER else address
     deadline = time.monotonic() + timeout
     while not (log_file.exists() and REGISTERED in log_file.read_text(errors="replace")):
         if proc.poll() is not None:
@@ -274,20 +301,20 @@ def taskmanager_start(jobmanager_at, cluster_dir, config_file, secret_file, dyna
         if time.monotonic() > deadline:
             # as Flink's, it goes on trying (the JobManager may come later); stop ends it
             raise click.ClickException(
-                f"TaskManager {tm_id} (pid {proc.pid}) did not register at {address} within "
+                f"TaskManager {tm_id} (pid {proc.pid}) did not register at {where} within "
                 f"{timeout:g} s (is the JobManager up, and is the secret its?); it goes on "
                 f"trying: see {log_file}, end it with: streamlab taskmanager stop --cluster-dir {cluster_dir}")
         time.sleep(0.1)
-    click.echo(f"TaskManager {tm_id} started from {cluster_dir} (pid {proc.pid}), registered at {address}")
+    click.echo(f"TaskManager {tm_id} started from {cluster_dir} (pid {proc.pid}), registered at {where}")
 
 
 @taskmanager.command("start-foreground")
 @with_taskmanager_options
 def taskmanager_start_foreground(jobmanager_at, cluster_dir, config_file, secret_file, dynamic) -> None:
     """Run a TaskManager in this process (logging to stderr), as a container's main process."""
-    address = jobmanager_address(jobmanager_at)
     cluster_dir = (cluster_dir or default_cluster_dir()).resolve()
-    prepare_cluster_dir(cluster_dir, config_file, secret_file, dynamic, may_create_secret=False)
+    conf = prepare_cluster_dir(cluster_dir, config_file, secret_file, dynamic, may_create_secret=False)
+    address = taskmanager_target(jobmanager_at, conf, cluster_dir)
     processes.record_pids(cluster_dir, add_taskmanagers=[os.getpid()])
     launch.exec_foreground("cluster.taskmanager", cluster_dir, "--jobmanager", address, "--id", _taskmanager_id())
 
