@@ -36,6 +36,7 @@ from cluster.operators.base import UserFunctionError
 from cluster.operators.spark import SparkChain, SparkRunner
 from cluster.operators.spark_fusion import FusionGroup, split_by_partition
 from cluster.operators.spark_plans import PlanCache
+from tests.conftest import wait_for
 from tests.operators.harness import chain_context
 
 UTC = dt.timezone.utc
@@ -403,6 +404,10 @@ class Stages:
     def new(self) -> list:
         jobs = sorted(set(self.tracker.getJobIdsForGroup(self.group)) - self.seen)
         self.since()
+        # the tracker reads what Spark's listener bus has applied, after the job returned: its
+        # end, which the bus delivers after its tasks' ends, says the counts are whole
+        wait_for(lambda: all(self.tracker.getJobInfo(j).status in ("SUCCEEDED", "FAILED") for j in jobs), 30,
+                 f"Spark's status of jobs {jobs}")
         return [self.tracker.getStageInfo(s) for j in jobs for s in self.tracker.getJobInfo(j).stageIds]
 
 
