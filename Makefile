@@ -87,12 +87,18 @@ quickstart: setup
 lab: setup
 	$(VENV)/bin/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root) notebooks/01-quickstart.ipynb
 
-# mypy first: a type error fails the run before the long suite starts
+# mypy first: a type error fails the run before the long suite starts. The tests mostly wait on
+# processes (a serial run keeps the machine half idle), so two pytest-xdist workers share them a
+# file at a time, each with its own session cluster, SparkSession, ZooKeeper and Redis:
+# TEST_WORKERS=0 runs them in this process. tests/README.md says what a run checks.
+TEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
+
 test: system-deps typecheck
-	$(PY) -m pytest --durations=25
+	$(PYTEST) --durations=25
 
 test-fast: system-deps typecheck
-	$(PY) -m pytest -m "not slow"
+	$(PYTEST) -m "not slow"
 
 # cluster/, kernel_runtime/ and labext/streamlab_labext, as [tool.mypy] in pyproject.toml says
 typecheck: setup

@@ -5,15 +5,16 @@ later test runs, no summary is printed, and the clusters, ZooKeeper and Spark JV
 are left behind. This plugin takes over pytest-timeout's timer (its ``pytest_timeout_set_timer``
 hook) so that a timeout
 
-* raises in the test's main thread (``SIGALRM``), after printing the stacks of every thread of the
-  test process and of every process below it (Python ones through ``py-spy dump``, JVMs through
-  ``jstack``): the test fails, its teardown runs, and the run goes on;
+* raises in the test's main thread (``SIGALRM``) with the stacks of every thread of the test
+  process and of every process below it (Python ones through ``py-spy dump``, JVMs through
+  ``jstack``) in the test's report: the test fails, its teardown runs, and the run goes on;
 * ends, after the test's teardown, every process started since the timed-out phase began (a
   session fixture's processes, started before, are left to their fixture);
 * has a backstop for a test the signal cannot reach (stuck in C code that never returns to the
   interpreter, or a teardown that hangs after the alarm was spent): ``BACKSTOP_S`` later a thread
-  prints the same stacks, ends every process below the test process and exits, as pytest-timeout's
-  thread method would, so CI names the test instead of running into its own limit.
+  prints the same stacks on the process's own stderr, ends every process below the test process
+  and exits, as pytest-timeout's thread method would, so CI names the test instead of running into
+  its own limit (under pytest-xdist the controller reports the worker's crash and the test).
 """
 from __future__ import annotations
 
@@ -24,7 +25,6 @@ import signal
 import subprocess
 import sys
 import threading
-from contextlib import contextmanager
 from typing import Iterable, Optional
 
 import psutil
@@ -35,6 +35,7 @@ BACKSTOP_S = 90.0  # after the timeout: time for the alarm's failure and the tea
 TOOL_TIMEOUT_S = 20.0  # one py-spy/jstack dump: a busy machine can take seconds to attach
 TIMED_OUT = pytest.StashKey[str]()  # the phase ("setup", "call", "teardown") the alarm went off in
 BEFORE = pytest.StashKey[dict[str, set[int]]]()  # descendant pids at the start of each phase
+SECTIONS = pytest.StashKey[list[tuple[str, str]]]()  # what the timeout adds to the test's report
 
 
 def descendants() -> list[psutil.Process]:
@@ -108,26 +109,16 @@ def end_processes(procs: Iterable[psutil.Process]) -> list[str]:
     return list(ended.values())
 
 
-@contextmanager
-def _uncaptured(item: pytest.Item):
-    """The terminal, past pytest's capture (as pytest-timeout's thread method writes), so that
-    what a backstop prints before it exits is not lost in a capture file."""
+def _to_stderr(item: pytest.Item, *parts: str) -> None:
+    """On the process's own stderr, past pytest's capture (as pytest-timeout's thread method
+    writes): what a backstop prints before it exits would be lost in a capture file, and a
+    pytest-xdist worker's stdout is its channel to the controller."""
     capman = item.config.pluginmanager.getplugin("capturemanager")
     if capman is not None:
         capman.suspend_global_capture(in_=True)
-    try:
-        yield item.config.get_terminal_writer()
-    finally:
-        sys.stderr.flush()
-        if capman is not None:
-            capman.resume_global_capture()
-
-
-def _write(item: pytest.Item, title: str, text: str) -> None:
-    with _uncaptured(item) as writer:
-        writer.sep("+", title=title)
-        writer.line(text)
-        writer.flush()
+    for part in parts:
+        sys.stderr.write(part + "\n")
+    sys.stderr.flush()
 
 
 def _phase(item: pytest.Item) -> str:
@@ -143,22 +134,16 @@ def pytest_timeout_set_timer(item: pytest.Item, settings) -> Optional[bool]:
     def alarm(signum, frame):
         __tracebackhide__ = True
         item.stash[TIMED_OUT] = _phase(item)
-        _write(item, f"Timeout: stacks of the processes below the test ({item.nodeid})",
-               process_stacks(descendants()))
-        timeout_sigalrm(item, settings)  # the test process's threads, then pytest.fail
+        item.stash[SECTIONS] = [("stacks of the processes below the test", process_stacks(descendants()))]
+        timeout_sigalrm(item, settings)  # the test process's threads (captured output), then pytest.fail
 
     def backstop():
-        with _uncaptured(item) as writer:
-            writer.sep("+", title=f"Timeout backstop: {item.nodeid} did not end {BACKSTOP_S:.0f} s "
-                                  f"after its {settings.timeout} s timeout; ending the run")
-            writer.flush()
-            faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
-            below = descendants()
-            writer.sep("+", title="stacks of the processes below the test")
-            writer.line(process_stacks(below))
-            writer.sep("+", title="ended")
-            writer.line("\n".join(end_processes(below)))
-            writer.flush()
+        _to_stderr(item, f"+++ Timeout backstop: {item.nodeid} did not end {BACKSTOP_S:.0f} s after its "
+                         f"{settings.timeout} s timeout; ending the run. Its threads:")
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        below = descendants()
+        _to_stderr(item, "+++ stacks of the processes below the test", process_stacks(below),
+                   "+++ ended", *end_processes(below))
         os._exit(1)
 
     guard = threading.Timer(settings.timeout + BACKSTOP_S, backstop)
@@ -197,5 +182,14 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem):
             kept = item.stash[BEFORE][phase]
             left = [p for p in descendants() if p.pid not in kept]
             ended = end_processes(left)
-            if ended:
-                _write(item, f"Timeout: ended what {item.nodeid} left running", "\n".join(ended))
+            if ended:  # a warning: the warnings summary shows it, under pytest-xdist too
+                item.warn(pytest.PytestWarning("ended what the timed-out test left running:\n" + "\n".join(ended)))
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call):
+    # in the report, not on the terminal: a pytest-xdist worker's terminal is nobody's
+    rep = yield
+    if rep.when == item.stash.get(TIMED_OUT, None):
+        rep.sections.extend(item.stash.get(SECTIONS, []))
+    return rep

@@ -31,6 +31,7 @@ def shell_env(tmp_path):
     sh(["cluster", "stop"], env, check=False)
 
 
+@pytest.mark.slow  # a cluster and the quickstart through the CLI, with Spark (~30 s)
 @pytest.mark.timeout(420)  # the quickstart's .sql step starts each TaskManager's SparkSession (lazy here)
 def test_cli_session(shell_env, tmp_path):
     # free ports, so a developer's own cluster on 6123/8081 is never disturbed

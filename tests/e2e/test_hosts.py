@@ -46,7 +46,8 @@ def namespaces_unavailable() -> str:
     return ""
 
 
-pytestmark = pytest.mark.skipif(bool(namespaces_unavailable()), reason=namespaces_unavailable() or "-")
+pytestmark = [pytest.mark.slow,  # a second host in a network namespace, a job across it (~25 s)
+              pytest.mark.skipif(bool(namespaces_unavailable()), reason=namespaces_unavailable() or "-")]
 
 
 def ip(*args: str, ns: str = "") -> None:

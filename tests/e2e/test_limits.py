@@ -128,6 +128,7 @@ def test_ended_jobs_keep_no_user_code_and_the_history_is_bounded(own_cluster, li
     assert "holds a blob [map-batches]" in str(details["plan"])
 
 
+@pytest.mark.slow  # waits out a 20 s expiration
 def test_an_ended_job_expires_after_jobstore_expiration_time(own_cluster, limits_client):
     job_id, _ = run(pipeline(own_cluster.cluster_dir, 10), limits_client, "expires")
     ended_ms = rest(own_cluster, f"/jobs/{job_id}")[1]["end-time"]

@@ -44,6 +44,7 @@ def events(seq):
     return pd.DataFrame({"user": (seq * 7919) % 13, "amount": (seq % 11).astype("int64")})
 
 
+@pytest.mark.slow  # processes started one by one, a job through each (~20 s)
 @pytest.mark.timeout(300)
 def test_a_cluster_assembled_process_by_process(tmp_path):
     jm_dir, tm_dir, intruder_dir = tmp_path / "jm", tmp_path / "tm", tmp_path / "intruder"

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from contextlib import closing
 
 from cluster.conf import Configuration
 from cluster.protocol.auth import create_secret
 from kernel_runtime import JobClient, StreamEnvironment
 from tests.conftest import rest, wait_for
 
-from .conftest import ha_cluster
+from .conftest import ha_cluster, shown_and_stopped
 
 
 def streamlab(*args: str) -> subprocess.CompletedProcess:
@@ -21,32 +22,25 @@ def streamlab(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_taskmanagers_started_by_the_cli_follow_the_leader(zookeeper, tmp_path):
-    ha = ha_cluster(tmp_path / "ha-cli", zookeeper.quorum)
-    directory = str(ha.cluster_dir)
-    client = None
-    try:
+    directory = tmp_path / "ha-cli"
+    with shown_and_stopped(ha_cluster(directory, zookeeper.quorum)) as ha:
         ha.start_jobmanager()
         ha.info = ha.leader()
-        for how in ([], ["--jobmanager", "zk"]):
-            done = streamlab("taskmanager", "start", "--cluster-dir", directory, *how)
-            assert done.returncode == 0, done.stderr
-            assert "registered at the leader in ZooKeeper" in done.stdout, done.stdout
-        wait_for(lambda: rest(ha, "/overview")[1]["taskmanagers"] == 2, 60, "both TaskManagers registered")
-        client = JobClient(ha.info)
-        env = StreamEnvironment(parallelism=4, cluster=ha.cluster_dir)  # every slot of the two
-        env.from_generator(count=4_000, batch_size=100).collect("rows")
-        result = env.execute_async("on the CLI's TaskManagers", client=client).wait(timeout=120)
-        assert result.state == "FINISHED"
-        assert sorted(result.results["rows"]["seq"]) == list(range(4_000))
-    except BaseException:
-        print(ha.log_tails())
-        raise
-    finally:
-        if client is not None:
-            client.close()
-        stopped = streamlab("taskmanager", "stop", "--cluster-dir", directory)
-        ha.stop()
-    assert stopped.returncode == 0, stopped.stderr
+        try:
+            for how in ([], ["--jobmanager", "zk"]):
+                done = streamlab("taskmanager", "start", "--cluster-dir", str(directory), *how)
+                assert done.returncode == 0, done.stderr
+                assert "registered at the leader in ZooKeeper" in done.stdout, done.stdout
+            wait_for(lambda: rest(ha, "/overview")[1]["taskmanagers"] == 2, 60, "both TaskManagers registered")
+            env = StreamEnvironment(parallelism=4, cluster=directory)  # every slot of the two
+            env.from_generator(count=4_000, batch_size=100).collect("rows")
+            with closing(JobClient(ha.info)) as client:
+                result = env.execute_async("on the CLI's TaskManagers", client=client).wait(timeout=120)
+            assert result.state == "FINISHED"
+            assert sorted(result.results["rows"]["seq"]) == list(range(4_000))
+        finally:
+            stopped = streamlab("taskmanager", "stop", "--cluster-dir", str(directory))
+        assert stopped.returncode == 0, stopped.stderr
 
 
 def test_without_ha_keys_a_taskmanager_needs_the_jobmanager_address(tmp_path):

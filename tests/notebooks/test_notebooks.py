@@ -11,6 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 
+@pytest.mark.slow  # a fresh kernel and cluster per notebook (~2 min for the six)
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=[n.stem for n in NOTEBOOKS])
 def test_notebook_runs_and_matches_its_saved_outputs(notebook):
