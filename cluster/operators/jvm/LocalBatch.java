@@ -2,6 +2,8 @@ package streamlab;
 
 import java.io.IOException;
 import java.util.ArrayList;
+import java.util.LinkedHashMap;
+import java.util.Map;
 
 import org.apache.spark.sql.api.python.PythonSQLUtils;
 import org.apache.spark.sql.catalyst.InternalRow;
@@ -13,6 +15,10 @@ import org.apache.spark.sql.classic.Dataset;
 import org.apache.spark.sql.classic.SparkSession;
 import org.apache.spark.sql.execution.arrow.ArrowConverters$;
 import org.apache.spark.sql.internal.SQLConf;
+import org.apache.spark.sql.types.ArrayType;
+import org.apache.spark.sql.types.DataType;
+import org.apache.spark.sql.types.MapType;
+import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
 import scala.collection.immutable.Seq;
 
@@ -30,6 +36,31 @@ import scala.collection.immutable.Seq;
  */
 public final class LocalBatch {
     private LocalBatch() {}
+
+    /** A task thread's projections by input schema: making one costs some 10 ms a batch. */
+    private static final int KEPT_PROJECTIONS = 16;
+    private static final ThreadLocal<Map<StructType, UnsafeProjection>> PROJECTIONS = ThreadLocal.withInitial(
+        () -> new LinkedHashMap<StructType, UnsafeProjection>(KEPT_PROJECTIONS, 0.75f, true) {
+            @Override
+            protected boolean removeEldestEntry(Map.Entry<StructType, UnsafeProjection> eldest) {
+                return size() > KEPT_PROJECTIONS;
+            }
+        });
+
+    /** Whether a value of {@code type} holds an array or a map (whose keys and values are arrays). */
+    private static boolean holdsArrays(DataType type) {
+        if (type instanceof ArrayType || type instanceof MapType) {
+            return true;
+        }
+        if (type instanceof StructType) {
+            for (StructField field : ((StructType) type).fields()) {
+                if (holdsArrays(field.dataType())) {
+                    return true;
+                }
+            }
+        }
+        return false;
+    }
 
     /**
      * The rows of the Arrow stream file {@code in} through {@code plan}, written to {@code out} as
@@ -57,14 +88,18 @@ public final class LocalBatch {
         scala.collection.Iterator<InternalRow> reader = ArrowConverters$.MODULE$.fromBatchIterator(
             PythonSQLUtils.readArrowStreamFromFile(in), leaf.schema(), timeZone, errorOnDuplicates,
             largeVarTypes, null);
-        // The reader fills one row over and over: each is copied, as an UnsafeRow, by the projection
-        // Spark's own scans use. The row's copy() did not do: over Arrow vectors it copies an array
-        // of primitives with toLongArray() & co., which fail on a null element ("Value at index is
-        // null"), so a batch with an array<bigint> holding a null failed here where a job ran it.
-        UnsafeProjection unsafe = UnsafeProjection$.MODULE$.create(leaf.schema());
+        // The reader fills one row over and over: each is copied. A row's copy() over Arrow vectors
+        // copies an array of primitives with toLongArray() & co., which fail on a null element
+        // ("Value at index is null"), so a batch with an array<bigint> holding a null failed here
+        // where a job ran it: a row holding arrays or maps is copied, as an UnsafeRow, by the
+        // projection Spark's own scans use. Others keep copy(), which is quicker for small batches.
+        StructType input = leaf.schema();
+        UnsafeProjection unsafe = holdsArrays(input)
+            ? PROJECTIONS.get().computeIfAbsent(input, UnsafeProjection$.MODULE$::create) : null;
         ArrayList<InternalRow> rows = new ArrayList<>();
         while (reader.hasNext()) {
-            rows.add(unsafe.apply(reader.next()).copy());
+            InternalRow row = reader.next();
+            rows.add(unsafe == null ? row.copy() : unsafe.apply(row).copy());
         }
         LogicalPlan node = new LocalRelation(leaf.output(), BatchJob.seq(rows.toArray(new InternalRow[0])), false,
                                              scala.Option.empty());
