@@ -26,13 +26,14 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import psutil
 import pytest
 
 from kernel_runtime import LocalCluster
 from tests.conftest import assert_at_rest, start_cluster
+from tests.hangs import command_line
 
 # how long what ends by itself after a test (a client's threads, a stopped cluster's processes)
 # may take: a deadline on a condition, waited on only when something is left
@@ -69,7 +70,6 @@ def pytest_configure(config):
 
 
 THREADS_AT_CALL = pytest.StashKey[set]()
-CALL_REPORT = pytest.StashKey[pytest.TestReport]()
 
 
 @pytest.hookimpl(wrapper=True)
@@ -80,14 +80,6 @@ def pytest_runtest_call(item):
     return (yield)
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item, call):
-    rep = yield
-    if rep.when == "call":
-        item.stash[CALL_REPORT] = rep
-    return rep
-
-
 @pytest.fixture
 def own_cluster(request, tmp_path):
     marker = request.node.get_closest_marker("cluster")
@@ -96,7 +88,7 @@ def own_cluster(request, tmp_path):
     try:
         yield local
     finally:
-        rep = request.node.stash.get(CALL_REPORT, None)
+        rep = getattr(request.node, "rep_call", None)  # kept by tests/conftest.py's makereport
         if rep is None or rep.failed:  # failed, or never ran (a fixture after this one failed)
             local.stop()
         else:
@@ -113,10 +105,11 @@ def check_cluster(local: LocalCluster, expect_errors: tuple[str, ...], threads_b
         problems.append(f"the cluster is not at rest after the test: {exc}")
     finally:
         local.stop()
-    if left := _wait_gone(started):
+    if left := _left_after_settling(lambda: [p for p in started if _running(p)]):
         problems.append("processes of the cluster left running after it stopped: " +
-                        ", ".join(f"{p.pid} ({_cmdline(p)})" for p in left))
-    if leaked := _wait_threads_ended(threads_before):
+                        ", ".join(f"{p.pid} ({command_line(p, 160)})" for p in left))
+    if leaked := _left_after_settling(
+            lambda: [t for t in threading.enumerate() if t not in threads_before and t.is_alive()]):
         problems.append("threads started by the test still running: " + ", ".join(t.name for t in leaked))
     problems += log_problems(local.cluster_dir / "log", expect_errors)
     if problems:
@@ -148,26 +141,12 @@ def _running(proc: psutil.Process) -> bool:
         return False
 
 
-def _cmdline(proc: psutil.Process) -> str:
-    try:
-        return " ".join(proc.cmdline())[:160]
-    except psutil.Error:
-        return "?"
-
-
-def _wait_gone(procs: list[psutil.Process]) -> list[psutil.Process]:
+def _left_after_settling(left: Callable[[], list]) -> list:
+    """What ``left()`` still names once it is empty or SETTLE_S has passed."""
     deadline = time.monotonic() + SETTLE_S
-    while (left := [p for p in procs if _running(p)]) and time.monotonic() < deadline:
+    while (now := left()) and time.monotonic() < deadline:
         time.sleep(0.05)
-    return left
-
-
-def _wait_threads_ended(before: set[threading.Thread]) -> list[threading.Thread]:
-    deadline = time.monotonic() + SETTLE_S
-    while (new := [t for t in threading.enumerate() if t not in before and t.is_alive()]) \
-            and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return new
+    return now
 
 
 def log_problems(folder: Path, expect_errors: tuple[str, ...]) -> list[str]:

@@ -49,9 +49,9 @@ def _pids() -> set[int]:
     return {p.pid for p in descendants()}
 
 
-def _command(proc: psutil.Process) -> str:
+def command_line(proc: psutil.Process, limit: int = 300) -> str:
     try:
-        return " ".join(proc.cmdline())[:300]
+        return " ".join(proc.cmdline())[:limit]
     except psutil.Error:
         return "?"
 
@@ -74,7 +74,7 @@ def process_stacks(procs: Iterable[psutil.Process], max_lines: int = 200) -> str
     parts = []
     for proc in procs:
         command = _dump_command(proc)
-        head = f"--- pid {proc.pid}: {_command(proc)}"
+        head = f"--- pid {proc.pid}: {command_line(proc)}"
         if command is None:
             parts.append(f"{head}\n(no stack dumper for this process)")
             continue
@@ -101,7 +101,7 @@ def end_processes(procs: Iterable[psutil.Process]) -> list[str]:
             if member.pid in ended:
                 continue
             try:
-                ended[member.pid] = f"{member.pid}: {_command(member)}"
+                ended[member.pid] = f"{member.pid}: {command_line(member)}"
                 member.kill()
             except psutil.Error:
                 pass
