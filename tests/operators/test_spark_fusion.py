@@ -36,7 +36,12 @@ def run_subtasks(subtasks: list[SparkChain], inputs: list[list[pa.Table]], fuse:
     Every subtask's output, in its order."""
     results: list = [None] * len(subtasks)
     errors: list = []
-    joined = threading.Barrier(len(subtasks))
+    groups: list = []
+    # Fused: the group's rounds wait until every subtask's first table waits, so the first round
+    # carries them all whatever the threads' timing (on a busy machine one subtask could otherwise
+    # send all its tables through Spark before the other sent one, and no job would be fused).
+    joined = threading.Barrier(len(subtasks), timeout=120, action=lambda: groups and groups[0].lock.acquire())
+    first_in = threading.Barrier(len(subtasks), timeout=120, action=lambda: groups and groups[0].lock.release())
 
     def task(i):
         try:
@@ -45,11 +50,14 @@ def run_subtasks(subtasks: list[SparkChain], inputs: list[list[pa.Table]], fuse:
                                chain.ctx.cancelled, lambda: None)
             if fuse:
                 stage.group = FusionGroup.join((chain.ctx.job_id, 0, chain.spec.uid), stage, chain)
+                groups.append(stage.group)
             joined.wait()
             out = []
             try:
-                for table in inputs[i]:
+                for n, table in enumerate(inputs[i]):
                     stage.submit([table])
+                    if n == 0:
+                        first_in.wait()
                     out += stage.flush() if paced else stage.take_results()
                 out += stage.flush()
             finally:
@@ -57,6 +65,8 @@ def run_subtasks(subtasks: list[SparkChain], inputs: list[list[pa.Table]], fuse:
             results[i] = pa.concat_tables(out) if out else None
         except BaseException as exc:
             errors.append(exc)
+            joined.abort()  # the other subtasks stop waiting for this one
+            first_in.abort()
     threads = [threading.Thread(target=task, args=(i,)) for i in range(len(subtasks))]
     for t in threads:
         t.start()
