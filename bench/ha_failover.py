@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kernel_runtime.ha_cluster import HaLocalCluster, LocalZooKeeper  # noqa: E402
+from kernel_runtime.deploy.ha import HaLocalCluster, LocalZooKeeper  # noqa: E402
 from tests.e2e.test_exactly_once import run_job  # noqa: E402  the job of the exactly-once test
 
 

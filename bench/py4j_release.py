@@ -2,7 +2,7 @@
 
 py4j's finalizer thread sends the releases queued by Python's collector once per its sleep: one
 second by default, which kept a second of batches alive in the JVM; the TaskManager's SparkRunner
-sets it to ``PY4J_RELEASE_POLL_S`` (cluster/operators/spark.py). This starts the runner's
+sets it to ``PY4J_RELEASE_POLL_S`` (cluster/spark/chain.py). This starts the runner's
 SparkSession in this process, drops 20 Java objects per round and prints how long the queue took
 to empty each round (the figure a test bounded at 0.3 s before; no assertion here: a loaded
 machine moves it).
@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cluster.conf import TaskConfig  # noqa: E402
-from cluster.operators.spark import PY4J_RELEASE_POLL_S, SparkRunner  # noqa: E402
+from cluster.spark.chain import PY4J_RELEASE_POLL_S, SparkRunner  # noqa: E402
 
 
 def main() -> None:

@@ -2,7 +2,7 @@
 
 The query of issue 14 (``SELECT id, k, v*2 AS v2 FROM input WHERE v < 500``) and a keyed
 aggregation's pre-aggregation (``GROUP BY k``: count, sum), on batches of 1k to 1M rows, in one SparkSession
-with the TaskManagers' settings (cluster.operators.spark.spark_conf), by the TaskManager's own
+with the TaskManagers' settings (cluster.spark.chain.spark_conf), by the TaskManager's own
 code (SparkChain.process). Each batch is split into:
 
 * arrow in:  the Arrow table to the JVM (createDataFrame);
@@ -43,8 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from cluster.conf import TaskConfig  # noqa: E402
 from cluster.graph.job_graph import OperatorSpec  # noqa: E402
 from cluster.operators.base import OperatorContext  # noqa: E402
-from cluster.operators.spark import SparkChain, SparkRunner  # noqa: E402
-from cluster.operators.spark_arrow import JvmRefs  # noqa: E402
+from cluster.spark.chain import SparkChain, SparkRunner  # noqa: E402
+from cluster.spark.arrow import JvmRefs  # noqa: E402
 
 QUERY = "SELECT id, k, v*2 AS v2 FROM input WHERE v < 500"
 

@@ -59,7 +59,7 @@ def timed_rows(seq):
 def spark_session():
     from pyspark.sql import SparkSession
     from cluster.conf import TaskConfig
-    from cluster.operators.spark import spark_conf
+    from cluster.spark.chain import spark_conf
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ["PYSPARK_PYTHON"] = sys.executable
     builder = SparkSession.builder

@@ -1,7 +1,7 @@
 """streamlab's client side: the pipeline API, the JobClient, the CLI (and the notebook magic)."""
-from .api import DataStream, GraphValidationError, KeyedStream, StreamEnvironment
-from .client import JobCancelledError, JobClient, JobExecutionError, JobExecutionResult, JobHandle
-from .local_cluster import ClusterInfo, LocalCluster
+from kernel_runtime.api import DataStream, GraphValidationError, KeyedStream, StreamEnvironment
+from kernel_runtime.client.job_client import (JobCancelledError, JobClient, JobExecutionError, JobExecutionResult, JobHandle)
+from kernel_runtime.deploy.local import ClusterInfo, LocalCluster
 
 __version__ = "0.1.0"
 __all__ = ["StreamEnvironment", "DataStream", "KeyedStream", "GraphValidationError", "JobClient",
@@ -12,10 +12,10 @@ __all__ = ["StreamEnvironment", "DataStream", "KeyedStream", "GraphValidationErr
 def load_ipython_extension(shell) -> None:
     """``%load_ext kernel_runtime``: the %%stream and %stream_cluster magics (IPython is imported
     only here, so the package works without it)."""
-    from .magic import load_ipython_extension as load
+    from kernel_runtime.notebook.magic import load_ipython_extension as load
     load(shell)
 
 
 def unload_ipython_extension(shell) -> None:
-    from .magic import unload_ipython_extension as unload
+    from kernel_runtime.notebook.magic import unload_ipython_extension as unload
     unload(shell)

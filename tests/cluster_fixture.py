@@ -39,7 +39,7 @@ from tests.hangs import command_line
 # may take: a deadline on a condition, waited on only when something is left
 SETTLE_S = 15.0
 
-# a record of a cluster process's log (cluster.process_logging.FORMAT) starts with its time and level
+# a record of a cluster process's log (cluster.common.process_logging.FORMAT) starts with its time and level
 _RECORD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ ([A-Z]+) ", re.M)
 _BAD_LEVELS = ("ERROR", "CRITICAL")
 _TRACEBACK = "Traceback (most recent call last)"

@@ -42,7 +42,7 @@ def spark():
     import sys
     from pyspark.sql import SparkSession
     from cluster.conf import TaskConfig
-    from cluster.operators.spark import spark_conf, with_jvm_helpers
+    from cluster.spark.chain import spark_conf, with_jvm_helpers
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ["PYSPARK_PYTHON"] = sys.executable
     builder = SparkSession.builder
@@ -59,7 +59,7 @@ def spark():
 def zookeeper(tmp_path_factory):
     """A real ZooKeeper (Debian's ``zookeeper`` package, ``make system-deps``) for the HA tests,
     started by the session and stopped after it."""
-    from kernel_runtime.ha_cluster import ZK_SERVER, LocalZooKeeper
+    from kernel_runtime.deploy.ha import ZK_SERVER, LocalZooKeeper
     if not ZK_SERVER.exists():
         pytest.fail(f"{ZK_SERVER} is missing: install Debian's zookeeper package (make system-deps)")
     server = LocalZooKeeper(tmp_path_factory.mktemp("zookeeper")).start()

@@ -10,7 +10,7 @@ RECORDS = """\
 2026-11-26 11:13:16,993 INFO cluster.taskmanager.task: Source: generator (1/1) failed
 Traceback (most recent call last):
   File "x.py", line 1, in f
-cluster.operators.sources.PlannedFailure: planned failure at row 5 in attempt 1
+cluster.connectors.sources.PlannedFailure: planned failure at row 5 in attempt 1
 2026-11-26 11:13:17,022 WARNING streamlab.taskmanager: a warning is no error
 2026-11-26 11:13:17,100 ERROR cluster.jobmanager: something broke
 """

@@ -99,7 +99,7 @@ def test_spark_settings_pass_through_by_sparks_names(tmp_path):
 
 
 def test_the_session_jvm_uses_the_parallel_collector_unless_the_user_says_otherwise():
-    from cluster.operators.spark import spark_conf
+    from cluster.spark.chain import spark_conf
     assert spark_conf(TaskConfig.from_dict({}))["spark.driver.extraJavaOptions"] == "-XX:+UseParallelGC"
     own = TaskConfig.from_dict({"taskmanager.spark.conf.spark.driver.extraJavaOptions": "-XX:+UseG1GC -Xss4m"})
     assert spark_conf(own)["spark.driver.extraJavaOptions"] == "-XX:+UseG1GC -Xss4m"

@@ -1,4 +1,4 @@
-"""How a failure reads (cluster.failures): the one-line root cause and the user's traceback.
+"""How a failure reads (cluster.common.failures): the one-line root cause and the user's traceback.
 
 The user's functions here are compiled from "cells" under the file names ipykernel gives them and
 run through the real map-batches and filter operators, so the traceback has the framework's frames
@@ -13,11 +13,11 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from cluster import failures
+from cluster.common import failures
 from cluster.conf import TaskConfig
-from cluster.failures import Failure, UserFunctionError
+from cluster.common.failures import Failure, UserFunctionError
 from cluster.graph.job_graph import GraphValidationError, JobGraph, JobVertex, OperatorSpec
-from cluster.operators import OPERATORS
+from cluster.taskmanager.operator_registry import OPERATORS
 from cluster.operators.base import OperatorContext
 
 CELL_FILE = "/tmp/ipykernel_4242/283820497.py"

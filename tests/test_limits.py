@@ -10,7 +10,7 @@ import pytest
 
 from cluster.conf import MAX_JOB_GRAPH_BYTES, ConfigError, Configuration, parse_size_bytes
 from cluster.graph.job_graph import JobGraph, JobGraphTooLarge
-from cluster.process_logging import configure_process_logging
+from cluster.common.process_logging import configure_process_logging
 from kernel_runtime import StreamEnvironment
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .job_graph import JobEdge, JobGraph, JobVertex, OperatorSpec, ShipStrategy, new_id
-from .operator_kinds import KINDS
+from cluster.graph.job_graph import JobEdge, JobGraph, JobVertex, OperatorSpec, ShipStrategy, new_id
+from cluster.graph.operator_kinds import KINDS
 
 
 @dataclass

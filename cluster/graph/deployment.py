@@ -47,7 +47,7 @@ class TaskDeploymentDescriptor:
     result_address: Optional[str] = None
     # the checkpoint to start from: {"checkpoint_id", "directory", "operators": {uid: [handles]}}
     restore: Optional[dict] = None
-    cells: dict = field(default_factory=dict)  # the job graph's notebook cells (cluster.failures)
+    cells: dict = field(default_factory=dict)  # the job graph's notebook cells (cluster.common.failures)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -9,7 +9,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Callable, ClassVar, Optional
 
-from .job_graph import JobGraph, JobVertex, new_id
+from cluster.graph.job_graph import JobGraph, JobVertex, new_id
 
 
 class JobState(enum.StrEnum):

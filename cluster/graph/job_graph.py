@@ -19,7 +19,7 @@ import msgpack
 
 from cluster.conf import format_size
 
-from .operator_kinds import KINDS
+from cluster.graph.operator_kinds import KINDS
 
 MAX_SIZE_KEY = "pipeline.jobgraph.max-size"
 
@@ -101,7 +101,7 @@ class JobGraph:
     edges: list[JobEdge]
     config: dict = field(default_factory=dict)
     # notebook cells the job's code comes from, by the base name IPython compiled them to:
-    # {"name": "In [5]", "source": ...}, so failures name "In [5], line 3" (cluster.failures)
+    # {"name": "In [5]", "source": ...}, so failures name "In [5], line 3" (cluster.common.failures)
     cells: dict[str, dict[str, str]] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ lookups

@@ -66,7 +66,7 @@ def declare(kinds: list[OperatorKind]) -> dict[str, OperatorKind]:
 
 KINDS: dict[str, OperatorKind] = declare([
     OperatorKind("generator-source", _SOURCE, Output.SEQUENCE, stateful=True),
-    # the generator with planned failures at chosen rows and attempts (cluster.operators.sources)
+    # the generator with planned failures at chosen rows and attempts (cluster.connectors.sources)
     OperatorKind("testing-source", _SOURCE, Output.SEQUENCE, stateful=True),
     OperatorKind("file-source", _SOURCE, Output.DECLARED, stateful=True),
     OperatorKind("redis-stream-source", _SOURCE, Output.DECLARED, stateful=True),

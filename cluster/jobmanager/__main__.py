@@ -1,3 +1,3 @@
-from .entrypoint import main
+from cluster.jobmanager.entrypoint import main
 
 main()

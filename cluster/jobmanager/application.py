@@ -29,7 +29,7 @@ from cluster.graph.execution_graph import JobState
 from cluster.protocol.job_context import CONTEXT_CLUSTER_DIR, CONTEXT_DETACHED, CONTEXT_VERBOSE
 
 if TYPE_CHECKING:
-    from .entrypoint import JobManager
+    from cluster.jobmanager.entrypoint import JobManager
 
 log = logging.getLogger("streamlab.application")
 

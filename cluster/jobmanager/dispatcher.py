@@ -13,16 +13,16 @@ from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from cluster.clock import now_ms
+from cluster.common.clock import now_ms
 from cluster.checkpoint.storage import CheckpointStorage, local_path, read_metadata
 from cluster.conf import ConfigError
 from cluster.graph.job_graph import MAX_SIZE_KEY, GraphValidationError, JobGraph
 from cluster.protocol import messages as m
 from cluster.protocol.endpoint import DeferredReply, Peer, RpcEndpoint, RpcError
 
-from .job_master import JobMaster, find_restore_point
-from .resource_manager import ResourceManager
-from .views import job_json, overview_json, subtasks_json, taskmanagers_json
+from cluster.jobmanager.jobmaster.job_master import JobMaster, find_restore_point
+from cluster.jobmanager.resourcemanager.resource_manager import ResourceManager
+from cluster.jobmanager.rest.views import job_json, overview_json, subtasks_json, taskmanagers_json
 
 log = logging.getLogger(__name__)
 

@@ -24,19 +24,19 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from cluster.conf import Configuration
-from cluster.process_logging import configure_process_logging
+from cluster.common.process_logging import configure_process_logging
 from cluster.protocol.auth import load_secret, rest_token
 from cluster.protocol import messages as m
 from cluster.protocol.curve import cluster_codec
 from cluster.protocol.endpoint import RpcEndpoint
 
-from .application import Application
-from .dispatcher import Dispatcher
-from .events import JobEventPublisher
-from .ha import LeaderRetriever, ZooKeeperHaServices, exit_on_revocation, ha_enabled
-from .resource_manager import ResourceManager, task_manager_provider
-from .rest import RestServer, bind_rest_sockets
-from .rest_forward import RestForwarder
+from cluster.jobmanager.application import Application
+from cluster.jobmanager.dispatcher import Dispatcher
+from cluster.jobmanager.events import JobEventPublisher
+from cluster.ha.services import LeaderRetriever, ZooKeeperHaServices, exit_on_revocation, ha_enabled
+from cluster.jobmanager.resourcemanager.resource_manager import ResourceManager, task_manager_provider
+from cluster.jobmanager.rest.server import RestServer, bind_rest_sockets
+from cluster.jobmanager.rest.forwarding import RestForwarder
 
 log = logging.getLogger("streamlab.jobmanager")
 

@@ -35,11 +35,11 @@ from cluster.protocol.codec import Codec
 from cluster.protocol.endpoint import Peer, RpcEndpoint, advertised_address, bind_socket, bound_address, make_socket
 from cluster.protocol.metrics import EVENT_TIME_METRICS
 
-from .views import job_json, overview_json, plan_json, subtasks_json, taskmanagers_json
+from cluster.jobmanager.rest.views import job_json, overview_json, plan_json, subtasks_json, taskmanagers_json
 
 if TYPE_CHECKING:
-    from .dispatcher import Dispatcher
-    from .job_master import JobMaster
+    from cluster.jobmanager.dispatcher import Dispatcher
+    from cluster.jobmanager.jobmaster.job_master import JobMaster
 
 log = logging.getLogger(__name__)
 

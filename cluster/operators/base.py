@@ -8,19 +8,18 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional
 
 import cloudpickle
 import numpy as np
 import pyarrow as pa
 
 from cluster.conf import TaskConfig
-from cluster.failures import UserFunctionError as UserFunctionError  # where operators have always found it
+from cluster.common.failures import UserFunctionError as UserFunctionError  # where operators have always found it
 from cluster.graph.job_graph import OperatorSpec
 from cluster.graph.operator_kinds import operator_kind
 
-if TYPE_CHECKING:
-    import pandas as pd
+import pandas as pd
 
 
 def frame_to_table(frame: "pd.DataFrame") -> pa.Table:
@@ -45,6 +44,18 @@ def frame_to_table(frame: "pd.DataFrame") -> pa.Table:
         else:
             return pa.Table.from_arrays(arrays, names=list(columns))
     return pa.Table.from_pandas(frame, preserve_index=False, nthreads=1)
+
+
+def to_table(result, where: str) -> pa.Table:
+    if isinstance(result, pa.Table):
+        return result
+    if isinstance(result, pa.RecordBatch):
+        return pa.Table.from_batches([result])
+    if isinstance(result, dict):
+        result = pd.DataFrame(result)
+    if isinstance(result, pd.DataFrame):
+        return frame_to_table(result)
+    raise UserFunctionError(f"{where} must return a pandas DataFrame, got {type(result).__name__}")
 
 
 def _column_arrays(frame: "pd.DataFrame") -> list:
@@ -134,7 +145,7 @@ class Operator:
 
     # ------------------------------------------------------------------ time
     # Watermarks are epoch milliseconds: watermark t says no row of timestamp <= t is to come
-    # (cluster.operators.watermarks). The task calls these on its thread, between batches.
+    # (cluster.operators.windowing.watermarks). The task calls these on its thread, between batches.
     uses_processing_time = False  # the task calls on_processing_time only on operators that say so
     generates_watermarks = False  # the task asks periodic_watermark of these (timestamps-watermarks)
 

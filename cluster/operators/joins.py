@@ -35,12 +35,12 @@ import pyarrow as pa
 
 from cluster.state.key_groups import key_groups_of
 
-from .base import OperatorSnapshot
-from .keyed import KeyedOperator
-from .sources import to_table
-from .timers import EVENT_TIME, TimerService
-from .watermarks import NO_WATERMARK, rowtime_ms
-from .windows import SessionWindows, SlidingWindows, TumblingWindows, assigner_of
+from cluster.operators.base import OperatorSnapshot
+from cluster.operators.keyed import KeyedOperator
+from cluster.operators.base import to_table
+from cluster.operators.windowing.timers import EVENT_TIME, TimerService
+from cluster.operators.windowing.watermarks import NO_WATERMARK, rowtime_ms
+from cluster.operators.windowing.windows import SessionWindows, SlidingWindows, TumblingWindows, assigner_of
 
 LEFT, RIGHT = 0, 1
 SIDES = ("left", "right")

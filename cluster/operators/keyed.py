@@ -26,10 +26,10 @@ import pyarrow as pa
 from cluster.state.backend import create_backend
 from cluster.state.key_groups import key_group_range, key_groups_of_frame
 
-from .base import Operator, OperatorSnapshot, UserFunctionError, frame_to_table
-from .sources import to_table
-from .timers import EVENT_TIME, PROCESSING_TIME, TimerService
-from .watermarks import NO_WATERMARK
+from cluster.operators.base import Operator, OperatorSnapshot, UserFunctionError, frame_to_table
+from cluster.operators.base import to_table
+from cluster.operators.windowing.timers import EVENT_TIME, PROCESSING_TIME, TimerService
+from cluster.operators.windowing.watermarks import NO_WATERMARK
 
 # partial aggregates: how each function is computed from a batch and merged into state
 PARTIALS = {"sum": ("s",), "count": ("c",), "min": ("min",), "max": ("max",), "mean": ("s", "c")}

@@ -5,8 +5,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from .base import Operator, UserFunctionError
-from .sources import to_table
+from cluster.operators.base import Operator, UserFunctionError
+from cluster.operators.base import to_table
 
 
 class MapBatches(Operator, kind="map-batches"):

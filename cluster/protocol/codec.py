@@ -31,7 +31,7 @@ from typing import Callable, Optional, Sequence
 
 import msgpack
 
-from .messages import MalformedMessage, Message
+from cluster.protocol.messages import MalformedMessage, Message
 
 MAC_BYTES = 32
 MAX_HEADER_BYTES = 64 * 1024 * 1024

@@ -27,8 +27,8 @@ import zmq
 from zmq.utils import z85
 from zmq.utils.monitor import parse_monitor_message
 
-from .codec import Codec
-from .droplog import DropLog
+from cluster.protocol.codec import Codec
+from cluster.protocol.droplog import DropLog
 
 log = logging.getLogger("streamlab.curve")
 

@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Callable
 
-from .codec import ReplayedMessage
+from cluster.protocol.codec import ReplayedMessage
 
 OTHER = ("other drops", "other peers", "")
 

@@ -31,10 +31,10 @@ from typing import Any, Callable, Optional, TypeVar
 
 import zmq
 
-from . import curve
-from .codec import Codec
-from .droplog import DropLog, drop_kind
-from .messages import ErrorResponse, MalformedMessage, Message
+from cluster.protocol import curve
+from cluster.protocol.codec import Codec
+from cluster.protocol.droplog import DropLog, drop_kind
+from cluster.protocol.messages import ErrorResponse, MalformedMessage, Message
 
 log = logging.getLogger(__name__)
 R = TypeVar("R", bound=Message)

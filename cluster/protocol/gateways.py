@@ -5,8 +5,8 @@ come back as messages to the caller's own handlers).
 """
 from __future__ import annotations
 
-from .endpoint import Peer, RpcEndpoint
-from . import messages as m
+from cluster.protocol.endpoint import Peer, RpcEndpoint
+from cluster.protocol import messages as m
 
 
 class TaskExecutorGateway:

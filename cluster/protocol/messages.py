@@ -379,7 +379,7 @@ class CheckpointBarrier(Message, op="checkpoint-barrier"):
 
 @dataclass(frozen=True)
 class Watermark(Message, op="watermark"):
-    """In-band event time, after every row before it (cluster.operators.watermarks)."""
+    """In-band event time, after every row before it (cluster.operators.windowing.watermarks)."""
     channel: str
     timestamp: int
 

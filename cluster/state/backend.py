@@ -30,8 +30,7 @@ import abc
 import pathlib
 from typing import Any, Iterator, Sequence
 
-from .snapshot_format import (SnapshotFileWriter, StateFormatError, UnsupportedKeyError,
-                              check_max_parallelism, read_key_groups)
+from cluster.state.snapshot_format import (SnapshotFileWriter, StateFormatError, UnsupportedKeyError, check_max_parallelism, read_key_groups)
 
 __all__ = ["KeyedStateBackend", "StateSnapshot", "KeyGroupRangeError", "StateFormatError",
            "UnsupportedKeyError", "create_backend", "BACKEND_TYPES"]
@@ -185,9 +184,9 @@ def create_backend(kind: str, key_group_range: range, max_parallelism: int,
     """kind: the value of `state.backend.type`, "hashmap" (default; "heap" too) or "rocksdb"."""
     name = str(kind).strip().lower()
     if name in ("hashmap", "heap"):
-        from .heap import HeapKeyedStateBackend
+        from cluster.state.heap import HeapKeyedStateBackend
         return HeapKeyedStateBackend(key_group_range, max_parallelism, work_dir)
     if name == "rocksdb":
-        from .rocksdb import RocksDBKeyedStateBackend
+        from cluster.state.rocksdb import RocksDBKeyedStateBackend
         return RocksDBKeyedStateBackend(key_group_range, max_parallelism, work_dir)
     raise ValueError(f"state.backend.type {kind!r} is not one of: hashmap (or heap), rocksdb")

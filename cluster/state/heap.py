@@ -8,8 +8,8 @@ from __future__ import annotations
 import pathlib
 from typing import Any, Iterator, Sequence
 
-from .backend import KeyedStateBackend, StateSnapshot, as_list, check_state_name
-from .snapshot_format import KeyCodec, SnapshotFileWriter, decode_key, decode_value, encode_value
+from cluster.state.backend import KeyedStateBackend, StateSnapshot, as_list, check_state_name
+from cluster.state.snapshot_format import KeyCodec, SnapshotFileWriter, decode_key, decode_value, encode_value
 
 
 class _Closed(dict):

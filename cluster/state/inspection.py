@@ -30,7 +30,7 @@ from cluster.checkpoint.storage import read_metadata
 from cluster.graph.job_graph import OperatorSpec
 from cluster.graph.operator_kinds import KINDS
 
-from .snapshot_format import KeyCodec, decode_key, decode_value, read_entries
+from cluster.state.snapshot_format import KeyCodec, decode_key, decode_value, read_entries
 
 ENTRIES = pa.schema([("state", pa.string()), ("key", pa.binary()), ("value", pa.binary())])
 # a process function's state handles store under these prefixes (cluster.operators.keyed)

@@ -25,9 +25,8 @@ from typing import Any, Iterator, Optional, Sequence, cast
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 from rocksdict.rocksdict import RdictItems  # not re-exported by the package's __all__
 
-from .backend import KeyedStateBackend, StateSnapshot, as_list, check_state_name
-from .snapshot_format import (ROWS_PER_BATCH, KeyCodec, SnapshotFileWriter, decode_key,
-                              decode_value, encode_value)
+from cluster.state.backend import KeyedStateBackend, StateSnapshot, as_list, check_state_name
+from cluster.state.snapshot_format import (ROWS_PER_BATCH, KeyCodec, SnapshotFileWriter, decode_key, decode_value, encode_value)
 
 
 def _options() -> Options:

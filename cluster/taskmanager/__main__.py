@@ -1,3 +1,3 @@
-from .task_executor import main
+from cluster.taskmanager.task_executor import main
 
 main()

@@ -26,7 +26,7 @@ from typing import Callable, NamedTuple, Optional, Protocol
 import numpy as np
 import pyarrow as pa
 
-from cluster import failures
+from cluster.common import failures
 from cluster.checkpoint.barriers import Barrier, BarrierAligner
 from cluster.checkpoint.coordinator import CheckpointKind
 from cluster.conf import TaskConfig
@@ -34,20 +34,20 @@ from cluster.graph.deployment import OutputDescriptor, TaskDeploymentDescriptor
 from cluster.graph.execution_graph import ExecutionState
 from cluster.graph.job_graph import OperatorSpec, ShipStrategy
 from cluster.graph.operator_kinds import KINDS
-from cluster.operators import OPERATORS
+from cluster.taskmanager.operator_registry import OPERATORS
 from cluster.operators.base import Operator, OperatorContext, SourceOperator, TaskCancelled, UserFunctionError
-from cluster.operators.spark import SparkChain
-from cluster.operators.spark_fusion import FusionGroup
-from cluster.operators.watermarks import MAX_WATERMARK
+from cluster.spark.chain import SparkChain
+from cluster.spark.fusion import FusionGroup
+from cluster.operators.windowing.watermarks import MAX_WATERMARK
 from cluster.protocol.messages import AddCredit, BufferResponse, EndOfPartition, Message, Watermark, WatermarkStatus
 from cluster.protocol.metrics import (CHECKPOINTED_COUNTERS, CURRENT_INPUT_WATERMARK, CURRENT_OUTPUT_WATERMARK,
                                       NEWEST_EVENT_TIMESTAMP, NUM_LATE_RECORDS_DROPPED, restored_counters)
 from cluster.protocol.serde import ipc_to_table, table_to_ipc
 from cluster.state.key_groups import key_groups_of, operator_index_for_key_group
 
-from .network import END, WAIT_SLICE, ChannelSender, InputGate, NetworkEnvironment
-from .spark_stage import SparkStage
-from .task_time import TaskTime
+from cluster.taskmanager.network import END, WAIT_SLICE, ChannelSender, InputGate, NetworkEnvironment
+from cluster.spark.stage import SparkStage
+from cluster.taskmanager.task_time import TaskTime
 
 log = logging.getLogger(__name__)
 IDLE, BACKPRESSURED = "idle", "backpressured"

@@ -34,8 +34,8 @@ import psutil
 
 from cluster.checkpoint.barriers import Barrier
 from cluster.conf import Configuration, TaskConfig
-from cluster.jobmanager.ha import ha_enabled
-from cluster.process_logging import configure_process_logging
+from cluster.ha.services import ha_enabled
+from cluster.common.process_logging import configure_process_logging
 from cluster.graph.deployment import TaskDeploymentDescriptor
 from cluster.graph.execution_graph import ExecutionState
 from cluster.protocol import messages as m
@@ -44,12 +44,11 @@ from cluster.protocol.curve import cluster_codec
 from cluster.protocol.endpoint import Peer, RpcEndpoint
 from cluster.protocol.gateways import JobManagerGateway
 
-from cluster.operators.spark import SparkRunner
+from cluster.spark.chain import SparkRunner
 
-from .network import NetworkEnvironment
-from .slot_table import (CancelTaskThread, ForgetTask, OfferSlot, ReleaseJobNetwork, ReportTaskState,
-                         StartTask, TaskSlotTable)
-from .task import Task
+from cluster.taskmanager.network import NetworkEnvironment
+from cluster.taskmanager.slot_table import (CancelTaskThread, ForgetTask, OfferSlot, ReleaseJobNetwork, ReportTaskState, StartTask, TaskSlotTable)
+from cluster.taskmanager.task import Task
 
 log = logging.getLogger("streamlab.taskmanager")
 REGISTRATION_RETRY_S = 1.0
@@ -357,7 +356,7 @@ def main(argv=None) -> None:
     leader = None
     if args.jobmanager == "zk" or ha_enabled(conf):
         # the leader's address comes from ZooKeeper, and again on every change of leader
-        from cluster.jobmanager.ha import LeaderRetriever
+        from cluster.ha.services import LeaderRetriever
         leader = LeaderRetriever(conf)
         address = args.jobmanager if args.jobmanager not in (None, "zk") else leader.leader(
             conf["high-availability.zookeeper.client.connection-timeout"] / 1000 + 60)["rpc"]

@@ -24,7 +24,7 @@ from typing import Callable, Optional
 
 import pyarrow as pa
 
-from cluster.operators.watermarks import NO_WATERMARK, WatermarkValve
+from cluster.operators.windowing.watermarks import NO_WATERMARK, WatermarkValve
 
 TICK_S = 0.01  # how often processing-time timers are looked at
 

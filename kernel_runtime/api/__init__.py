@@ -1,13 +1,11 @@
 """The pipeline API: StreamEnvironment, DataStream, KeyedStream."""
 from cluster.graph.job_graph import GraphValidationError
 
-from .connectors import DiscardingSink, FileSink, FileSource, RedisStreamSink, RedisStreamSource
-from .datastream import DataStream, KeyedStream
-from .environment import StreamEnvironment
-from .time import (Duration, EventTimeSessionWindows, ProcessingTimeSessionWindows, SlidingEventTimeWindows,
-                   SlidingProcessingTimeWindows, Time, TumblingEventTimeWindows, TumblingProcessingTimeWindows,
-                   WatermarkStrategy)
-from .windowed import IntervalJoin, IntervalJoined, JoinedStreams, WindowedStream
+from kernel_runtime.api.connectors import DiscardingSink, FileSink, FileSource, RedisStreamSink, RedisStreamSource
+from kernel_runtime.api.datastream import DataStream, KeyedStream
+from kernel_runtime.api.environment import StreamEnvironment
+from kernel_runtime.api.time import (Duration, EventTimeSessionWindows, ProcessingTimeSessionWindows, SlidingEventTimeWindows, SlidingProcessingTimeWindows, Time, TumblingEventTimeWindows, TumblingProcessingTimeWindows, WatermarkStrategy)
+from kernel_runtime.api.windowed import IntervalJoin, IntervalJoined, JoinedStreams, WindowedStream
 
 __all__ = ["StreamEnvironment", "DataStream", "KeyedStream", "GraphValidationError", "FileSource", "FileSink",
            "RedisStreamSource", "RedisStreamSink", "DiscardingSink", "WatermarkStrategy", "Duration", "Time",

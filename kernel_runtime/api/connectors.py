@@ -20,8 +20,8 @@ from typing import Callable, Literal, NoReturn, Optional, Sequence, overload
 
 from cluster.graph.job_graph import GraphValidationError
 
-from .datastream import call_site
-from .schema import SchemaLike, schema_type_names
+from kernel_runtime.api.datastream import call_site
+from kernel_runtime.api.schema import SchemaLike, schema_type_names
 
 __all__ = ["Connector", "FileSource", "FileSink", "DiscardingSink", "RedisStreamSource", "RedisStreamSink"]
 

@@ -18,10 +18,10 @@ from cluster.graph.job_graph import GraphValidationError, OperatorSpec, ShipStra
 from cluster.graph.operator_kinds import KINDS, Role
 
 if TYPE_CHECKING:
-    from .connectors import Connector
-    from .environment import StreamEnvironment
-    from .time import WatermarkStrategy, WindowAssigner
-    from .windowed import IntervalJoin, JoinedStreams, WindowedStream
+    from kernel_runtime.api.connectors import Connector
+    from kernel_runtime.api.environment import StreamEnvironment
+    from kernel_runtime.api.time import WatermarkStrategy, WindowAssigner
+    from kernel_runtime.api.windowed import IntervalJoin, JoinedStreams, WindowedStream
 
 _API_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -116,7 +116,7 @@ class DataStream:
     def assign_timestamps_and_watermarks(self, strategy: "WatermarkStrategy") -> "DataStream":
         """Event time from a WatermarkStrategy (Flink's assignTimestampsAndWatermarks), chained
         to this operator, so the watermarks are made per subtask of it (per source split)."""
-        from .time import WatermarkStrategy
+        from kernel_runtime.api.time import WatermarkStrategy
         site = call_site()
         if not isinstance(strategy, WatermarkStrategy):
             raise GraphValidationError(f"assign_timestamps_and_watermarks ({site}): expected a WatermarkStrategy, "
@@ -130,7 +130,7 @@ class DataStream:
 
     def window_all(self, assigner: "WindowAssigner") -> "WindowedStream":
         """Windows over all rows, in one subtask (Flink's windowAll)."""
-        from .windowed import WindowedStream
+        from kernel_runtime.api.windowed import WindowedStream
         return WindowedStream(self, [], assigner, call_site())
 
     def window(self, assigner: "WindowAssigner") -> "WindowedStream":
@@ -139,7 +139,7 @@ class DataStream:
 
     def join(self, other: "DataStream") -> "JoinedStreams":
         """A window join (Flink's join(...).where(...).equal_to(...).window(...).apply())."""
-        from .windowed import JoinedStreams
+        from kernel_runtime.api.windowed import JoinedStreams
         return JoinedStreams(self, other, call_site())
 
     def map_batches(self, fn: Callable, name: str = "map_batches", parallelism: Optional[int] = None) -> "DataStream":
@@ -292,19 +292,19 @@ class KeyedStream:
 
     def window(self, assigner: "WindowAssigner") -> "WindowedStream":
         """Windows per key: ``window(TumblingEventTimeWindows.of(Time.seconds(10)))``."""
-        from .windowed import WindowedStream
+        from kernel_runtime.api.windowed import WindowedStream
         return WindowedStream(self.stream, self.key, assigner, call_site())
 
     def interval_join(self, other: "KeyedStream") -> "IntervalJoin":
         """Rows of both streams with the same key and times within ``between(lower, upper)``."""
-        from .windowed import IntervalJoin
+        from kernel_runtime.api.windowed import IntervalJoin
         return IntervalJoin(self, other, call_site())
 
     def temporal_join(self, other: "KeyedStream", how: str = "inner", name: str = "temporal join",
                       parallelism: Optional[int] = None) -> DataStream:
         """Each row with the row of ``other`` valid for its key at its time (Flink's temporal
         join): as of its event time when both streams have one, else the latest row now."""
-        from .windowed import temporal_join
+        from kernel_runtime.api.windowed import temporal_join
         return temporal_join(self, other, how, name, parallelism, call_site())
 
     def count(self, name: str = "count", parallelism: Optional[int] = None) -> DataStream:

@@ -20,12 +20,12 @@ from cluster.graph.operator_kinds import KINDS, Role, upsert_key
 from cluster.protocol.job_context import (CONTEXT_ALLOW_NON_RESTORED, CONTEXT_CLUSTER_DIR, CONTEXT_DETACHED,
                                           CONTEXT_SAVEPOINT, CONTEXT_VERBOSE)
 
-from ..client import JobClient, JobExecutionResult, JobHandle
-from ..local_cluster import ClusterInfo, LocalCluster
-from .connectors import Connector
-from .datastream import DataStream, call_site, check_parallelism, pickle_udf, plays, require_parallelism
-from .schema import check_columns
-from .time import WatermarkStrategy
+from kernel_runtime.client.job_client import JobClient, JobExecutionResult, JobHandle
+from kernel_runtime.deploy.local import ClusterInfo, LocalCluster
+from kernel_runtime.api.connectors import Connector
+from kernel_runtime.api.datastream import (DataStream, call_site, check_parallelism, pickle_udf, plays, require_parallelism)
+from kernel_runtime.api.schema import check_columns
+from kernel_runtime.api.time import WatermarkStrategy
 
 
 class StreamEnvironment:

@@ -13,9 +13,9 @@ from typing import Callable, Optional
 
 from cluster.conf import parse_duration_ms
 from cluster.graph.job_graph import GraphValidationError
-from cluster.operators.windows import SessionWindows, SlidingWindows, TumblingWindows
+from cluster.operators.windowing.windows import SessionWindows, SlidingWindows, TumblingWindows
 
-from .datastream import call_site
+from kernel_runtime.api.datastream import call_site
 
 ASSIGNED_ROWTIME = "rowtime"  # where with_timestamp_assigner puts its timestamps (Flink SQL's name)
 

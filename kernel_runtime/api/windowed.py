@@ -13,8 +13,8 @@ from typing import Callable, Optional
 from cluster.graph.chaining import StreamEdge, StreamNode
 from cluster.graph.job_graph import GraphValidationError, OperatorSpec, ShipStrategy
 
-from .datastream import DataStream, KeyedStream, aggregation_spec, call_site, check_parallelism, pickle_udf
-from .time import WindowAssigner, to_ms
+from kernel_runtime.api.datastream import (DataStream, KeyedStream, aggregation_spec, call_site, check_parallelism, pickle_udf)
+from kernel_runtime.api.time import WindowAssigner, to_ms
 
 WINDOW_COLUMNS = ["window_start", "window_end"]
 

@@ -1,7 +1,7 @@
 """The clusters a Jupyter server may show, and their state composed from each JobManager's REST API.
 
 Allowed are exactly: the embedded cluster of each kernel this server runs (named by the kernel in
-its registry file, kernel_runtime.lab_registry) and the standing clusters of the setting
+its registry file, kernel_runtime.notebook.lab_registry) and the standing clusters of the setting
 ``StreamlabLab.cluster_dirs``. A cluster is asked for by its id, never by a path: an id that names
 none of those is refused.
 
@@ -23,9 +23,9 @@ from urllib.parse import quote, urlencode
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
-from kernel_runtime.lab_registry import REGISTRY_FOLDER, cluster_id
-from kernel_runtime.local_cluster import ClusterInfo, ClusterNotRunning
-from kernel_runtime.processes import alive
+from kernel_runtime.notebook.lab_registry import REGISTRY_FOLDER, cluster_id
+from kernel_runtime.deploy.local import ClusterInfo, ClusterNotRunning
+from kernel_runtime.deploy.processes import alive
 
 log = logging.getLogger(__name__)
 

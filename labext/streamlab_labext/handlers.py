@@ -16,7 +16,7 @@ from jupyter_server.utils import url_path_join
 from tornado import web
 from tornado.httpclient import HTTPClientError
 
-from kernel_runtime.local_cluster import ClusterNotRunning
+from kernel_runtime.deploy.local import ClusterNotRunning
 
 from . import clusters
 from .clusters import ClusterRefused, JobManagerError, KnownCluster
@@ -139,7 +139,7 @@ class KernelClusterHandler(StreamlabHandler):
 class ExportHandler(StreamlabHandler):
     @web.authenticated
     async def post(self) -> None:
-        from kernel_runtime.export import ExportError, export_notebook
+        from kernel_runtime.export.package import ExportError, export_notebook
         body = self.body(("path", "cell", "output"))
         path = self.optional_str(body, "path")
         if not path:

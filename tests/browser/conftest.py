@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from kernel_runtime.ha_cluster import free_port
+from kernel_runtime.deploy.ha import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"
@@ -56,7 +56,7 @@ def start_jupyterlab(tmp_path: Path):
     config = tmp_path / "config"
     config.mkdir()
     (config / "jupyter_server_config.json").write_text(json.dumps(
-        {"ServerApp": {"jpserver_extensions": {"kernel_runtime.widgets.bokeh_resources": True}}}))
+        {"ServerApp": {"jpserver_extensions": {"kernel_runtime.notebook.widgets.bokeh_resources": True}}}))
     port, token = free_port(), secrets.token_hex(16)
     env = dict(os.environ, JUPYTER_CONFIG_DIR=str(config), JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"))
     log = open(tmp_path / "jupyterlab.log", "wb")

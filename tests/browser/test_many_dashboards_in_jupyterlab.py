@@ -30,7 +30,7 @@ CELLS = [
     'env.from_generator(lambda seq: pd.DataFrame({"user": seq % 7}), rate=1000, batch_size=20)'
     '.key_by("user").count().collect()',
     "from IPython.display import display\n"
-    "from kernel_runtime.widgets import Dashboard\n"
+    "from kernel_runtime.notebook.widgets import Dashboard\n"
     f"boards = [job.dashboard()] + [Dashboard(job) for _ in range({DASHBOARDS - 1})]\n"
     "for board in boards:\n"
     "    display(board)",

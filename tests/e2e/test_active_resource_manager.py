@@ -9,7 +9,7 @@ import pandas as pd
 import psutil
 
 from kernel_runtime import JobClient, StreamEnvironment
-from kernel_runtime.processes import CLUSTER_MODULES
+from kernel_runtime.deploy.processes import CLUSTER_MODULES
 
 from ..conftest import start_cluster, wait_for
 

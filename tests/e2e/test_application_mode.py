@@ -16,7 +16,7 @@ import pandas as pd
 import psutil
 import pytest
 
-from kernel_runtime.local_cluster import ClusterInfo, ClusterNotRunning
+from kernel_runtime.deploy.local import ClusterInfo, ClusterNotRunning
 
 from ..conftest import wait_for
 
@@ -87,7 +87,7 @@ def package(tmp_path: Path) -> Path:
 
 
 def run_application(pkg: Path, cluster_dir: Path, *args: str, detached: bool = False) -> list[str]:
-    return [sys.executable, "-m", "kernel_runtime.cli", "run-application", str(pkg), "--slots", "2",
+    return [sys.executable, "-m", "kernel_runtime.cli.main", "run-application", str(pkg), "--slots", "2",
             "--cluster-dir", str(cluster_dir), *(["--detached"] if detached else []), "--", *args]
 
 
@@ -175,7 +175,7 @@ def test_cancelled_detached_application_ends_its_jobmanager_with_2_and_leaves_no
         assert rest(cluster_dir, f"/jobs/{job_id}")["state"] == "RUNNING"
         pids = cluster_processes(cluster_dir)
         assert len(pids) >= 2  # the JobManager and the TaskManager started for the job
-        cancel = subprocess.run([sys.executable, "-m", "kernel_runtime.cli", "cancel", job_id,
+        cancel = subprocess.run([sys.executable, "-m", "kernel_runtime.cli.main", "cancel", job_id,
                                  "--cluster-dir", str(cluster_dir)], capture_output=True, text=True, timeout=60)
         assert cancel.returncode == 0, cancel.stderr
         rest_of_output = reaper.communicate(timeout=60)[0]

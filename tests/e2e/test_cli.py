@@ -14,7 +14,7 @@ import pytest
 from tests.conftest import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
-STREAMLAB = [sys.executable, "-m", "kernel_runtime.cli"]
+STREAMLAB = [sys.executable, "-m", "kernel_runtime.cli.main"]
 
 
 def sh(args, env, timeout=120, check=True):

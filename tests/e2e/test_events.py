@@ -11,7 +11,7 @@ import zmq
 from cluster.protocol import messages as m
 from cluster.protocol.codec import Codec
 from kernel_runtime import JobExecutionError, StreamEnvironment
-from kernel_runtime.widgets.feed import JobFeed, _direct
+from kernel_runtime.notebook.widgets.feed import JobFeed, _direct
 
 from ..conftest import wait_for
 

@@ -38,9 +38,9 @@ import psutil
 import pytest
 
 from kernel_runtime import JobClient
-from kernel_runtime.export import SKIP_TAG, export_notebook
-from kernel_runtime.local_cluster import ClusterInfo
-from kernel_runtime.magic_args import parse_stream_args
+from kernel_runtime.export.package import SKIP_TAG, export_notebook
+from kernel_runtime.deploy.local import ClusterInfo
+from kernel_runtime.notebook.magic_arguments import parse_stream_args
 
 from ..conftest import start_cluster, wait_for
 
@@ -53,7 +53,7 @@ PREFIX = 1_234  # the rows of each unbounded generator that a cell's bounded twi
 # Added to the notebook before its twins: the jobs it left running (unbounded ones), cancelled as
 # of now (what the capture did before the twins were added), so the twins find free slots
 CANCEL_RUNNING = """\
-from kernel_runtime.magic import StreamMagics as _StreamMagics
+from kernel_runtime.notebook.magic import StreamMagics as _StreamMagics
 _magics = next(c for c in get_ipython().configurables if isinstance(c, _StreamMagics))
 for _handle in list(_magics.jobs.values()):
     if _handle.job_status().state not in ("FINISHED", "FAILED", "CANCELED"):
@@ -71,7 +71,7 @@ for _name in {names!r}:
 # Appended to the notebook: what each job the notebook's cells submitted ended with.
 CAPTURE = """\
 import json as _json, pathlib as _pathlib
-from kernel_runtime.magic import StreamMagics as _StreamMagics
+from kernel_runtime.notebook.magic import StreamMagics as _StreamMagics
 _magics = next(c for c in get_ipython().configurables if isinstance(c, _StreamMagics))
 from cluster.graph.operator_kinds import upsert_key as _upsert_key
 _out, _jobs = _pathlib.Path({out!r}), {{}}
@@ -122,7 +122,7 @@ class SessionRunner:
         self.cluster = cluster
 
     def _command(self, package: Path, output: Path) -> list[str]:
-        return [sys.executable, "-m", "kernel_runtime.cli", "run", "--cluster-dir", str(self.cluster.cluster_dir),
+        return [sys.executable, "-m", "kernel_runtime.cli.main", "run", "--cluster-dir", str(self.cluster.cluster_dir),
                 str(package / "job.py"), "--output", str(output)]
 
     def run(self, package: Path, output: Path) -> Ran:
@@ -199,7 +199,7 @@ class ApplicationRunner:
         self.workdir = workdir
 
     def _command(self, package: Path, output: Path, cluster_dir: Path, *options: str) -> list[str]:
-        return [sys.executable, "-m", "kernel_runtime.cli", "run-application", "--cluster-dir", str(cluster_dir),
+        return [sys.executable, "-m", "kernel_runtime.cli.main", "run-application", "--cluster-dir", str(cluster_dir),
                 *options, str(package), "--", "--output", str(output)]
 
     def _cluster_dir(self, package: Path) -> Path:

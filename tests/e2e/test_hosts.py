@@ -24,10 +24,10 @@ import pytest
 
 from cluster.protocol.auth import create_secret
 from kernel_runtime import StreamEnvironment
-from kernel_runtime.local_cluster import ClusterInfo
+from kernel_runtime.deploy.local import ClusterInfo
 
 ROOT = Path(__file__).resolve().parents[2]
-STREAMLAB = [sys.executable, "-m", "kernel_runtime.cli"]
+STREAMLAB = [sys.executable, "-m", "kernel_runtime.cli.main"]
 N = 20_000
 MARKER = "quokka-row-"  # in every key: what a reader of the wire would see of the rows
 ETH_P_ALL = 0x0003

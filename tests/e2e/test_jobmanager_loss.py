@@ -15,7 +15,7 @@ import pytest
 
 from cluster.conf import Configuration
 from kernel_runtime import JobClient, LocalCluster, StreamEnvironment
-from kernel_runtime.local_cluster import ClusterInfo
+from kernel_runtime.deploy.local import ClusterInfo
 from tests.conftest import rest, start_cluster, wait_for
 
 pytestmark = pytest.mark.slow
@@ -90,7 +90,7 @@ def test_taskmanagers_stop_their_tasks_and_wait_for_a_new_jobmanager(own_cluster
 
 
 def _streamlab(args, env):
-    proc = subprocess.run([sys.executable, "-m", "kernel_runtime.cli", *args], cwd=ROOT, env=env,
+    proc = subprocess.run([sys.executable, "-m", "kernel_runtime.cli.main", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, f"streamlab {' '.join(args)}: {proc.stdout}\n{proc.stderr}"
     return proc.stdout
@@ -120,7 +120,7 @@ def test_cluster_start_ends_the_stale_processes_of_its_directory(tmp_path):
         new = json.loads((directory / "cluster.json").read_text())
         assert not set(new["taskmanagers"]) & set(stale) and all(_alive(p) for p in new["taskmanagers"])
     finally:
-        subprocess.run([sys.executable, "-m", "kernel_runtime.cli", "cluster", "stop"], cwd=ROOT, env=env,
+        subprocess.run([sys.executable, "-m", "kernel_runtime.cli.main", "cluster", "stop"], cwd=ROOT, env=env,
                        capture_output=True, timeout=60)
         foreign.kill()
         foreign.wait()

@@ -13,7 +13,7 @@ to a temp directory holding the ConfigMap's or Secret's data (with the Secret vo
 nothing (emptyDir). The only substitution in what the manifests say: the JobManager Service's DNS
 name becomes 127.0.0.1, since there is no cluster DNS here. The ports are the manifests' fixed
 ones (6123, 6124, 8081), so this test waits for them to be free. ``streamlab`` is run as
-``python -m kernel_runtime.cli`` (the same entry point, from this checkout).
+``python -m kernel_runtime.cli.main`` (the same entry point, from this checkout).
 """
 from __future__ import annotations
 
@@ -35,14 +35,14 @@ import pytest
 import yaml
 
 from kernel_runtime import JobClient, StreamEnvironment
-from kernel_runtime.local_cluster import ClusterInfo, ClusterNotRunning
+from kernel_runtime.deploy.local import ClusterInfo, ClusterNotRunning
 from tests.conftest import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "cluster" / "k8s"
 # the machine's, or the one `make system-deps` puts in the venv where Debian has none
 KUBECTL = shutil.which("kubectl") or str(Path(sys.executable).with_name("kubectl"))
-STREAMLAB = [sys.executable, "-m", "kernel_runtime.cli"]
+STREAMLAB = [sys.executable, "-m", "kernel_runtime.cli.main"]
 POD_IP = "127.0.0.1"  # what status.podIP is for a "pod" that is this machine
 N = 20_000
 

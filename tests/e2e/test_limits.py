@@ -16,7 +16,7 @@ from cluster.graph.job_graph import JobGraphTooLarge
 from cluster.protocol import messages as m
 from cluster.protocol.endpoint import RpcError
 from kernel_runtime import StreamEnvironment
-from kernel_runtime.client import JobClient
+from kernel_runtime.client.job_client import JobClient
 from tests.conftest import rest, start_cluster, wait_for
 
 CAPACITY = 3

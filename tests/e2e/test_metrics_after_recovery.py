@@ -15,7 +15,7 @@ import time
 import pytest
 
 from kernel_runtime import JobClient, StreamEnvironment
-from kernel_runtime.widgets import Dashboard
+from kernel_runtime.notebook.widgets import Dashboard
 from tests.conftest import rest, start_cluster, wait_for
 
 pytestmark = pytest.mark.slow

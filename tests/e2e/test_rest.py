@@ -7,11 +7,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from cluster.operators.watermarks import NO_WATERMARK
+from cluster.operators.windowing.watermarks import NO_WATERMARK
 from kernel_runtime import StreamEnvironment
 from kernel_runtime.api import Duration, WatermarkStrategy
-from kernel_runtime.events import ClusterEvents
-from kernel_runtime.widgets.metrics import event_time
+from kernel_runtime.client.events import ClusterEvents
+from kernel_runtime.notebook.widgets.metrics import event_time
 from tests.conftest import rest, running_keyed_count, wait_for
 
 FLINK = Path(__file__).resolve().parent.parent / "fixtures" / "flink-rest"

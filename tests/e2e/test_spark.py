@@ -166,7 +166,7 @@ def test_taskmanagers_start_spark_at_their_start_one_jvm_after_the_other(tmp_pat
     import fcntl
     from tests.conftest import start_cluster, wait_for
     # one JVM start at a time per two cores: on a machine of more than 3, this process holds the
-    # other start slots, so the two TaskManagers take turns there too (cluster/operators/spark.py)
+    # other start slots, so the two TaskManagers take turns there too (cluster/spark/chain.py)
     (tmp_path / "fresh").mkdir()
     held = [open(tmp_path / "fresh" / f"spark-start-{i}.lock", "a") for i in range(1, max(1, (os.cpu_count() or 1) // 2))]
     for f in held:
@@ -192,7 +192,7 @@ def test_taskmanagers_start_spark_at_their_start_one_jvm_after_the_other(tmp_pat
 
 def test_fused_sql_subtasks_are_exactly_once_through_a_restart(cluster, client, tmp_path):
     """Both subtasks of the .sql step in one TaskManager run fused Spark jobs
-    (cluster/operators/spark_fusion.py) while checkpoints cut the stream every 200 ms; an operator
+    (cluster/spark/fusion.py) while checkpoints cut the stream every 200 ms; an operator
     after it fails once past the middle, the job restarts from the last checkpoint, and the
     transactional sink's committed output is the pandas result exactly: each subtask got its own
     rows back, none twice, none lost."""

@@ -45,9 +45,9 @@ def drive(master: str, out: str) -> None:
     """The driver process: every case through its path on a session of ``master``, each batch's
     output written to ``out``/<case>-<n>.arrow; what Spark says of itself to ``out``/driver.json."""
     from cluster.conf import TaskConfig
-    from cluster.operators import spark_arrow
-    from cluster.operators.spark import SparkRunner
-    from cluster.operators.spark_plans import PlanCache
+    from cluster.spark import arrow as spark_arrow
+    from cluster.spark.chain import SparkRunner
+    from cluster.spark.plans import PlanCache
     from tests.operators.test_spark_oracle import run_path
     config = TaskConfig.from_dict({
         "taskmanager.host": "127.0.0.1", "taskmanager.spark.master": master,

@@ -17,10 +17,10 @@ import pytest
 
 from cluster.protocol.auth import create_secret
 from kernel_runtime import JobClient, StreamEnvironment
-from kernel_runtime.local_cluster import ClusterInfo
+from kernel_runtime.deploy.local import ClusterInfo
 
 ROOT = Path(__file__).resolve().parents[2]
-STREAMLAB = [sys.executable, "-m", "kernel_runtime.cli"]
+STREAMLAB = [sys.executable, "-m", "kernel_runtime.cli.main"]
 N = 20_000
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from cluster.operators.sources import SPLIT_BATCH, default_split_size
+from cluster.connectors.sources import SPLIT_BATCH, default_split_size
 from cluster.protocol.endpoint import RpcError
 from kernel_runtime import StreamEnvironment
 from tests.conftest import rest, wait_for

@@ -4,7 +4,7 @@ import pyarrow as pa
 import pytest
 
 from cluster.graph.operator_kinds import KINDS, OperatorKind, Output, Role, declare, operator_kind
-from cluster.operators import OPERATORS
+from cluster.taskmanager.operator_registry import OPERATORS
 from cluster.operators.base import Operator, SourceOperator
 from cluster.operators.keyed import KeyedOperator
 from kernel_runtime import StreamEnvironment

@@ -1,4 +1,4 @@
-"""HA clusters (kernel_runtime/ha_cluster.py) around the session's real ZooKeeper (the
+"""HA clusters (kernel_runtime/deploy/ha.py) around the session's real ZooKeeper (the
 ``zookeeper`` fixture of tests/conftest.py, which tests/e2e uses too)."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from kernel_runtime.ha_cluster import HaLocalCluster
+from kernel_runtime.deploy.ha import HaLocalCluster
 from tests.conftest import FAST
 
 

@@ -17,7 +17,7 @@ from .conftest import ha_cluster, shown_and_stopped
 
 
 def streamlab(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kernel_runtime.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "kernel_runtime.cli.main", *args], capture_output=True, text=True,
                           timeout=120)
 
 

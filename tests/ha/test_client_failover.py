@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 
 from kernel_runtime import JobClient, StreamEnvironment
-from kernel_runtime.local_cluster import ClusterInfo
+from kernel_runtime.deploy.local import ClusterInfo
 from tests.conftest import rest, wait_for
 from tests.e2e.test_exactly_once import events, running_total
 
@@ -31,7 +31,7 @@ N, RATE, BATCH = 24_000, 3_000, 200
 
 
 def streamlab(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kernel_runtime.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "kernel_runtime.cli.main", *args], capture_output=True, text=True,
                           timeout=60)
 
 

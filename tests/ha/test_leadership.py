@@ -9,10 +9,10 @@ import threading
 import pytest
 
 from cluster.conf import Configuration
-from cluster.launch import PROJECT_ROOT
-from kernel_runtime.ha_cluster import LocalZooKeeper
+from cluster.common.launch import PROJECT_ROOT
+from kernel_runtime.deploy.ha import LocalZooKeeper
 from tests.conftest import wait_for
-from cluster.jobmanager.ha import Granted, JoinElection, LeaderRetriever, Leadership, Revoked, ZooKeeperHaServices
+from cluster.ha.services import Granted, JoinElection, LeaderRetriever, Leadership, Revoked, ZooKeeperHaServices
 
 
 def test_the_lowest_latch_leads_and_a_lost_session_revokes_at_once():
@@ -142,7 +142,7 @@ def test_a_missing_quorum_is_a_clear_error(tmp_path):
 FOLLOWER = """
 import json, sys
 from cluster.conf import Configuration
-from cluster.jobmanager.ha import LeaderRetriever
+from cluster.ha.services import LeaderRetriever
 retriever = LeaderRetriever(Configuration(json.loads(sys.argv[1]), "the test"))
 print(retriever.leader(10)["rpc"], flush=True)
 sys.stdin.readline()  # the leader is gone and ZooKeeper stopped: end without closing the retriever

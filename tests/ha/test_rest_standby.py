@@ -21,11 +21,11 @@ import pandas as pd
 import pytest
 
 from cluster.conf import Configuration
-from cluster.jobmanager.ha import LATCH_PREFIX, cluster_root, make_client
-from cluster.jobmanager.rest import bind_rest_sockets
+from cluster.ha.services import LATCH_PREFIX, cluster_root, make_client
+from cluster.jobmanager.rest.server import bind_rest_sockets
 from cluster.protocol.auth import load_secret, rest_token
 from kernel_runtime import JobClient, StreamEnvironment
-from kernel_runtime.ha_cluster import free_port
+from kernel_runtime.deploy.ha import free_port
 from tests.conftest import wait_for
 
 from .conftest import ha_cluster

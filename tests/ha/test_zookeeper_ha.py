@@ -18,9 +18,9 @@ import time
 import pandas as pd
 import pytest
 
-from cluster.jobmanager.ha import EXIT_LEADERSHIP_REVOKED
+from cluster.ha.services import EXIT_LEADERSHIP_REVOKED
 from kernel_runtime import JobClient
-from kernel_runtime.ha_cluster import HaLocalCluster, LocalZooKeeper
+from kernel_runtime.deploy.ha import HaLocalCluster, LocalZooKeeper
 from tests.conftest import rest, wait_for
 from tests.e2e.test_exactly_once import committed, expected, run_job
 

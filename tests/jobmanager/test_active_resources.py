@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cluster.conf import ConfigError
-from cluster.jobmanager.active_resources import (MAX_FAILED_STARTS, ActiveResourceState, SlotDemand, SlotLimitReached,
-                                                 StartsGivenUp, StartTaskManager, StopTaskManager)
+from cluster.jobmanager.resourcemanager.active_resources import (MAX_FAILED_STARTS, ActiveResourceState, SlotDemand, SlotLimitReached, StartsGivenUp, StartTaskManager, StopTaskManager)
 
 
 def state(**kw) -> ActiveResourceState:

@@ -13,7 +13,7 @@ import zmq
 from cluster.conf import Configuration
 from cluster.jobmanager.dispatcher import Dispatcher
 from cluster.jobmanager.events import CLUSTER_TOPIC, EventSocket, JobEventPublisher, job_topic
-from cluster.jobmanager.resource_manager import ResourceManager
+from cluster.jobmanager.resourcemanager.resource_manager import ResourceManager
 from cluster.protocol import messages as m
 from cluster.protocol.codec import Codec
 from cluster.protocol.endpoint import Peer, RpcEndpoint

@@ -2,10 +2,8 @@
 hand), slot grants and what a lost TaskManager takes with it."""
 from __future__ import annotations
 
-from cluster.jobmanager.resource_manager import (AcceptRegistration, AnswerHeartbeat, AskToRegister, DeclareLost, ForwardMetrics,
-                                                 FreeSlotAt, GrantSlots, RejectRegistration, RequestSlotAt,
-                                                 ResourceManagerState)
-from cluster.jobmanager.slot_manager import TaskManagerRegistration
+from cluster.jobmanager.resourcemanager.resource_manager import (AcceptRegistration, AnswerHeartbeat, AskToRegister, DeclareLost, ForwardMetrics, FreeSlotAt, GrantSlots, RejectRegistration, RequestSlotAt, ResourceManagerState)
+from cluster.jobmanager.resourcemanager.slot_manager import TaskManagerRegistration
 
 
 def register(rm, tm_id, slots=2, now=0.0, connection=None):

@@ -1,5 +1,5 @@
 from cluster.conf import Configuration
-from cluster.jobmanager.restart_strategy import RestartStrategy
+from cluster.jobmanager.jobmaster.restart_strategy import RestartStrategy
 
 
 def test_none_never_restarts():

@@ -9,8 +9,8 @@ import pytest
 
 from cluster.conf import Configuration
 from cluster.graph.execution_graph import ExecutionState, JobState
-from cluster.jobmanager import scheduler as s
-from cluster.jobmanager.slot_manager import SlotAllocation
+from cluster.jobmanager.jobmaster import scheduler as s
+from cluster.jobmanager.resourcemanager.slot_manager import SlotAllocation
 from kernel_runtime import StreamEnvironment
 
 

@@ -1,4 +1,4 @@
-from cluster.jobmanager.slot_manager import SlotManager, TaskManagerRegistration
+from cluster.jobmanager.resourcemanager.slot_manager import SlotManager, TaskManagerRegistration
 
 
 def _tm(sm, tm_id, slots, now=0.0):

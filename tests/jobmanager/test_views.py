@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from cluster.jobmanager.events import job_summary
-from cluster.jobmanager.views import NotFound, vertex_metrics_json, watermarks_json
-from cluster.operators.watermarks import NO_WATERMARK
+from cluster.jobmanager.rest.views import NotFound, vertex_metrics_json, watermarks_json
+from cluster.operators.windowing.watermarks import NO_WATERMARK
 from cluster.protocol import messages as m
 from kernel_runtime import StreamEnvironment
 from tests.jobmanager.test_events import Harness

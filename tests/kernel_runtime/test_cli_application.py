@@ -6,8 +6,8 @@ import click
 import pytest
 
 from cluster.conf import ConfigError
-from kernel_runtime.cli_application import application_configuration, read_package
-from kernel_runtime.cli_options import dynamic_properties
+from kernel_runtime.cli.application import application_configuration, read_package
+from kernel_runtime.cli.options import dynamic_properties
 
 
 def test_package_config_then_dynamic_then_process_provider(tmp_path):

@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 
 from kernel_runtime import JobClient, StreamEnvironment
-from kernel_runtime.results import ResultMode
-from kernel_runtime.widgets import Dashboard
-from kernel_runtime.widgets.feed import Snapshot
+from kernel_runtime.client.results import ResultMode
+from kernel_runtime.notebook.widgets import Dashboard
+from kernel_runtime.notebook.widgets.feed import Snapshot
 
 from ..conftest import wait_for
 

@@ -3,15 +3,15 @@ import pytest
 
 from kernel_runtime import StreamEnvironment
 from kernel_runtime.api import FileSource
-from kernel_runtime.widgets.job_graph import layout, operator_names
+from kernel_runtime.notebook.widgets.job_graph import layout, operator_names
 from cluster.protocol.metrics import backpressure_level
-from cluster.operators.watermarks import MAX_WATERMARK, NO_WATERMARK
-from kernel_runtime.widgets.metrics import JobMetrics, RateMeter, event_time, source_progress
-from kernel_runtime.widgets.base import Update
-from kernel_runtime.widgets.feed import Snapshot
-from kernel_runtime.widgets.progress import ProgressView
-from kernel_runtime.widgets.slots import slot_table
-from kernel_runtime.widgets.watermarks import WatermarksView, duration_text, time_text
+from cluster.operators.windowing.watermarks import MAX_WATERMARK, NO_WATERMARK
+from kernel_runtime.notebook.widgets.metrics import JobMetrics, RateMeter, event_time, source_progress
+from kernel_runtime.notebook.widgets.base import Update
+from kernel_runtime.notebook.widgets.feed import Snapshot
+from kernel_runtime.notebook.widgets.progress import ProgressView
+from kernel_runtime.notebook.widgets.slots import slot_table
+from kernel_runtime.notebook.widgets.watermarks import WatermarksView, duration_text, time_text
 
 
 @pytest.mark.parametrize("ratio, level", [(0.0, "ok"), (0.10, "ok"), (0.11, "low"), (0.5, "low"), (0.51, "high"),

@@ -19,8 +19,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from kernel_runtime.cli import main as cli
-from kernel_runtime.export import ExportError, export_notebook
+from kernel_runtime.cli.main import main as cli
+from kernel_runtime.export.package import ExportError, export_notebook
 
 from .conftest import run
 

@@ -5,8 +5,8 @@ None of these cells gets far enough to need a cluster: the test checks that none
 import pytest
 from IPython.core.error import UsageError
 
-from kernel_runtime.magic import StreamMagics
-from kernel_runtime.magic_args import ClusterAddress, parse_cluster_args, parse_stream_args
+from kernel_runtime.notebook.magic import StreamMagics
+from kernel_runtime.notebook.magic_arguments import ClusterAddress, parse_cluster_args, parse_stream_args
 
 from .conftest import run
 

@@ -9,7 +9,7 @@ from ..conftest import wait_for
 from .test_two_kernels import CELL
 
 DASHBOARDS = """from IPython.display import display
-from kernel_runtime.widgets import Dashboard
+from kernel_runtime.notebook.widgets import Dashboard
 boards = [job.dashboard()] + [Dashboard(job) for _ in range(9)]
 for board in boards:
     display(board)

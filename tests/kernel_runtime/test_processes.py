@@ -1,4 +1,4 @@
-"""Process liveness and stopping (kernel_runtime.processes), with real processes."""
+"""Process liveness and stopping (kernel_runtime.deploy.processes), with real processes."""
 import json
 import subprocess
 import sys
@@ -6,7 +6,7 @@ import time
 
 import psutil
 
-from kernel_runtime import processes
+from kernel_runtime.deploy import processes
 
 from ..conftest import wait_for
 

@@ -4,10 +4,10 @@ import time
 
 import pytest
 
-from kernel_runtime.client import JobHandle
-from kernel_runtime.widgets.base import Update
-from kernel_runtime.widgets.checkpoints import CheckpointsView
-from kernel_runtime.widgets.feed import Snapshot
+from kernel_runtime.client.job_client import JobHandle
+from kernel_runtime.notebook.widgets.base import Update
+from kernel_runtime.notebook.widgets.checkpoints import CheckpointsView
+from kernel_runtime.notebook.widgets.feed import Snapshot
 
 from ..conftest import wait_for
 from .conftest import run

@@ -4,9 +4,8 @@ import pytest
 
 from cluster.protocol import messages as m
 from kernel_runtime import StreamEnvironment
-from kernel_runtime.client import _SinkResults
-from kernel_runtime.results import (KEEP_ALL, AppendBuffer, ResultMode, SingleRowBuffer, UpsertBuffer,
-                                    upsert_key)
+from kernel_runtime.client.job_client import _SinkResults
+from kernel_runtime.client.results import (KEEP_ALL, AppendBuffer, ResultMode, SingleRowBuffer, UpsertBuffer, upsert_key)
 
 
 def batch(**columns) -> pa.Table:

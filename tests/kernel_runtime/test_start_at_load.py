@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from kernel_runtime import JobClient
-from kernel_runtime.local_cluster import ClusterInfo
+from kernel_runtime.deploy.local import ClusterInfo
 
 from ..conftest import wait_for
 from .test_two_kernels import Kernel

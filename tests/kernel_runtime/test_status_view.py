@@ -1,9 +1,9 @@
 """The dashboard header of a failing, restarting and failed job: the root cause in one line, the
 rest (notes, the user's traceback behind a <details>) in a widget that changes only with it."""
-from cluster import failures
-from kernel_runtime.widgets.base import Update
-from kernel_runtime.widgets.feed import Snapshot
-from kernel_runtime.widgets.status import StatusView
+from cluster.common import failures
+from kernel_runtime.notebook.widgets.base import Update
+from kernel_runtime.notebook.widgets.feed import Snapshot
+from kernel_runtime.notebook.widgets.status import StatusView
 
 CAUSE = failures.task_failed("KeyError: 'nope', in operator 'enrich' (In [5], line 4)\n\nTraceback (most recent call "
                              "last):\n  In [5], line 4, in enrich\n    return df['nope']\nKeyError: 'nope'",

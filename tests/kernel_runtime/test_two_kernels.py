@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from jupyter_client.manager import KernelManager
 
-from kernel_runtime.local_cluster import PROJECT_ROOT, stop_cluster
-from kernel_runtime.processes import alive
+from kernel_runtime.deploy.local import PROJECT_ROOT, stop_cluster
+from kernel_runtime.deploy.processes import alive
 
 from ..conftest import wait_for
 

@@ -24,9 +24,9 @@ import pytest
 from jupyter_client import BlockingKernelClient
 
 from kernel_runtime import JobClient, StreamEnvironment
-from kernel_runtime.ha_cluster import free_port
-from kernel_runtime.lab_registry import JOB_MIME_TYPE, cluster_id
-from kernel_runtime.local_cluster import PROJECT_ROOT, stop_cluster
+from kernel_runtime.deploy.ha import free_port
+from kernel_runtime.notebook.lab_registry import JOB_MIME_TYPE, cluster_id
+from kernel_runtime.deploy.local import PROJECT_ROOT, stop_cluster
 
 from ..conftest import rest, running_keyed_count, start_cluster, wait_for
 

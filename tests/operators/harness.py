@@ -14,13 +14,13 @@ import redis
 
 from cluster.conf import TaskConfig
 from cluster.graph.job_graph import OperatorSpec
-from cluster.operators import OPERATORS
+from cluster.taskmanager.operator_registry import OPERATORS
 from cluster.operators.base import OperatorContext
-from cluster.operators.records import MALFORMED
-from kernel_runtime.ha_cluster import free_port
+from cluster.connectors.records import MALFORMED
+from kernel_runtime.deploy.ha import free_port
 
 if TYPE_CHECKING:
-    from cluster.operators.spark import SparkChain
+    from cluster.spark.chain import SparkChain
 
 WHERE = "operator 'under test' (test.py:1)"
 
@@ -136,7 +136,7 @@ def spark_chains(query: str, job: str, parallelism: int = 2, params: Optional[di
     """The subtasks of a one-step .sql chain, opened on the process's TaskManager SparkSession;
     ``params``: the step's own besides its SQL (the client's input_schema, consumer_columns);
     ``config``: the job's configuration."""
-    from cluster.operators.spark import SparkChain
+    from cluster.spark.chain import SparkChain
     out = []
     for subtask in range(parallelism):
         ctx = chain_context(job, subtask, parallelism, config, "sql")

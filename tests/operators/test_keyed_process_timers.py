@@ -11,7 +11,7 @@ import pytest
 
 from cluster.conf import TaskConfig
 from cluster.graph.job_graph import OperatorSpec
-from cluster.operators import OPERATORS
+from cluster.taskmanager.operator_registry import OPERATORS
 from cluster.operators.base import OperatorContext, UserFunctionError
 
 

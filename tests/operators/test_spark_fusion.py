@@ -1,5 +1,5 @@
 """The Spark stages of a chain's subtasks in one process, fused into one Spark job at a time
-(cluster/operators/spark_fusion.py), on the test session's real SparkSession: each subtask gets
+(cluster/spark/fusion.py), on the test session's real SparkSession: each subtask gets
 exactly its own rows, in order; plans that mix partitions run a job per subtask batch."""
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from cluster.operators.spark import SparkChain
-from cluster.operators.spark_fusion import FusionGroup, is_narrow, split_by_partition
-from cluster.operators.spark_memory import BatchMemory
-from cluster.taskmanager.spark_stage import SparkStage
+from cluster.spark.chain import SparkChain
+from cluster.spark.fusion import FusionGroup, is_narrow, split_by_partition
+from cluster.spark.memory import BatchMemory
+from cluster.spark.stage import SparkStage
 
 from .harness import spark_chains
 

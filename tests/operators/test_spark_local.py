@@ -1,5 +1,5 @@
 """Small batches of a .sql chain of projections and filters run in the Spark driver without a
-Spark job (cluster/operators/spark_local.py, jvm/LocalBatch.java), on the test process's
+Spark job (cluster/spark/local.py, jvm/LocalBatch.java), on the test process's
 TaskManager SparkSession: the same rows as a Spark job gives, Spark's errors as a job raises
 them, and a job after all when the plan needs one."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 from cluster.operators.base import UserFunctionError
-from cluster.operators import spark_jvm
+from cluster.spark import helpers as spark_jvm
 
 from .harness import spark_chains
 

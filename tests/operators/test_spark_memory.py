@@ -1,4 +1,4 @@
-"""The TaskManager's budget for batches in its Spark JVM (cluster/operators/spark_memory.py)."""
+"""The TaskManager's budget for batches in its Spark JVM (cluster/spark/memory.py)."""
 from __future__ import annotations
 
 import sys
@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from cluster.operators.base import TaskCancelled
-from cluster.operators.spark_memory import BatchMemory, budget_of_heap
+from cluster.spark.memory import BatchMemory, budget_of_heap
 from tests.conftest import wait_for
 
 

@@ -31,11 +31,11 @@ import pytest
 
 from cluster.conf import TaskConfig
 from cluster.graph.job_graph import OperatorSpec
-from cluster.operators import spark_arrow
+from cluster.spark import arrow as spark_arrow
 from cluster.operators.base import UserFunctionError
-from cluster.operators.spark import SparkChain, SparkRunner
-from cluster.operators.spark_fusion import FusionGroup, split_by_partition
-from cluster.operators.spark_plans import PlanCache
+from cluster.spark.chain import SparkChain, SparkRunner
+from cluster.spark.fusion import FusionGroup, split_by_partition
+from cluster.spark.plans import PlanCache
 from tests.conftest import wait_for
 from tests.operators.harness import chain_context
 

@@ -1,5 +1,5 @@
 """A .sql chain's first analysed plan, re-used for later batches and later jobs
-(cluster/operators/spark_plans.py), on the test process's TaskManager SparkSession: every batch
+(cluster/spark/plans.py), on the test process's TaskManager SparkSession: every batch
 still gets exactly its own rows' result; plans that read their input twice, inside an expression,
 or read a view are analysed per batch."""
 from __future__ import annotations
@@ -14,9 +14,9 @@ import pytest
 
 from cluster.conf import TaskConfig
 from cluster.operators.base import UserFunctionError
-from cluster.operators.spark import SparkRunner
-from cluster.operators.spark_fusion import FusionGroup, split_by_partition
-from cluster.operators.spark_plans import PlanCache
+from cluster.spark.chain import SparkRunner
+from cluster.spark.fusion import FusionGroup, split_by_partition
+from cluster.spark.plans import PlanCache
 
 from .harness import spark_chains
 
@@ -156,8 +156,8 @@ def test_a_reused_plan_keeps_no_batch_alive_in_the_jvm(spark):
     the template is held neither by the template's plan nor by the view ``input`` (each held it,
     up to a fused job's 64 MB, for the chain's life), and a later one not by the template's
     arguments, which hold a batch's rdd only while its plan is built."""
-    from cluster.operators.spark_arrow import JvmRefs
-    from cluster.operators.spark_plans import PlanTemplate
+    from cluster.spark.arrow import JvmRefs
+    from cluster.spark.plans import PlanTemplate
     chain, = job_chains("SELECT id, v FROM input WHERE v > 2", "held", parallelism=1)
     session = chain._session()
     jvm = session._jvm

@@ -1,4 +1,4 @@
-"""The TaskManager's SparkSession (cluster/operators/spark.py's SparkRunner), in the test process."""
+"""The TaskManager's SparkSession (cluster/spark/chain.py's SparkRunner), in the test process."""
 from __future__ import annotations
 
 import gc
@@ -9,8 +9,8 @@ import numpy as np
 import pyarrow as pa
 
 from cluster.conf import TaskConfig
-from cluster.operators.spark import PY4J_RELEASE_POLL_S, SparkRunner
-from cluster.operators.spark_fusion import FusionGroup
+from cluster.spark.chain import PY4J_RELEASE_POLL_S, SparkRunner
+from cluster.spark.fusion import FusionGroup
 
 from ..conftest import wait_for
 from .harness import spark_chains

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cluster.operators.timers import EVENT_TIME, PROCESSING_TIME, Timer, TimerService
+from cluster.operators.windowing.timers import EVENT_TIME, PROCESSING_TIME, Timer, TimerService
 from cluster.state.backend import create_backend
 
 MAX_PARALLELISM = 8

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from cluster.operators.watermarks import NO_WATERMARK, BoundedOutOfOrderness, WatermarkValve
+from cluster.operators.windowing.watermarks import NO_WATERMARK, BoundedOutOfOrderness, WatermarkValve
 
 
 class Clock:

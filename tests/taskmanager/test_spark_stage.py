@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from cluster.operators.base import TaskCancelled
-from cluster.taskmanager.spark_stage import BatchAccumulator, SparkStage
+from cluster.spark.stage import BatchAccumulator, SparkStage
 
 
 def rows(start: int, n: int) -> pa.Table:

@@ -1,0 +1,1 @@
+"""High availability (Flink's HighAvailabilityServices for ZooKeeper): leader election, leader retrieval, and the job graph and checkpoint stores. Used by the JobManager, the TaskManager and the client."""

@@ -1,0 +1,1 @@
+"""The ResourceManager: the slot manager's bookkeeping and the active resources it starts and stops."""

@@ -1,0 +1,93 @@
+"""Timestamps and watermarks: Flink's TimestampsAndWatermarksOperator, the operator a
+``WatermarkStrategy`` becomes (``from_source(..., watermark_strategy)``, ``from_generator(...,
+watermark_strategy=...)`` or ``assign_timestamps_and_watermarks``).
+
+Chained right after its source (same parallelism, forward), it makes the watermark of its source
+subtask: the subtask reads its splits one after the other, so this is the watermark of the split
+being read. Rows carry their event time in the rowtime column (params["column"]); with a timestamp
+assigner the function's result is written to that column. Upstream watermarks are swallowed
+(this operator makes its own), except the end of input. The largest timestamp seen is in its
+checkpoint, so a restored job's watermark does not start from nothing again (restored at another
+parallelism: the smallest of the old subtasks', which holds no row back).
+"""
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from cluster.operators.base import Operator, OperatorSnapshot, UserFunctionError
+from cluster.operators.windowing.watermarks import MAX_WATERMARK, NO_WATERMARK, BoundedOutOfOrderness, rowtime_ms
+
+
+def timestamps_from(result, rows: int, where: str) -> pa.Array:
+    """A timestamp assigner's result (a Series, array or list of datetimes or epoch ms) as
+    timestamp[ms]."""
+    try:
+        values = pd.Series(np.asarray(result) if not isinstance(result, pd.Series) else result)
+    except Exception as exc:
+        raise UserFunctionError(f"{where}: the timestamp assigner must return one timestamp per row, "
+                                f"got {type(result).__name__} ({exc})") from None
+    if len(values) != rows:
+        raise UserFunctionError(f"{where}: the timestamp assigner returned {len(values)} timestamps "
+                                f"for {rows} rows")
+    if pd.api.types.is_datetime64_any_dtype(values):
+        if getattr(values.dt, "tz", None) is not None:
+            values = values.dt.tz_convert("UTC").dt.tz_localize(None)
+        return pa.array(values.astype("datetime64[ms]"), pa.timestamp("ms"))
+    if pd.api.types.is_integer_dtype(values):
+        return pa.array(values.to_numpy(dtype=np.int64), pa.int64()).cast(pa.timestamp("ms"))
+    raise UserFunctionError(f"{where}: the timestamp assigner must return datetimes or integer epoch "
+                            f"milliseconds, got values of type {values.dtype}")
+
+
+class TimestampsAndWatermarks(Operator, kind="timestamps-watermarks"):
+    """params: column (the rowtime column), bound_ms (the out-of-orderness bound; None: no
+    watermarks), idle_ms (None: never idle), assigner (the udf computes the column from the
+    rows: fn(DataFrame) -> timestamps)."""
+
+    generates_watermarks = True
+
+    def open(self) -> None:
+        self.column = self.params["column"]
+        self.bound: Optional[int] = self.params.get("bound_ms")
+        idle = self.params.get("idle_ms")
+        self.generator = BoundedOutOfOrderness(self.bound or 0, None if idle is None else idle / 1000,
+                                               clock=time.monotonic)
+        self.newest = NO_WATERMARK
+
+    def process(self, table: pa.Table) -> list[pa.Table]:
+        if table.num_rows == 0:
+            return []
+        if self.params.get("assigner"):
+            stamps = timestamps_from(self.call_user(table.to_pandas()), table.num_rows, self.spec.where())
+            if self.column in table.column_names:
+                table = table.set_column(table.column_names.index(self.column), self.column, stamps)
+            else:
+                table = table.append_column(self.column, stamps)
+        newest = int(rowtime_ms(table, self.column, self.spec.where()).max())
+        self.generator.on_batch(newest)
+        self.newest = max(self.newest, newest)
+        return [table]
+
+    def periodic_watermark(self) -> Optional[tuple[int, bool]]:
+        if self.bound is None:
+            return None  # no_watermarks(): timestamps only
+        return self.generator.on_periodic_emit()
+
+    def process_watermark(self, watermark: int) -> tuple[list[pa.Table], Optional[int]]:
+        return [], (MAX_WATERMARK if watermark == MAX_WATERMARK else None)
+
+    def snapshot_state(self, checkpoint_id: int) -> OperatorSnapshot:
+        return OperatorSnapshot({"max_timestamp": self.generator.max_timestamp})
+
+    def restore_state(self, handles: list[dict]) -> None:
+        seen = [h["max_timestamp"] for h in handles if "max_timestamp" in h]
+        if seen:
+            self.generator.max_timestamp = max(self.generator.max_timestamp, min(seen))
+
+    def metrics(self) -> dict:
+        return {"newestEventTimestamp": self.newest}

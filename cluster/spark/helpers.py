@@ -1,0 +1,111 @@
+"""streamlab's own Java helpers in the TaskManager's Spark driver (cluster/spark/jvm/*.java).
+
+Each does in one py4j call what took many from Python: through py4j every step is a round trip into
+the JVM, up to a millisecond on a TaskManager whose cores are busy. ``LocalBatch`` runs a small
+batch in the driver without a Spark job (spark_local); ``BatchJob`` runs a batch through a kept
+analysed plan as one Spark job (spark_plans). They use Spark's internal methods, public in its
+bytecode; pyspark is pinned (pyproject.toml).
+
+The classes are compiled once per machine and Spark version (``javac`` of the JDK that Spark runs
+on), into ``~/.cache/streamlab/jvm``, and put on the driver's class path when the TaskManager's
+session starts. Without a JDK compiler every batch takes the Python way, as before the helpers.
+
+Thread use: any thread.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any, Optional
+
+import pyarrow as pa
+
+log = logging.getLogger(__name__)
+
+SOURCES = sorted((Path(__file__).parent / "jvm").glob("*.java"))
+PACKAGE = "streamlab"
+JAVA_RELEASE = "17"  # Spark 4's oldest Java
+COMPILE_TIMEOUT_S = 300
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "streamlab" / "jvm"
+
+
+def spark_jars() -> Path:
+    from pyspark.find_spark_home import _find_spark_home
+    return Path(_find_spark_home()) / "jars"
+
+
+def javac() -> Optional[str]:
+    """The JDK's compiler: Spark's JAVA_HOME's, else the one on PATH."""
+    home = os.environ.get("JAVA_HOME")
+    if home and (Path(home) / "bin" / "javac").exists():
+        return str(Path(home) / "bin" / "javac")
+    return shutil.which("javac")
+
+
+def compiled(directory: Path) -> bool:
+    return all((directory / PACKAGE / f"{source.stem}.class").exists() for source in SOURCES)
+
+
+def classpath_entry() -> Optional[str]:
+    """The directory of the compiled helpers, compiled now if this machine has not yet (a few
+    seconds, once); None when they cannot be (no JDK compiler)."""
+    from pyspark import __version__ as spark_version
+    digest = hashlib.sha256(spark_version.encode())
+    for source in SOURCES:
+        digest.update(source.name.encode() + b"\0" + source.read_bytes())
+    key = digest.hexdigest()[:16]
+    target = cache_root() / key
+    if compiled(target):
+        return str(target)
+    names = ", ".join(source.name for source in SOURCES)
+    compiler = javac()
+    if compiler is None:
+        log.warning("no javac (a JDK's compiler) found: Spark batches take the slower way without %s", names)
+        return None
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        # compiled aside and renamed into place: TaskManagers that start at once each compile
+        # their own, and the first rename wins
+        staging = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=target.parent))
+        done = subprocess.run([compiler, "--release", JAVA_RELEASE, "-nowarn", "-cp", str(spark_jars() / "*"),
+                               "-d", str(staging), *map(str, SOURCES)], capture_output=True, text=True,
+                              timeout=COMPILE_TIMEOUT_S)
+        if done.returncode != 0:
+            log.warning("compiling %s failed: Spark batches take the slower way without them:\n%s", names,
+                        done.stderr.strip()[-2000:])
+            shutil.rmtree(staging, ignore_errors=True)
+            return None
+        try:
+            staging.rename(target)
+        except OSError:  # another TaskManager's compile came first
+            shutil.rmtree(staging, ignore_errors=True)
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.warning("compiling %s failed (%s): Spark batches take the slower way without them", names, exc)
+        return None
+    return str(target)
+
+
+def load(session, name: str) -> Optional[Any]:
+    """The helper class ``name`` as loaded in the session's JVM, if the driver has it on its class path."""
+    from py4j.java_gateway import JavaClass
+    helper = getattr(session._jvm, PACKAGE)
+    helper = getattr(helper, name)
+    if not isinstance(helper, JavaClass):
+        log.warning("%s.%s is not on the Spark driver's class path: Spark batches take the slower way without it",
+                    PACKAGE, name)
+        return None
+    return helper
+
+
+def read_stream_file(path: str) -> pa.Table:
+    """A helper's output: the Arrow stream file it wrote, read whole (the file is re-used by the next batch)."""
+    with open(path, "rb") as stream:
+        return pa.ipc.open_stream(stream.read()).read_all()

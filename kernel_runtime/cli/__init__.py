@@ -1,0 +1,1 @@
+"""The streamlab command: run, list, cancel, savepoint, export, application mode, standalone processes."""

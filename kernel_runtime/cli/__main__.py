@@ -1,0 +1,3 @@
+from kernel_runtime.cli.main import main
+
+main()

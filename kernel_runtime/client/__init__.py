@@ -1,0 +1,1 @@
+"""Talking to a cluster: cluster info, the JobClient and its job handles, results, events, the leader."""

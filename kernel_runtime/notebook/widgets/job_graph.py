@@ -1,0 +1,88 @@
+"""The job graph: vertices (chains of operators) with their parallelism, state and back-pressure
+level, and the edges between them with their ship strategy; drawn as SVG from the job's plan."""
+from __future__ import annotations
+
+import re
+
+from kernel_runtime.notebook.widgets.base import FONT, LEVEL_COLORS, HTMLComponent, Update, esc, state_color, title
+
+BOX_W, LINE_H, GAP_X, GAP_Y, PAD = 210, 15, 70, 16, 8
+_OPERATOR = re.compile(r"^(?P<name>.*?) \[(?P<kind>[^\]]+)\](?: \(.*\))?$")
+
+
+def operator_names(description: str) -> list[str]:
+    """The chained operators' names from a plan node's description ("name [kind] (site)<br/>...")."""
+    names = []
+    for part in description.split("<br/>"):
+        match = _OPERATOR.match(part.strip())
+        names.append(match["name"] if match else part.strip())
+    return [n for n in names if n]
+
+
+def layout(plan: dict) -> dict[str, tuple[int, int]]:
+    """vertex id -> (column, row): a column per distance from the sources."""
+    nodes = {n["id"]: n for n in plan.get("nodes", [])}
+    column: dict[str, int] = {}
+
+    def depth(vid: str, seen: frozenset = frozenset()) -> int:
+        if vid not in column:
+            inputs = [i["id"] for i in nodes[vid].get("inputs", []) if i["id"] in nodes and i["id"] not in seen]
+            column[vid] = 1 + max((depth(i, seen | {vid}) for i in inputs), default=-1)
+        return column[vid]
+
+    rows: dict[int, int] = {}
+    placed = {}
+    for vid in reversed(list(nodes)):  # the plan lists sinks first
+        col = depth(vid)
+        placed[vid] = (col, rows.get(col, 0))
+        rows[col] = rows.get(col, 0) + 1
+    return placed
+
+
+class JobGraphView(HTMLComponent):
+    css_class = "streamlab-graph"
+
+    def render(self, update: Update) -> str:
+        plan = update.snapshot.details.get("plan") or {}
+        nodes = {n["id"]: n for n in plan.get("nodes", [])}
+        if not nodes:
+            return ""
+        states = {v["id"]: v.get("status", "") for v in update.snapshot.details.get("vertices", [])}
+        levels = {s.vertex_id: s.level for s in update.stats}
+        places = layout(plan)
+        heights = {vid: (2 + len(operator_names(n.get("description", "")))) * LINE_H + PAD for vid, n in nodes.items()}
+        row_h = max(heights.values()) + GAP_Y
+        pos: dict[str, tuple[float, float]] = {vid: (PAD + col * (BOX_W + GAP_X), PAD + row * row_h) for vid, (col, row) in places.items()}
+        width = max(x for x, _ in pos.values()) + BOX_W + PAD
+        height = max(y + heights[vid] for vid, (_, y) in pos.items()) + PAD
+        parts = ['<defs><marker id="streamlab-arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" '
+                 'markerHeight="7" orient="auto"><path d="M0,0 L10,5 L0,10 z" fill="#666"/></marker></defs>']
+        for vid, node in nodes.items():
+            for edge in node.get("inputs", []):
+                if edge["id"] not in pos:
+                    continue
+                (x1, y1), (x2, y2) = pos[edge["id"]], pos[vid]
+                y1 += heights[edge["id"]] / 2
+                y2 += heights[vid] / 2
+                x1 += BOX_W
+                parts.append(f'<line x1="{x1}" y1="{y1}" x2="{x2}" y2="{y2}" stroke="#666" '
+                             f'marker-end="url(#streamlab-arrow)"/>')
+                parts.append(f'<text x="{(x1 + x2) / 2}" y="{(y1 + y2) / 2 - 4}" text-anchor="middle" '
+                             f'font-size="10" fill="#444">{esc(edge.get("ship_strategy", ""))}</text>')
+        for vid, node in nodes.items():
+            x, y = pos[vid]
+            state, level = states.get(vid, ""), levels.get(vid, "OK")
+            parts.append(f'<g class="streamlab-vertex" data-state="{esc(state)}" data-level="{level}">'
+                         f'<rect x="{x}" y="{y}" width="{BOX_W}" height="{heights[vid]}" rx="4" '
+                         f'fill="{state_color(state)}" stroke="{LEVEL_COLORS.get(level, "#888")}" stroke-width="2"/>')
+            lines = [f"parallelism {node.get('parallelism', '?')} · {state} · {level}"]
+            lines += operator_names(node.get("description", ""))
+            for i, text in enumerate(lines):
+                weight = "normal" if i == 0 else "600"
+                parts.append(f'<text x="{x + 6}" y="{y + PAD + (i + 1) * LINE_H - 3}" font-size="11" '
+                             f'font-weight="{weight}">{esc(text[:34])}</text>')
+            parts.append("</g>")
+        # a wide graph scales down to its column rather than be cut off at the right edge
+        svg = (f'<svg viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
+               f'style="max-width:100%;height:auto;{FONT}">{"".join(parts)}</svg>')
+        return f'{title("Job graph")}{svg}'
