@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+# where a JobManager in application mode leaves its application's end for the command that started it
+RESULT_FILE = "application.json"
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 

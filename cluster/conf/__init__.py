@@ -37,6 +37,12 @@ _UNIT_MS = {None: 1, "ms": 1, "milli": 1, "millis": 1, "s": 1000, "sec": 1000, "
             "minutes": 60000, "h": 3600000, "hour": 3600000, "hours": 3600000}
 
 
+def check_slot_bounds(min_slots: int, max_slots: int) -> None:
+    if min_slots > max_slots:
+        raise ConfigError(f"slotmanager.number-of-slots.min ({min_slots}) is above "
+                          f"slotmanager.number-of-slots.max ({max_slots})")
+
+
 def parse_duration_ms(value: Any) -> int:
     """Flink's duration notation ("500 ms", "10 s", "1 min") or a plain number of milliseconds."""
     if isinstance(value, bool):

@@ -22,6 +22,10 @@ from cluster.conf import format_size
 from cluster.graph.operator_kinds import KINDS
 
 MAX_SIZE_KEY = "pipeline.jobgraph.max-size"
+# Keys a job graph may set for its job (JobGraph.config); the rest are the cluster's.
+JOB_SCOPED_PREFIXES = ("restart-strategy.", "slot.request.timeout", "execution.", "parallelism.default",
+                       "pipeline.", "state.")
+CLUSTER_WIDE_KEYS = (MAX_SIZE_KEY,)  # under a job-scoped prefix, but a limit the cluster sets
 
 
 class ShipStrategy(enum.StrEnum):

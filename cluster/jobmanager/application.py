@@ -25,6 +25,7 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
+from cluster.common import launch
 from cluster.graph.execution_graph import JobState
 from cluster.protocol.job_context import CONTEXT_CLUSTER_DIR, CONTEXT_DETACHED, CONTEXT_VERBOSE
 
@@ -34,7 +35,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("streamlab.application")
 
 
-RESULT_FILE = "application.json"
 EXIT_FINISHED, EXIT_FAILED, EXIT_NOT_FINISHED = 0, 1, 2
 _CHECK_EVERY_S = 0.2
 
@@ -108,7 +108,7 @@ class Application:
             log.info("application job %s (%s) %s", job["jid"], job["name"], job["state"])
         log.info("application %s ended: exit code %d%s", self.script.name, self.exit_code,
                  f" ({outcome['error']})" if outcome["error"] else "")
-        path = self.jm.cluster_dir / RESULT_FILE
+        path = self.jm.cluster_dir / launch.RESULT_FILE
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(outcome))
         tmp.replace(path)

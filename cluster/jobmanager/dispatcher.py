@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional
 from cluster.common.clock import now_ms
 from cluster.checkpoint.storage import CheckpointStorage, local_path, read_metadata
 from cluster.conf import ConfigError
-from cluster.graph.job_graph import MAX_SIZE_KEY, GraphValidationError, JobGraph
+from cluster.graph.job_graph import CLUSTER_WIDE_KEYS, JOB_SCOPED_PREFIXES, MAX_SIZE_KEY, GraphValidationError, JobGraph
 from cluster.protocol import messages as m
 from cluster.protocol.endpoint import DeferredReply, Peer, RpcEndpoint, RpcError
 
@@ -32,10 +32,6 @@ def dispose_savepoint(directory: Path) -> None:
     read_metadata(directory)
     shutil.rmtree(directory)
 
-# Keys a job may set for itself; the rest are the cluster's.
-JOB_SCOPED_PREFIXES = ("restart-strategy.", "slot.request.timeout", "execution.", "parallelism.default",
-                       "pipeline.", "state.")
-CLUSTER_WIDE_KEYS = (MAX_SIZE_KEY,)  # under a job-scoped prefix, but a limit the cluster sets
 
 
 class Dispatcher:

@@ -194,7 +194,7 @@ class RequestKeyedState(Message, op="request-keyed-state"):
 class KeyedState(Message, op="keyed-state"):
     job_id: str
     checkpoint_id: int
-    operator: dict          # name, uid, kind, key columns (cluster.state.inspection.operator_info)
+    operator: dict          # name, uid, kind, key columns (cluster.checkpoint.inspection.operator_info)
     sources: dict           # source operator name -> each subtask's position at the checkpoint
     entries: bytes          # Arrow IPC stream: state, key (KeyCodec), value (pickle), undecoded
 

@@ -21,10 +21,8 @@ import click
 import yaml
 
 from cluster.common import launch
-from cluster.conf import ConfigError, Configuration
+from cluster.conf import ConfigError, Configuration, check_slot_bounds
 from cluster.graph.execution_graph import JobState
-from cluster.jobmanager.resourcemanager.active_resources import check_slot_bounds
-from cluster.jobmanager.application import RESULT_FILE
 from cluster.protocol.auth import create_secret
 from cluster.protocol.endpoint import RpcError
 
@@ -99,7 +97,7 @@ def run_application(taskmanagers, slots, dynamic, detached, cluster_dir, timeout
     except ClusterNotRunning:
         pass
     (cluster_dir / "log").mkdir(mode=0o700, parents=True, exist_ok=True)
-    for stale in ("jobmanager.json", RESULT_FILE):
+    for stale in ("jobmanager.json", launch.RESULT_FILE):
         (cluster_dir / stale).unlink(missing_ok=True)
     create_secret(cluster_dir / "secret")
     conf.write(cluster_dir / "config.yaml")
@@ -154,7 +152,7 @@ def _wait_running(info: ClusterInfo, jobmanager, deadline: float) -> Optional[di
 def _report_end(jobmanager, cluster_dir: Path) -> int:
     """Print how the application ended (its jobs' final states, the failure) and return the exit code."""
     code = jobmanager.wait()
-    result_file = cluster_dir / RESULT_FILE
+    result_file = cluster_dir / launch.RESULT_FILE
     if result_file.exists():
         outcome = json.loads(result_file.read_text())
         for job in outcome["jobs"]:

@@ -312,7 +312,7 @@ class JobHandle:
 
         ``attrs``: ``checkpoint_id``, ``operator``, ``uid`` and ``sources``, each source
         operator's subtask positions at the checkpoint (what input the state covers)."""
-        from cluster.state.inspection import decode_entries, encode_key, state_frame
+        from cluster.checkpoint.inspection import decode_entries, encode_key, state_frame
         answer = self.client.request(
             m.RequestKeyedState(self.job_id, operator, None if key is None else encode_key(key), fresh),
             expect=m.KeyedState, timeout=timeout)

@@ -16,7 +16,7 @@ import pandas as pd
 import yaml
 
 from cluster.graph.job_graph import GraphValidationError
-from cluster.jobmanager.dispatcher import CLUSTER_WIDE_KEYS, JOB_SCOPED_PREFIXES
+from cluster.graph.job_graph import CLUSTER_WIDE_KEYS, JOB_SCOPED_PREFIXES
 
 from kernel_runtime.api import StreamEnvironment
 from kernel_runtime.api.environment import CONTEXT_VERBOSE

@@ -33,7 +33,7 @@ from cluster.checkpoint.storage import local_path, read_metadata
 from cluster.conf import OPTIONS, ConfigError
 from cluster.graph.execution_graph import JobState
 from cluster.graph.job_graph import GraphValidationError, JobGraph, OperatorSpec
-from cluster.jobmanager.jobmaster.scheduler import SavepointFit, saved_operator, savepoint_fit
+from cluster.checkpoint.savepoint_fit import SavepointFit, saved_operator, savepoint_fit
 from cluster.protocol.endpoint import RpcError
 
 from kernel_runtime.notebook import lab_registry

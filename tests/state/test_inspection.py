@@ -1,4 +1,4 @@
-"""Reading keyed state out of snapshot files for a look (cluster.state.inspection), from files
+"""Reading keyed state out of snapshot files for a look (cluster.checkpoint.inspection), from files
 written by either backend at parallelism 2, as a checkpoint holds them."""
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ import zlib
 import pytest
 
 from cluster.checkpoint.storage import write_metadata
-from cluster.state.inspection import (decode_entries, encode_key, json_rows, jsonable, read_checkpoint_state,
-                                      state_frame)
+from cluster.checkpoint.inspection import (decode_entries, encode_key, json_rows, jsonable, read_checkpoint_state, state_frame)
 from cluster.state.key_groups import key_group_range
 from cluster.state.snapshot_format import StateFormatError
 
@@ -91,7 +90,7 @@ def test_a_truncated_file_is_a_format_error(tmp_path, make_backend):
 
 def test_values_that_do_not_load_here_are_shown_as_a_note():
     import pyarrow as pa
-    from cluster.state.inspection import ENTRIES
+    from cluster.checkpoint.inspection import ENTRIES
     table = pa.table({"state": ["v:x"], "key": [encode_key(1)], "value": [b"\x80\x05not a pickle"]}, schema=ENTRIES)
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, ENTRIES) as writer:

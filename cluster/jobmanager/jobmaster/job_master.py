@@ -25,7 +25,7 @@ from cluster.graph.execution_graph import Execution, ExecutionState
 from cluster.graph.job_graph import JobGraph, ShipStrategy
 from cluster.protocol import messages as m
 from cluster.protocol.endpoint import DeferredReply, Peer, RpcEndpoint, RpcError
-from cluster.state.inspection import StateQueryError, find_operator, operator_info, read_checkpoint_state
+from cluster.checkpoint.inspection import StateQueryError, find_operator, operator_info, read_checkpoint_state
 
 from cluster.jobmanager.jobmaster import scheduler as s
 from cluster.jobmanager.resourcemanager.resource_manager import ResourceManager

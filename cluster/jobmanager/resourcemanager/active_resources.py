@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Optional
 
 from cluster.common import launch
-from cluster.conf import ConfigError
+from cluster.conf import check_slot_bounds
 
 log = logging.getLogger(__name__)
 
@@ -79,12 +79,6 @@ class Worker:
     task_manager_id: Optional[str] = None  # the id it is registered under, while registered
     ever_registered: bool = False
     idle_since: Optional[float] = None
-
-
-def check_slot_bounds(min_slots: int, max_slots: int) -> None:
-    if min_slots > max_slots:
-        raise ConfigError(f"slotmanager.number-of-slots.min ({min_slots}) is above "
-                          f"slotmanager.number-of-slots.max ({max_slots})")
 
 
 @dataclass

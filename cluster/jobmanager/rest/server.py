@@ -45,7 +45,7 @@ from tornado.netutil import bind_sockets
 from cluster.checkpoint.storage import local_path
 from cluster.conf import Configuration, port_candidates
 from cluster.protocol.endpoint import RpcError
-from cluster.state.inspection import decode_entries, encode_key, json_rows, state_frame
+from cluster.checkpoint.inspection import decode_entries, encode_key, json_rows, state_frame
 from cluster.state.snapshot_format import UnsupportedKeyError
 
 from cluster.jobmanager.rest.views import (NotFound, backpressure_json, checkpoint_config_json, checkpoint_details_json, checkpoints_json, config_json, exceptions_json, job_json, job_master, jobs_overview_json, overview_json, plan_json, savepoint_status_json, taskmanagers_json, vertex_json, vertex_metrics_json, watermarks_json)
@@ -476,7 +476,7 @@ class SavepointStatusHandler(FlinkHandler):
 # -- keyed state
 class JobStateHandler(FlinkHandler):
     """GET /jobs/<id>/state?operator=NAME[&key=K][&fresh=true]: an operator's keyed state at the
-    newest completed checkpoint (or one taken now), one row per key (cluster.state.inspection).
+    newest completed checkpoint (or one taken now), one row per key (cluster.checkpoint.inspection).
     ``key`` is JSON (``3``, ``"a"``, ``[1, "a"]`` for several key columns) or else a plain string."""
 
     async def get(self, job_id: str) -> None:
