@@ -25,7 +25,7 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cluster.state.backend import create_backend  # noqa: E402
+from cluster.state.loader import create_backend  # noqa: E402
 from cluster.state.key_groups import key_groups_of  # noqa: E402
 
 MAX_PARALLELISM = 128

@@ -4,8 +4,10 @@ import re
 import pytest
 import yaml
 
-from cluster.conf import (DEFAULTS_FILE, OPTIONS, ConfigError, Configuration, TaskConfig, parse_duration_ms,
+from cluster.conf import (DEFAULTS_FILE, OPTIONS, ConfigError, ConfigOption, Configuration, TaskConfig, parse_duration_ms,
                           port_candidates)
+from cluster.conf import options
+from cluster.conf.options import CheckpointingOptions, HeartbeatManagerOptions, RestOptions, SparkOptions
 
 
 def test_defaults_follow_flink():
@@ -99,7 +101,7 @@ def test_spark_settings_pass_through_by_sparks_names(tmp_path):
 
 
 def test_the_session_jvm_uses_the_parallel_collector_unless_the_user_says_otherwise():
-    from cluster.spark.chain import spark_conf
+    from cluster.spark.runner import spark_conf
     assert spark_conf(TaskConfig.from_dict({}))["spark.driver.extraJavaOptions"] == "-XX:+UseParallelGC"
     own = TaskConfig.from_dict({"taskmanager.spark.conf.spark.driver.extraJavaOptions": "-XX:+UseG1GC -Xss4m"})
     assert spark_conf(own)["spark.driver.extraJavaOptions"] == "-XX:+UseG1GC -Xss4m"
@@ -151,3 +153,33 @@ def test_rest_bind_port_not_set_is_empty():
 def test_rest_bind_port_errors_name_the_key_and_the_bad_part(given, why):
     with pytest.raises(ConfigError, match=rf"invalid value .* for 'rest.bind-port' in test.yaml: expected .*{re.escape(why)}"):
         Configuration({"rest.bind-port": given}, "test.yaml")
+
+
+def test_every_key_of_config_yaml_has_exactly_one_option():
+    written = yaml.safe_load(DEFAULTS_FILE.read_text())
+    holders = [value for value in vars(options).values()
+               if isinstance(value, type) and value.__name__.endswith("Options")]
+    declared = [o.key for holder in holders for o in vars(holder).values() if isinstance(o, ConfigOption)]
+    assert sorted(declared) == sorted(written), "one option per key of config.yaml, none more"
+    assert set(OPTIONS) == set(written)
+
+
+def test_every_option_s_default_is_config_yaml_s_value_parsed():
+    written = yaml.safe_load(DEFAULTS_FILE.read_text())
+    conf = Configuration()
+    for key, option in OPTIONS.items():
+        assert option.default == option.parse(written[key]) == conf.get(option) == conf[key], key
+
+
+def test_get_returns_the_typed_default_and_a_parsed_user_value():
+    conf = Configuration()
+    port: int = conf.get(RestOptions.PORT)
+    assert port == 8081 and conf.get(HeartbeatManagerOptions.HEARTBEAT_TIMEOUT) == 50_000
+    assert conf.get(CheckpointingOptions.MODE) == "EXACTLY_ONCE" and conf.get(SparkOptions.CONF) == {}
+    conf = Configuration({"rest.port": "9090", "heartbeat.timeout": "2 min", "execution.checkpointing.mode":
+                          "at-least-once", "taskmanager.spark.conf.spark.executor.instances": 4})
+    assert conf.get(RestOptions.PORT) == 9090 and conf.get(HeartbeatManagerOptions.HEARTBEAT_TIMEOUT) == 120_000
+    assert conf.get(CheckpointingOptions.MODE) == "AT_LEAST_ONCE"
+    assert conf.get(SparkOptions.CONF) == {"spark.executor.instances": "4"}
+    # the key's old spellings still answer, untyped
+    assert conf["rest.port"] == 9090 and conf.get("rest.port") == 9090 and conf.get("no.such.key", 1) == 1

@@ -2,7 +2,7 @@
 
 As in Flink, a subtask owns a contiguous range of key groups; state is addressed by
 (state name, key group, key). The caller computes the key group (cluster.state.key_groups), so a
-backend never hashes keys. Two backends, chosen by `state.backend.type` (Flink's names):
+backend never hashes keys. Two backends, chosen by `state.backend.type` (Flink's names; cluster.state.loader):
 
 * "hashmap" (also "heap"): dicts in memory, the fastest; state must fit in memory.
 * "rocksdb": an embedded RocksDB (rocksdict) in a working directory, for state larger than memory.
@@ -33,7 +33,7 @@ from typing import Any, Iterator, Sequence
 from cluster.state.snapshot_format import (SnapshotFileWriter, StateFormatError, UnsupportedKeyError, check_max_parallelism, read_key_groups)
 
 __all__ = ["KeyedStateBackend", "StateSnapshot", "KeyGroupRangeError", "StateFormatError",
-           "UnsupportedKeyError", "create_backend", "BACKEND_TYPES"]
+           "UnsupportedKeyError"]
 
 MAX_STATE_NAME_BYTES = 255
 
@@ -175,18 +175,3 @@ class KeyedStateBackend(abc.ABC):
             f"{self.max_parallelism}): the record was routed to the wrong subtask, or its key "
             f"group was computed with another max parallelism")
 
-
-BACKEND_TYPES = ("hashmap", "heap", "rocksdb")
-
-
-def create_backend(kind: str, key_group_range: range, max_parallelism: int,
-                   work_dir: pathlib.Path) -> KeyedStateBackend:
-    """kind: the value of `state.backend.type`, "hashmap" (default; "heap" too) or "rocksdb"."""
-    name = str(kind).strip().lower()
-    if name in ("hashmap", "heap"):
-        from cluster.state.heap import HeapKeyedStateBackend
-        return HeapKeyedStateBackend(key_group_range, max_parallelism, work_dir)
-    if name == "rocksdb":
-        from cluster.state.rocksdb import RocksDBKeyedStateBackend
-        return RocksDBKeyedStateBackend(key_group_range, max_parallelism, work_dir)
-    raise ValueError(f"state.backend.type {kind!r} is not one of: hashmap (or heap), rocksdb")

@@ -18,9 +18,10 @@ from cluster.conf import TaskConfig
 from cluster.graph.job_graph import OperatorSpec
 from cluster.taskmanager.operator_registry import OPERATORS
 from cluster.operators.base import OperatorContext
-from cluster.operators.joins import Chunks
-from cluster.operators.windowing.timers import EVENT_TIME
-from cluster.operators.windowing.watermarks import MAX_WATERMARK, NO_WATERMARK, TimestampError
+from cluster.operators.join_state import Chunks
+from cluster.operators.timers import EVENT_TIME
+from cluster.graph.event_time import MAX_WATERMARK, NO_WATERMARK
+from cluster.operators.windowing.watermarks import TimestampError
 from cluster.state.key_groups import key_groups_of, operator_index_for_key_group
 
 MAX_PARALLELISM = 128

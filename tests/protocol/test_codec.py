@@ -47,7 +47,7 @@ def _sample(annotation, name: str):
 
 
 def test_every_message_type_round_trips_through_its_registry():
-    from cluster.protocol.messages import _field_types
+    from cluster.protocol.message_base import _field_types
     assert len(Message.registry) >= 25
     codec = Codec(SECRET)
     for cid, (op, cls) in enumerate(Message.registry.items(), start=1):

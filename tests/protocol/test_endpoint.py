@@ -51,7 +51,7 @@ def test_blocking_work_reports_back_on_the_loop_thread(endpoint):
 
 
 def test_the_local_address_towards_a_peer_is_on_its_route():
-    from cluster.protocol.endpoint import local_address_towards
+    from cluster.protocol.sockets import local_address_towards
     assert local_address_towards("tcp://127.0.0.1:6123") == "127.0.0.1"
     # a name not resolvable (yet): loopback, as before a cluster spanned hosts
     assert local_address_towards("tcp://no-such-host.invalid:6123") == "127.0.0.1"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from cluster.state.backend import create_backend
+from cluster.state.loader import create_backend
 
 KINDS = ("hashmap", "rocksdb")
 MAX_PARALLELISM = 128

@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cluster.state.backend import KeyGroupRangeError, UnsupportedKeyError, create_backend
+from cluster.state.backend import KeyGroupRangeError, UnsupportedKeyError
+from cluster.state.loader import create_backend
 from cluster.state.heap import HeapKeyedStateBackend
 from cluster.state.rocksdb import RocksDBKeyedStateBackend
 
