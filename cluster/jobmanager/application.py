@@ -23,14 +23,15 @@ import sys
 import threading
 import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import Optional, Protocol
 
 from cluster.common import launch
 from cluster.graph.execution_graph import JobState
+from cluster.protocol.endpoint import RpcEndpoint
 from cluster.protocol.job_context import CONTEXT_CLUSTER_DIR, CONTEXT_DETACHED, CONTEXT_VERBOSE
 
-if TYPE_CHECKING:
-    from cluster.jobmanager.entrypoint import JobManager
+from cluster.jobmanager.dispatcher import Dispatcher
+from cluster.jobmanager.resourcemanager.resource_manager import ResourceManager
 
 log = logging.getLogger("streamlab.application")
 
@@ -47,12 +48,24 @@ def exit_code_of(job_states: list[str], main_error: Optional[str]) -> int:
     return EXIT_FINISHED
 
 
+class JobManagerProcess(Protocol):
+    """What the application drives of the JobManager that runs it (entrypoint.JobManager, which
+    imports this module: described here, not imported back)."""
+    cluster_dir: Path
+    endpoint: RpcEndpoint
+    dispatcher: Dispatcher
+    resource_manager: ResourceManager
+    stopped: threading.Event  # stop() began
+
+    def stop(self) -> None: ...
+
+
 class Application:
     """``start`` from the process's main thread once the JobManager is up; ``main()`` runs on the
     thread ``application-main``; what follows it (waiting for jobs, shutdown) on the JobManager's
     loop thread (checked); ``exit_code`` is read by the main thread after the JobManager stopped."""
 
-    def __init__(self, jm: "JobManager", script: Path, args: list[str]):
+    def __init__(self, jm: JobManagerProcess, script: Path, args: list[str]):
         self.jm = jm
         self.script = Path(script).resolve()
         self.args = list(args)

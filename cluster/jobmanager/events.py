@@ -32,8 +32,9 @@ import zmq
 from cluster.graph.execution_graph import ExecutionGraph
 from cluster.protocol import messages as m
 from cluster.protocol.codec import Codec
-from cluster.protocol.endpoint import Peer, RpcEndpoint, advertised_address, bind_socket, bound_address, make_socket
+from cluster.protocol.endpoint import Peer, RpcEndpoint
 from cluster.protocol.metrics import EVENT_TIME_METRICS
+from cluster.protocol.sockets import advertised_address, bind_socket, bound_address, make_socket
 
 from cluster.jobmanager.rest.views import job_json, overview_json, plan_json, subtasks_json, taskmanagers_json
 

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import pytest
 
+from cluster.checkpoint.savepoint_fit import savepoint_fit
 from cluster.conf import Configuration
 from cluster.graph.execution_graph import ExecutionState, JobState
-from cluster.jobmanager.jobmaster import scheduler as s
+from cluster.jobmanager.jobmaster import checkpointing, instructions as ins, scheduler as s, scheduler_events as ev
 from cluster.jobmanager.resourcemanager.slot_manager import SlotAllocation
 from kernel_runtime import StreamEnvironment
 
@@ -43,14 +44,14 @@ def allocations(sched, tms=("tm-a", "tm-b")):
 def running(config=None, result_address=None):
     """A scheduler whose job is deployed and every task RUNNING; returns (scheduler, clock, deploy)."""
     sched, clock = make(config, result_address)
-    out = sched.handle(s.StartScheduling())
-    assert of(out, s.RequestSlots) == [s.RequestSlots(2)]
+    out = sched.handle(ev.StartScheduling())
+    assert of(out, ins.RequestSlots) == [ins.RequestSlots(2)]
     allocs = allocations(sched)
-    sched.handle(s.SlotsAllocated(allocs))
-    out = sched.handle(s.SlotsOffered(tuple(a.allocation_id for a in allocs)))
-    (deploy,) = of(out, s.DeployTasks)
+    sched.handle(ev.SlotsAllocated(allocs))
+    out = sched.handle(ev.SlotsOffered(tuple(a.allocation_id for a in allocs)))
+    (deploy,) = of(out, ins.DeployTasks)
     for execution, _ in deploy.placements:
-        sched.handle(s.TaskStateReported(execution.execution_id, ExecutionState.RUNNING))
+        sched.handle(ev.TaskStateReported(execution.execution_id, ExecutionState.RUNNING))
     assert sched.state == JobState.RUNNING
     return sched, clock, deploy
 
@@ -58,33 +59,33 @@ def running(config=None, result_address=None):
 def report_all(sched, state):
     out = []
     for eid in list(sched.graph.executions):
-        out += sched.handle(s.TaskStateReported(eid, state))
+        out += sched.handle(ev.TaskStateReported(eid, state))
     return out
 
 
 def test_deploys_once_every_allocated_slot_was_offered():
     sched, _ = make()
-    sched.handle(s.StartScheduling())
+    sched.handle(ev.StartScheduling())
     allocs = allocations(sched)
-    sched.handle(s.SlotsAllocated(allocs))
+    sched.handle(ev.SlotsAllocated(allocs))
     assert sched.state == JobState.CREATED
-    assert not of(sched.handle(s.SlotsOffered(("alloc-0", "not-ours"))), s.DeployTasks)
-    out = sched.handle(s.SlotsOffered(("alloc-1",)))
-    (deploy,) = of(out, s.DeployTasks)
+    assert not of(sched.handle(ev.SlotsOffered(("alloc-0", "not-ours"))), ins.DeployTasks)
+    out = sched.handle(ev.SlotsOffered(("alloc-1",)))
+    (deploy,) = of(out, ins.DeployTasks)
     assert sched.state == JobState.RUNNING
     assert {a.allocation_id for _, a in deploy.placements} == {"alloc-0", "alloc-1"}
-    assert sched.handle(s.SlotsAllocated(allocs)) == [s.CancelTimer(s.SLOT_REQUEST_TIMER)]  # a stray grant
+    assert sched.handle(ev.SlotsAllocated(allocs)) == [ins.CancelTimer(ins.SLOT_REQUEST_TIMER)]  # a stray grant
     assert all(e.state == ExecutionState.DEPLOYING for e in sched.graph.executions.values())
 
 
 def test_slot_request_timeout_fails_the_job_naming_what_was_free():
     sched, clock = make({"slot.request.timeout": "2 s"}, free=(1, 4))
-    out = sched.handle(s.StartScheduling())
-    assert s.StartTimer(s.SLOT_REQUEST_TIMER, 2000) in out
+    out = sched.handle(ev.StartScheduling())
+    assert ins.StartTimer(ins.SLOT_REQUEST_TIMER, 2000) in out
     assert sched.status_reason == "waiting for 2 free slot(s); the cluster has 1 free of 4"
     clock.ms += 2000
-    out = sched.handle(s.TimerFired(s.SLOT_REQUEST_TIMER))
-    assert s.CancelSlotRequest() in out and s.JobTerminated(JobState.FAILED) in out
+    out = sched.handle(ev.TimerFired(ins.SLOT_REQUEST_TIMER))
+    assert ins.CancelSlotRequest() in out and ins.JobTerminated(JobState.FAILED) in out
     assert sched.state == JobState.FAILED
     assert "NoResourceAvailableException" in sched.graph.failure and "only 1 of 4 were free" in sched.graph.failure
     assert all(e.state == ExecutionState.CANCELED for e in sched.graph.executions.values())
@@ -92,33 +93,33 @@ def test_slot_request_timeout_fails_the_job_naming_what_was_free():
 
 def test_slot_timeout_after_the_slots_came_changes_nothing():
     sched, _ = make()
-    sched.handle(s.StartScheduling())
-    sched.handle(s.SlotsAllocated(allocations(sched)))
-    assert sched.handle(s.TimerFired(s.SLOT_REQUEST_TIMER)) == []
+    sched.handle(ev.StartScheduling())
+    sched.handle(ev.SlotsAllocated(allocations(sched)))
+    assert sched.handle(ev.TimerFired(ins.SLOT_REQUEST_TIMER)) == []
     assert sched.state == JobState.CREATED
 
 
 def test_taskmanager_lost_between_allocation_and_deployment_asks_again():
     sched, _ = make()
-    sched.handle(s.StartScheduling())
-    sched.handle(s.SlotsAllocated(allocations(sched)))
-    out = sched.handle(s.TaskManagerLost("tm-b", "TaskManager tm-b lost"))
-    assert of(out, s.ReleaseSlots) and of(out, s.RequestSlots) == [s.RequestSlots(2)]
+    sched.handle(ev.StartScheduling())
+    sched.handle(ev.SlotsAllocated(allocations(sched)))
+    out = sched.handle(ev.TaskManagerLost("tm-b", "TaskManager tm-b lost"))
+    assert of(out, ins.ReleaseSlots) and of(out, ins.RequestSlots) == [ins.RequestSlots(2)]
     assert sched.state == JobState.CREATED and sched.allocations == []
     # the offer of the lost allocation arrives late: nothing is deployed on it
-    assert not of(sched.handle(s.SlotsOffered(("alloc-0", "alloc-1"))), s.DeployTasks)
+    assert not of(sched.handle(ev.SlotsOffered(("alloc-0", "alloc-1"))), ins.DeployTasks)
     fresh = tuple(SlotAllocation("tm-a", i, sched.job_id, f"new-{i}") for i in range(2))
-    sched.handle(s.SlotsAllocated(fresh))
-    (deploy,) = of(sched.handle(s.SlotsOffered(("new-0", "new-1"))), s.DeployTasks)
+    sched.handle(ev.SlotsAllocated(fresh))
+    (deploy,) = of(sched.handle(ev.SlotsOffered(("new-0", "new-1"))), ins.DeployTasks)
     assert {a.task_manager_id for _, a in deploy.placements} == {"tm-a"}
 
 
 def test_deployment_to_a_vanished_taskmanager_fails_over():
     sched, _, deploy = running({"restart-strategy.type": "fixed-delay", "restart-strategy.fixed-delay.delay": "1 s"})
     execution = deploy.placements[0][0]
-    out = sched.handle(s.DeploymentFailed(execution.execution_id, "TaskManager tm-a is gone"))
+    out = sched.handle(ev.DeploymentFailed(execution.execution_id, "TaskManager tm-a is gone"))
     assert sched.state == JobState.FAILING
-    assert {i.execution_id for i in of(out, s.CancelTask)} == {
+    assert {i.execution_id for i in of(out, ins.CancelTask)} == {
         e.execution_id for e in sched.graph.executions.values() if e.state == ExecutionState.CANCELING}
 
 
@@ -126,161 +127,161 @@ def test_failover_cancels_the_rest_restarts_from_the_newest_checkpoint():
     sched, clock, _ = running({"restart-strategy.type": "fixed-delay", "restart-strategy.fixed-delay.attempts": 2,
                                "restart-strategy.fixed-delay.delay": "500 ms"})
     first = list(sched.graph.executions)
-    out = sched.handle(s.TaskStateReported(first[0], ExecutionState.FAILED, "ValueError: boom"))
+    out = sched.handle(ev.TaskStateReported(first[0], ExecutionState.FAILED, "ValueError: boom"))
     assert sched.state == JobState.FAILING and "ValueError: boom" in sched.graph.failure
-    cancels = of(out, s.CancelTask)
+    cancels = of(out, ins.CancelTask)
     assert len(cancels) == len(first) - 1
     # the cancelled tasks report; a straggler's late RUNNING changes nothing
-    sched.handle(s.TaskStateReported(cancels[0].execution_id, ExecutionState.RUNNING))
+    sched.handle(ev.TaskStateReported(cancels[0].execution_id, ExecutionState.RUNNING))
     assert sched.graph.executions[cancels[0].execution_id].state == ExecutionState.CANCELING
     out = []
     for c in cancels:
-        out += sched.handle(s.TaskStateReported(c.execution_id, ExecutionState.CANCELED))
+        out += sched.handle(ev.TaskStateReported(c.execution_id, ExecutionState.CANCELED))
     assert sched.state == JobState.RESTARTING
-    assert s.StartTimer(s.RESTART_TIMER, 500) in out and of(out, s.ReleaseSlots)
+    assert ins.StartTimer(ins.RESTART_TIMER, 500) in out and of(out, ins.ReleaseSlots)
     clock.ms += 500
-    (find,) = of(sched.handle(s.TimerFired(s.RESTART_TIMER)), s.FindRestorePoint)
+    (find,) = of(sched.handle(ev.TimerFired(ins.RESTART_TIMER)), ins.FindRestorePoint)
     body = {"checkpoint_id": 7, "operators": {"op": {"subtasks": [{"file": "x"}]}}}
-    out = sched.handle(s.RestorePointFound(body, "/ck/chk-7"))
+    out = sched.handle(ev.RestorePointFound(body, "/ck/chk-7"))
     assert sched.state == JobState.CREATED and sched.graph.attempt == 2
-    assert of(out, s.RequestSlots)
+    assert of(out, ins.RequestSlots)
     assert not set(first) & set(sched.graph.executions)  # fresh executions: old reports are stale
-    assert sched.handle(s.TaskStateReported(first[0], ExecutionState.RUNNING)) == []
-    sched.handle(s.SlotsAllocated(allocations(sched)))
-    (deploy,) = of(sched.handle(s.SlotsOffered(("alloc-0", "alloc-1"))), s.DeployTasks)
+    assert sched.handle(ev.TaskStateReported(first[0], ExecutionState.RUNNING)) == []
+    sched.handle(ev.SlotsAllocated(allocations(sched)))
+    (deploy,) = of(sched.handle(ev.SlotsOffered(("alloc-0", "alloc-1"))), ins.DeployTasks)
     assert deploy.attempt == 2 and deploy.restore["checkpoint_id"] == 7
     # numbering continues after the restored checkpoint
     report_all(sched, ExecutionState.RUNNING)
-    assert sched.checkpointing.trigger("checkpoint").checkpoint_id == 8
+    assert sched.checkpointing.trigger(sched.facts(), "checkpoint", []).checkpoint_id == 8
 
 
 def test_no_restart_strategy_fails_the_job_with_the_reason():
     sched, _, _ = running()
     eid = next(iter(sched.graph.executions))
-    sched.handle(s.TaskStateReported(eid, ExecutionState.FAILED, "KeyError: 'x'"))
+    sched.handle(ev.TaskStateReported(eid, ExecutionState.FAILED, "KeyError: 'x'"))
     out = report_all(sched, ExecutionState.CANCELED)
-    assert sched.state == JobState.FAILED and s.JobTerminated(JobState.FAILED) in out
+    assert sched.state == JobState.FAILED and ins.JobTerminated(JobState.FAILED) in out
     assert sched.graph.failure.endswith("The job was not restarted: restart-strategy.type is none.")
 
 
 def test_cancel_while_restarting_ends_canceled_and_ignores_the_late_restore_point():
     sched, _, _ = running({"restart-strategy.type": "fixed-delay", "restart-strategy.fixed-delay.delay": "1 s"})
-    sched.handle(s.TaskManagerLost("tm-a", "TaskManager tm-a lost"))
+    sched.handle(ev.TaskManagerLost("tm-a", "TaskManager tm-a lost"))
     report_all(sched, ExecutionState.CANCELED)
     assert sched.state == JobState.RESTARTING
-    sched.handle(s.TimerFired(s.RESTART_TIMER))  # the restore point is being looked for
-    out = sched.handle(s.CancelRequested())
+    sched.handle(ev.TimerFired(ins.RESTART_TIMER))  # the restore point is being looked for
+    out = sched.handle(ev.CancelRequested())
     assert sched.state == JobState.CANCELED
-    assert s.CancelTimer(s.RESTART_TIMER) in out and s.JobTerminated(JobState.CANCELED) in out
-    assert sched.handle(s.RestorePointFound(None, None)) == []
+    assert ins.CancelTimer(ins.RESTART_TIMER) in out and ins.JobTerminated(JobState.CANCELED) in out
+    assert sched.handle(ev.RestorePointFound(None, None)) == []
     assert sched.state == JobState.CANCELED
-    assert sched.handle(s.TimerFired(s.RESTART_TIMER)) == []
+    assert sched.handle(ev.TimerFired(ins.RESTART_TIMER)) == []
 
 
 def test_cancel_while_running_waits_for_every_task():
     sched, _, _ = running()
-    out = sched.handle(s.CancelRequested())
-    assert sched.state == JobState.CANCELLING and len(of(out, s.CancelTask)) == len(sched.graph.executions)
+    out = sched.handle(ev.CancelRequested())
+    assert sched.state == JobState.CANCELLING and len(of(out, ins.CancelTask)) == len(sched.graph.executions)
     eids = list(sched.graph.executions)
-    sched.handle(s.TaskStateReported(eids[0], ExecutionState.FINISHED))  # finished while cancelling
+    sched.handle(ev.TaskStateReported(eids[0], ExecutionState.FINISHED))  # finished while cancelling
     assert sched.graph.executions[eids[0]].state == ExecutionState.CANCELED
     for eid in eids[1:]:
-        sched.handle(s.TaskStateReported(eid, ExecutionState.CANCELED))
+        sched.handle(ev.TaskStateReported(eid, ExecutionState.CANCELED))
     assert sched.state == JobState.CANCELED
-    assert sched.handle(s.CancelRequested()) == []
+    assert sched.handle(ev.CancelRequested()) == []
 
 
 def test_checkpoint_completes_only_after_metadata_is_written_then_sinks_are_told():
     sched, clock, _ = running({"execution.checkpointing.interval": "1 s"}, result_address="tcp://client")
     clock.ms += 1000
-    out = sched.handle(s.TimerFired(s.CHECKPOINT_TIMER))
-    (trigger,) = of(out, s.TriggerCheckpoint)
-    assert s.StartTimer(s.CHECKPOINT_TIMER, 1000) in out
+    out = sched.handle(ev.TimerFired(ins.CHECKPOINT_TIMER))
+    (trigger,) = of(out, ins.TriggerCheckpoint)
+    assert ins.StartTimer(ins.CHECKPOINT_TIMER, 1000) in out
     assert {eid for _, eid in trigger.sources} == {
         e.execution_id for e in sched.graph.executions.values() if e.vertex.is_source}
     cid = trigger.checkpoint_id
     for eid in sched.graph.executions:
-        assert sched.handle(s.CheckpointAcknowledged(cid, eid, {"op": {"bytes": 10}})) == []
+        assert sched.handle(ev.CheckpointAcknowledged(cid, eid, {"op": {"bytes": 10}})) == []
     collect = [p for p in sched.checkpointing.coordinator.pending[cid].waiting]
     assert collect and all(p.startswith("collect/") for p in collect)  # the client's rows count too
     out = []
     for p in collect:
-        out += sched.handle(s.CheckpointAcknowledged(cid, p))
-    (write,) = of(out, s.WriteMetadata)
-    assert write.body["checkpoint_id"] == cid and not of(out, s.NotifyCheckpointComplete)
-    out = sched.handle(s.MetadataWritten(cid))
-    assert of(out, s.NotifyCheckpointComplete) == [s.NotifyCheckpointComplete(cid, ("tm-a", "tm-b"))]
+        out += sched.handle(ev.CheckpointAcknowledged(cid, p))
+    (write,) = of(out, ins.WriteMetadata)
+    assert write.body["checkpoint_id"] == cid and not of(out, ins.NotifyCheckpointComplete)
+    out = sched.handle(ev.MetadataWritten(cid))
+    assert of(out, ins.NotifyCheckpointComplete) == [ins.NotifyCheckpointComplete(cid, ("tm-a", "tm-b"))]
     assert sched.checkpointing.coordinator.latest().checkpoint_id == cid
 
 
 def test_a_checkpoint_aborted_while_its_metadata_was_written_is_disposed():
     sched, clock, _ = running({"execution.checkpointing.interval": "1 s",
                                "restart-strategy.type": "fixed-delay"})
-    pending = sched.checkpointing.trigger("checkpoint")
+    pending = sched.checkpointing.trigger(sched.facts(), "checkpoint", [])
     out = []
     for eid in sched.graph.executions:
-        out += sched.handle(s.CheckpointAcknowledged(pending.checkpoint_id, eid, {}))
-    assert of(out, s.WriteMetadata)
-    out = sched.handle(s.TaskManagerLost("tm-b", "lost"))  # failover aborts the pending checkpoint
-    assert of(out, s.NotifyCheckpointAborted)
-    out = sched.handle(s.MetadataWritten(pending.checkpoint_id))
-    assert out == [s.DisposeCheckpoint(pending.directory)]
+        out += sched.handle(ev.CheckpointAcknowledged(pending.checkpoint_id, eid, {}))
+    assert of(out, ins.WriteMetadata)
+    out = sched.handle(ev.TaskManagerLost("tm-b", "lost"))  # failover aborts the pending checkpoint
+    assert of(out, ins.NotifyCheckpointAborted)
+    out = sched.handle(ev.MetadataWritten(pending.checkpoint_id))
+    assert out == [ins.DisposeCheckpoint(pending.directory)]
     assert sched.checkpointing.coordinator.latest() is None
 
 
 def test_failed_metadata_write_aborts_the_checkpoint():
     sched, _, _ = running({"execution.checkpointing.interval": "1 s"})
-    pending = sched.checkpointing.trigger("checkpoint")
+    pending = sched.checkpointing.trigger(sched.facts(), "checkpoint", [])
     for eid in sched.graph.executions:
-        sched.handle(s.CheckpointAcknowledged(pending.checkpoint_id, eid, {}))
-    out = sched.handle(s.MetadataWritten(pending.checkpoint_id, "No space left on device"))
-    assert of(out, s.NotifyCheckpointAborted)
+        sched.handle(ev.CheckpointAcknowledged(pending.checkpoint_id, eid, {}))
+    out = sched.handle(ev.MetadataWritten(pending.checkpoint_id, "No space left on device"))
+    assert of(out, ins.NotifyCheckpointAborted)
     assert "No space left on device" in sched.checkpointing.coordinator.records[pending.checkpoint_id].failure
 
 
 def test_savepoint_answers_its_request_and_stop_ends_the_sources():
     sched, _, _ = running()
-    with pytest.raises(s.SchedulerError):
-        make()[0].handle(s.SavepointRequested("r0", None, False))  # not running: refused, nothing changes
-    out = sched.handle(s.SavepointRequested("r1", "/sp", True))
-    (trigger,) = of(out, s.TriggerCheckpoint)
+    with pytest.raises(ev.SchedulerError):
+        make()[0].handle(ev.SavepointRequested("r0", None, False))  # not running: refused, nothing changes
+    out = sched.handle(ev.SavepointRequested("r1", "/sp", True))
+    (trigger,) = of(out, ins.TriggerCheckpoint)
     assert trigger.kind == "stop" and trigger.directory.startswith("/sp/savepoint-")
     assert sched.checkpointing.savepoint_requests["r1"] == {"status": "IN_PROGRESS"}
     for eid in sched.graph.executions:
-        sched.handle(s.CheckpointAcknowledged(trigger.checkpoint_id, eid, {}))
-    out = sched.handle(s.MetadataWritten(trigger.checkpoint_id))
-    assert s.SavepointFinished("r1", trigger.directory, None) in out
+        sched.handle(ev.CheckpointAcknowledged(trigger.checkpoint_id, eid, {}))
+    out = sched.handle(ev.MetadataWritten(trigger.checkpoint_id))
+    assert ins.SavepointFinished("r1", trigger.directory, None) in out
     assert sched.checkpointing.savepoint_requests["r1"]["location"] == trigger.directory
 
 
 def test_a_declined_savepoint_fails_its_request():
     sched, _, _ = running()
-    (trigger,) = of(sched.handle(s.SavepointRequested("r1", None, False)), s.TriggerCheckpoint)
+    (trigger,) = of(sched.handle(ev.SavepointRequested("r1", None, False)), ins.TriggerCheckpoint)
     eid = next(iter(sched.graph.executions))
-    out = sched.handle(s.CheckpointDeclined(trigger.checkpoint_id, eid, "task not ready"))
-    (finished,) = of(out, s.SavepointFinished)
+    out = sched.handle(ev.CheckpointDeclined(trigger.checkpoint_id, eid, "task not ready"))
+    (finished,) = of(out, ins.SavepointFinished)
     assert finished.location is None and "task not ready" in finished.failure
 
 
 def test_final_checkpoint_once_every_source_ended_and_retried_when_it_fails():
     sched, _, _ = running()
     sources = [e.execution_id for e in sched.graph.executions.values() if e.vertex.is_source]
-    assert sched.handle(s.SourceExhausted(sources[0])) == []
-    (trigger,) = of(sched.handle(s.SourceExhausted(sources[1])), s.TriggerCheckpoint)
+    assert sched.handle(ev.SourceExhausted(sources[0])) == []
+    (trigger,) = of(sched.handle(ev.SourceExhausted(sources[1])), ins.TriggerCheckpoint)
     assert trigger.kind == "final"
-    out = sched.handle(s.CheckpointDeclined(trigger.checkpoint_id, sources[0], "busy"))
-    assert s.StartTimer(s.FINAL_CHECKPOINT_TIMER, s.FINAL_RETRY_MS) in out
-    (again,) = of(sched.handle(s.TimerFired(s.FINAL_CHECKPOINT_TIMER)), s.TriggerCheckpoint)
+    out = sched.handle(ev.CheckpointDeclined(trigger.checkpoint_id, sources[0], "busy"))
+    assert ins.StartTimer(ins.FINAL_CHECKPOINT_TIMER, checkpointing.FINAL_RETRY_MS) in out
+    (again,) = of(sched.handle(ev.TimerFired(ins.FINAL_CHECKPOINT_TIMER)), ins.TriggerCheckpoint)
     assert again.kind == "final" and again.checkpoint_id > trigger.checkpoint_id
     out = report_all(sched, ExecutionState.FINISHED)
-    assert sched.state == JobState.FINISHED and s.JobTerminated(JobState.FINISHED) in out
+    assert sched.state == JobState.FINISHED and ins.JobTerminated(JobState.FINISHED) in out
 
 
 def test_a_savepoint_for_another_job_is_refused_naming_the_operator():
     sched, _ = make()
     body = {"checkpoint_id": 3, "operators": {"someone-elses-operator": {"vertex": "v", "name": "tally",
                                                                           "kind": "keyed-count", "subtasks": []}}}
-    with pytest.raises(s.SchedulerError, match=r"operator 'tally' \(uid someone-elses-operator\).*"
+    with pytest.raises(ev.SchedulerError, match=r"operator 'tally' \(uid someone-elses-operator\).*"
                                                r"ignore-unclaimed-state"):
         sched.restore_from_savepoint(body, "/sp/x")
     assert sched.checkpointing.restore is None
@@ -315,28 +316,28 @@ def names(specs):
 
 
 def test_an_operator_added_after_a_stateful_one_keeps_its_upstreams_state():
-    fit = s.savepoint_fit(savepoint_of(pipeline_graph()), pipeline_graph(filter_after=True))
+    fit = savepoint_fit(savepoint_of(pipeline_graph()), pipeline_graph(filter_after=True))
     assert names(fit.kept) == ["count", "generator"] and fit.empty == [] and not fit.misfits
 
 
 def test_a_removed_stateful_operator_is_unclaimed_and_a_new_one_starts_empty():
     old = pipeline_graph()
-    fit = s.savepoint_fit(savepoint_of(old), pipeline_graph(without_count=True))
+    fit = savepoint_fit(savepoint_of(old), pipeline_graph(without_count=True))
     assert names(fit.kept) == ["generator"] and fit.empty == []
     (count_uid,) = [o.uid for v in old.vertices for o in v.operators if o.kind == "keyed-count"]
     assert list(fit.unclaimed) == [count_uid]
     assert f"operator 'count' (uid {count_uid}), which this job does not have" in fit.refusal()
-    fit = s.savepoint_fit(savepoint_of(pipeline_graph(without_count=True)), pipeline_graph())
+    fit = savepoint_fit(savepoint_of(pipeline_graph(without_count=True)), pipeline_graph())
     assert names(fit.empty) == ["count"] and not fit.misfits
 
 
 def test_an_operator_of_another_kind_under_the_same_uid_is_a_changed_state_type():
-    fit = s.savepoint_fit(savepoint_of(pipeline_graph(count_uid="tally")),
+    fit = savepoint_fit(savepoint_of(pipeline_graph(count_uid="tally")),
                           pipeline_graph(process_as_count=True))
     assert not fit.changed and fit.unclaimed  # without a pinned uid the process is another operator
     env = StreamEnvironment(parallelism=2)
     env.from_generator(count=10).key_by("seq").process(lambda k, r, st: None, name="count").uid("tally").collect()
-    fit = s.savepoint_fit(savepoint_of(pipeline_graph(count_uid="tally")), env.get_job_graph("t"))
+    fit = savepoint_fit(savepoint_of(pipeline_graph(count_uid="tally")), env.get_job_graph("t"))
     ((spec, entry),) = fit.changed
     assert spec.uid == "tally" and names(fit.empty) == ["count"] and names(fit.kept) == ["generator"]
     assert "the state of operator 'count' (uid tally) is keyed-count state" in fit.refusal()
@@ -349,7 +350,7 @@ def restorable(config):
 
 def test_ignore_unclaimed_state_starts_without_the_state_that_does_not_fit():
     body = savepoint_of(pipeline_graph())
-    with pytest.raises(s.SchedulerError, match="operator 'count'"):
+    with pytest.raises(ev.SchedulerError, match="operator 'count'"):
         restorable({}).restore_from_savepoint(body, "/sp/x")
     sched = restorable({"execution.savepoint.ignore-unclaimed-state": "true"})
     sched.restore_from_savepoint(body, "/sp/x")
@@ -360,30 +361,30 @@ def test_ignore_unclaimed_state_starts_without_the_state_that_does_not_fit():
 def test_task_counters_at_a_checkpoint_are_kept_apart_from_state_and_restored_on_recovery():
     from cluster.protocol.metrics import CHECKPOINTED_COUNTERS
     sched, clock, _ = running({"restart-strategy.type": "fixed-delay", "restart-strategy.fixed-delay.delay": "1 ms"})
-    pending = sched.checkpointing.trigger("checkpoint")
+    pending = sched.checkpointing.trigger(sched.facts(), "checkpoint", [])
     out = []
     for n, eid in enumerate(sched.graph.executions):
         counters = {"records-in": 10 * n, "records-out": 10 * n, "bytes-in": n, "bytes-out": n}
-        out += sched.handle(s.CheckpointAcknowledged(pending.checkpoint_id, eid,
+        out += sched.handle(ev.CheckpointAcknowledged(pending.checkpoint_id, eid,
                                                      {"op": {"bytes": 10}, CHECKPOINTED_COUNTERS: counters}))
-    (write,) = of(out, s.WriteMetadata)
+    (write,) = of(out, ins.WriteMetadata)
     assert set(write.body["operators"]) == {"op"}  # a savepoint of it names only operators
     counters = write.body["counters"]
     assert set(counters) == {v.id for v in sched.job_graph.vertices}
     assert sorted(e["subtask"] for e in counters[sched.job_graph.vertices[0].id]) == [0, 1]
-    sched.handle(s.MetadataWritten(pending.checkpoint_id))
+    sched.handle(ev.MetadataWritten(pending.checkpoint_id))
     assert sched.graph.current_failure is None
-    sched.handle(s.TaskManagerLost("tm-a", "TaskManager tm-a lost"))
+    sched.handle(ev.TaskManagerLost("tm-a", "TaskManager tm-a lost"))
     assert "tm-a lost" in sched.graph.current_failure
     report_all(sched, ExecutionState.CANCELED)
     clock.ms += 5_000
-    sched.handle(s.TimerFired(s.RESTART_TIMER))
-    sched.handle(s.RestorePointFound(write.body, pending.directory))
+    sched.handle(ev.TimerFired(ins.RESTART_TIMER))
+    sched.handle(ev.RestorePointFound(write.body, pending.directory))
     # until the new attempt reports, its subtasks show what the checkpoint covered
     shown = {(e.vertex.id, e.subtask): e.metrics["records-in"] for e in sched.graph.executions.values()}
     assert shown == {(v, c["subtask"]): c["records-in"] for v, entries in counters.items() for c in entries}
-    sched.handle(s.SlotsAllocated(allocations(sched)))
-    (deploy,) = of(sched.handle(s.SlotsOffered(("alloc-0", "alloc-1"))), s.DeployTasks)
+    sched.handle(ev.SlotsAllocated(allocations(sched)))
+    (deploy,) = of(sched.handle(ev.SlotsOffered(("alloc-0", "alloc-1"))), ins.DeployTasks)
     assert deploy.restore["counters"] == counters
     report_all(sched, ExecutionState.RUNNING)
     # the job as a whole: it started before the restart, and it is not failing any more

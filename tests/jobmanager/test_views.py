@@ -7,7 +7,7 @@ import pytest
 
 from cluster.jobmanager.events import job_summary
 from cluster.jobmanager.rest.views import NotFound, vertex_metrics_json, watermarks_json
-from cluster.operators.windowing.watermarks import NO_WATERMARK
+from cluster.graph.event_time import NO_WATERMARK
 from cluster.protocol import messages as m
 from kernel_runtime import StreamEnvironment
 from tests.jobmanager.test_events import Harness

@@ -2,7 +2,8 @@
 
 Every decision (slots, deployment, task states, failover and restart, cancel, checkpoints,
 the restore point) is the pure DefaultScheduler's (scheduler.py). The JobMaster turns messages,
-timers and finished disk work into the scheduler's events and carries its instructions out:
+timers and finished disk work into the scheduler's events (scheduler_events.py) and carries its
+instructions (instructions.py) out:
 messages to TaskManagers through their gateways, slot requests to the ResourceManager, timers
 on the loop, and disk work (``_metadata``, restore reads, disposal) on the JobManager's storage
 executor, whose results come back to the loop as events. Loop thread only.
@@ -17,6 +18,7 @@ from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from cluster.checkpoint.coordinator import CompletedCheckpoint
 from cluster.checkpoint.storage import CheckpointFormatError, completed_on_disk, read_metadata, write_metadata
 from cluster.common.clock import now_ms
 from cluster.graph.deployment import (InputGateDescriptor, OutputDescriptor,
@@ -27,7 +29,8 @@ from cluster.protocol import messages as m
 from cluster.protocol.endpoint import DeferredReply, Peer, RpcEndpoint, RpcError
 from cluster.checkpoint.inspection import StateQueryError, find_operator, operator_info, read_checkpoint_state
 
-from cluster.jobmanager.jobmaster import scheduler as s
+from cluster.jobmanager.jobmaster import instructions as ins, scheduler as s, scheduler_events as ev
+from cluster.jobmanager.jobmaster.checkpointing import JobCheckpointing
 from cluster.jobmanager.resourcemanager.resource_manager import ResourceManager
 from cluster.jobmanager.resourcemanager.slot_manager import SlotAllocation
 
@@ -67,6 +70,8 @@ class JobMaster:
                                             lambda: (sm.free_slots, sm.total_slots))
         self._timers: dict[str, Any] = {}
         self._savepoint_replies: dict[str, DeferredReply] = {}
+        # a checkpoint requested for a state query: request id -> what to do once it ends
+        self._checkpoint_requests: dict[str, Callable[[Optional[CompletedCheckpoint], Optional[str]], None]] = {}
         self._events: deque = deque()
         # checkpoint folders being read for a state query -> readers; a retained checkpoint that
         # is subsumed meanwhile is deleted once its last reader is done (Flink's shared state
@@ -75,35 +80,36 @@ class JobMaster:
         self._dispose_when_unpinned: set[str] = set()
         self._handling = False
         self.handlers: dict[type, Callable[[Any, Peer], Optional[m.Message]]] = {
-            m.OfferSlots: lambda msg, peer: self._feed(s.SlotsOffered(tuple(msg.allocation_ids))),
+            m.OfferSlots: lambda msg, peer: self._feed(ev.SlotsOffered(tuple(msg.allocation_ids))),
             m.UpdateTaskExecutionState: lambda msg, peer: self._feed(
-                s.TaskStateReported(msg.execution_id, msg.state, msg.error, msg.metrics)),
+                ev.TaskStateReported(msg.execution_id, msg.state, msg.error, msg.metrics)),
             m.AcknowledgeCheckpoint: lambda msg, peer: self._feed(
-                s.CheckpointAcknowledged(msg.checkpoint_id, msg.execution_id, msg.state)),
+                ev.CheckpointAcknowledged(msg.checkpoint_id, msg.execution_id, msg.state)),
             m.DeclineCheckpoint: lambda msg, peer: self._feed(
-                s.CheckpointDeclined(msg.checkpoint_id, msg.execution_id, msg.reason)),
-            m.EndOfInput: lambda msg, peer: self._feed(s.SourceExhausted(msg.execution_id)),
+                ev.CheckpointDeclined(msg.checkpoint_id, msg.execution_id, msg.reason)),
+            m.EndOfInput: lambda msg, peer: self._feed(ev.SourceExhausted(msg.execution_id)),
             m.AcknowledgeCollect: self.acknowledge_collect,
         }
         # the instructions' results, if any, are not used
         self._execute: dict[type, Callable[[Any], object]] = {
-            s.RequestSlots: lambda i: self.rm.request_slots(self.job_id, i.count, self),
-            s.CancelSlotRequest: lambda i: self.rm.cancel_slot_request(self.job_id),
-            s.ReleaseSlots: lambda i: self.rm.release_slots(self.job_id),
-            s.DeployTasks: self._deploy,
-            s.CancelTask: self._cancel_task,
-            s.StartTimer: self._start_timer,
-            s.CancelTimer: lambda i: self.endpoint.cancel_timer(self._timers.pop(i.name, None)),
-            s.TriggerCheckpoint: self._trigger_checkpoint,
-            s.WriteMetadata: self._write_metadata,
-            s.NotifyCheckpointComplete: lambda i: self._each_gateway(
+            ins.RequestSlots: lambda i: self.rm.request_slots(self.job_id, i.count, self),
+            ins.CancelSlotRequest: lambda i: self.rm.cancel_slot_request(self.job_id),
+            ins.ReleaseSlots: lambda i: self.rm.release_slots(self.job_id),
+            ins.DeployTasks: self._deploy,
+            ins.CancelTask: self._cancel_task,
+            ins.StartTimer: self._start_timer,
+            ins.CancelTimer: lambda i: self.endpoint.cancel_timer(self._timers.pop(i.name, None)),
+            ins.TriggerCheckpoint: self._trigger_checkpoint,
+            ins.WriteMetadata: self._write_metadata,
+            ins.NotifyCheckpointComplete: lambda i: self._each_gateway(
                 i.task_managers, lambda g: g.notify_checkpoint_complete(self.job_id, i.checkpoint_id)),
-            s.NotifyCheckpointAborted: lambda i: self._each_gateway(
+            ins.NotifyCheckpointAborted: lambda i: self._each_gateway(
                 i.task_managers, lambda g: g.notify_checkpoint_aborted(self.job_id, i.checkpoint_id)),
-            s.DisposeCheckpoint: lambda i: self._dispose(i.directory),
-            s.FindRestorePoint: self._find_restore_point,
-            s.SavepointFinished: self._savepoint_finished,
-            s.JobTerminated: self._terminated,
+            ins.DisposeCheckpoint: lambda i: self._dispose(i.directory),
+            ins.FindRestorePoint: self._find_restore_point,
+            ins.SavepointFinished: self._savepoint_finished,
+            ins.CheckpointFinished: lambda i: self._checkpoint_requests.pop(i.request_id)(i.completed, i.failure),
+            ins.JobTerminated: self._terminated,
         }
 
     # ------------------------------------------------------------------ views (loop thread)
@@ -112,7 +118,7 @@ class JobMaster:
         return self.scheduler.graph
 
     @property
-    def checkpointing(self) -> s.JobCheckpointing:
+    def checkpointing(self) -> JobCheckpointing:
         return self.scheduler.checkpointing
 
     @property
@@ -128,7 +134,7 @@ class JobMaster:
                            self.status_reason, self.graph.current_failure)
 
     # ------------------------------------------------------------------ events in
-    def _feed(self, event: s.Event) -> None:
+    def _feed(self, event: ev.Event) -> None:
         """Hand an event to the scheduler and carry out its instructions. Events that the
         instructions cause (a slot allocation answered at once) queue behind, never nest."""
         self.endpoint.assert_loop_thread()
@@ -149,25 +155,25 @@ class JobMaster:
         if savepoint is not None:
             try:
                 self.scheduler.restore_from_savepoint(*savepoint, is_savepoint=is_savepoint)
-            except s.SchedulerError as exc:
+            except ev.SchedulerError as exc:
                 raise RpcError(f"cannot start from savepoint {savepoint[1]}: {exc}") from None
-        self._feed(s.StartScheduling())
+        self._feed(ev.StartScheduling())
 
     def on_slots_allocated(self, allocations: list[SlotAllocation]) -> None:
-        self._feed(s.SlotsAllocated(tuple(allocations)))
+        self._feed(ev.SlotsAllocated(tuple(allocations)))
 
     def on_task_metrics(self, tasks: list[dict]) -> None:
-        self._feed(s.TaskMetricsReported(tuple(tasks)))
+        self._feed(ev.TaskMetricsReported(tuple(tasks)))
 
     def on_task_manager_lost(self, tm_id: str, reason: str) -> None:
-        self._feed(s.TaskManagerLost(tm_id, reason))
+        self._feed(ev.TaskManagerLost(tm_id, reason))
 
     def cancel(self) -> None:
-        self._feed(s.CancelRequested())
+        self._feed(ev.CancelRequested())
 
     def acknowledge_collect(self, msg: m.AcknowledgeCollect, peer: Peer) -> m.Acknowledge:
         if msg.attempt == self.graph.attempt:
-            self._feed(s.CheckpointAcknowledged(msg.checkpoint_id, f"collect/{msg.sink}/{msg.subtask}"))
+            self._feed(ev.CheckpointAcknowledged(msg.checkpoint_id, f"collect/{msg.sink}/{msg.subtask}"))
         return m.Acknowledge()  # a client may send it as a request
 
     def trigger_savepoint_async(self, target: Optional[str], stop: bool) -> str:
@@ -175,8 +181,8 @@ class JobMaster:
         ``checkpointing.savepoint_requests``. Raises RpcError when the job cannot take one now."""
         request_id = uuid.uuid4().hex
         try:
-            self._feed(s.SavepointRequested(request_id, target, stop))
-        except s.SchedulerError as exc:
+            self._feed(ev.SavepointRequested(request_id, target, stop))
+        except ev.SchedulerError as exc:
             raise RpcError(str(exc)) from None
         return request_id
 
@@ -208,7 +214,8 @@ class JobMaster:
             return
 
         def checkpointed(completed, failure: Optional[str]) -> None:
-            # in the scheduler's callback, right at completion: pinned before anything can subsume it
+            # the scheduler's CheckpointFinished, carried out before the instructions that follow
+            # the completion (disposals): pinned before anything can subsume it
             newest = coordinator.latest()
             if completed is None and newest is not None and newest.checkpoint_id > before:
                 completed = newest  # subsumed by a checkpoint that completed after the request
@@ -217,9 +224,12 @@ class JobMaster:
             else:
                 self._read_keyed_state(spec, key, completed.directory, done)
         before = latest.checkpoint_id if (latest := coordinator.latest()) else 0
+        request_id = uuid.uuid4().hex
+        self._checkpoint_requests[request_id] = checkpointed
         try:
-            self._feed(s.CheckpointRequested(checkpointed))
-        except s.SchedulerError as exc:
+            self._feed(ev.CheckpointRequested(request_id))
+        except ev.SchedulerError as exc:
+            del self._checkpoint_requests[request_id]
             raise RpcError(str(exc)) from None
 
     def _read_keyed_state(self, spec, key: Optional[bytes], directory: str,
@@ -253,11 +263,11 @@ class JobMaster:
             self.storage_executor.submit(shutil.rmtree, directory, True)
 
     # ------------------------------------------------------------------ instructions out
-    def _deploy(self, i: s.DeployTasks) -> None:
+    def _deploy(self, i: ins.DeployTasks) -> None:
         gone = next(((e, a) for e, a in i.placements if self.rm.task_executor_gateway(a.task_manager_id) is None),
                     None)
         if gone is not None:  # lost since the allocation; its loss event may still be on its way
-            self._feed(s.DeploymentFailed(gone[0].execution_id, f"TaskManager {gone[1].task_manager_id} is gone"))
+            self._feed(ev.DeploymentFailed(gone[0].execution_id, f"TaskManager {gone[1].task_manager_id} is gone"))
             return
         if self.ha is not None:
             self.ha.attempt_deployed(self.job_id, i.attempt)
@@ -272,7 +282,7 @@ class JobMaster:
         log.info("job %s (%s) deployed, attempt %d%s", self.job_id, self.job_graph.name, i.attempt,
                  f" from checkpoint {i.restore['checkpoint_id']}" if i.restore else "")
 
-    def _deployment(self, i: s.DeployTasks, execution: Execution, alloc: SlotAllocation, vertex: dict,
+    def _deployment(self, i: ins.DeployTasks, execution: Execution, alloc: SlotAllocation, vertex: dict,
                     job_config: dict, address_of_subtask: dict[int, str]) -> TaskDeploymentDescriptor:
         g, attempt, sub = self.job_graph, i.attempt, execution.subtask
         inputs, outputs = [], []
@@ -291,18 +301,18 @@ class JobMaster:
             allocation_id=alloc.allocation_id, vertex=vertex, subtask=sub, inputs=inputs, outputs=outputs,
             job_config=job_config, result_address=self.result_address, restore=i.restore, cells=g.cells)
 
-    def _cancel_task(self, i: s.CancelTask) -> None:
+    def _cancel_task(self, i: ins.CancelTask) -> None:
         gateway = self.rm.task_executor_gateway(i.task_manager_id)
         if gateway is None:  # its TaskManager is gone: nothing left to cancel
-            self._feed(s.TaskStateReported(i.execution_id, ExecutionState.CANCELED))
+            self._feed(ev.TaskStateReported(i.execution_id, ExecutionState.CANCELED))
         else:
             gateway.cancel_task(i.execution_id)
 
-    def _start_timer(self, i: s.StartTimer) -> None:
+    def _start_timer(self, i: ins.StartTimer) -> None:
         self.endpoint.cancel_timer(self._timers.get(i.name))
-        self._timers[i.name] = self.endpoint.call_later(i.delay_ms / 1000, self._feed, s.TimerFired(i.name))
+        self._timers[i.name] = self.endpoint.call_later(i.delay_ms / 1000, self._feed, ev.TimerFired(i.name))
 
-    def _trigger_checkpoint(self, i: s.TriggerCheckpoint) -> None:
+    def _trigger_checkpoint(self, i: ins.TriggerCheckpoint) -> None:
         if self.ha is not None:
             self.ha.checkpoint_triggered(self.job_id, i.checkpoint_id)
         for tm_id, execution_id in i.sources:
@@ -311,28 +321,28 @@ class JobMaster:
                 gateway.trigger_checkpoint(self.job_id, execution_id, i.checkpoint_id, i.timestamp, i.kind,
                                            i.directory)
 
-    def _write_metadata(self, i: s.WriteMetadata) -> None:
+    def _write_metadata(self, i: ins.WriteMetadata) -> None:
         def written(_result, error: Optional[BaseException]) -> None:
-            self._feed(s.MetadataWritten(i.checkpoint_id, None if error is None else str(error)))
+            self._feed(ev.MetadataWritten(i.checkpoint_id, None if error is None else str(error)))
         self.endpoint.run_blocking(self.storage_executor, self._store_checkpoint, i, then=written)
 
-    def _store_checkpoint(self, i: s.WriteMetadata) -> None:
+    def _store_checkpoint(self, i: ins.WriteMetadata) -> None:
         """``_metadata``, then in HA mode the pointer in ZooKeeper (storage executor): both before
         the sinks are told to commit, so a new leader restores no older checkpoint than they did."""
         write_metadata(Path(i.directory), i.body)
         if self.ha is not None:
             self.ha.checkpoint_completed(self.job_id, i.checkpoint_id, i.directory)
 
-    def _find_restore_point(self, i: s.FindRestorePoint) -> None:
+    def _find_restore_point(self, i: ins.FindRestorePoint) -> None:
         def found(result, error: Optional[BaseException]) -> None:
             if error is not None:
                 log.error("job %s: looking for a checkpoint to restore failed: %s", self.job_id, error)
                 result = (None, None)
-            self._feed(s.RestorePointFound(*result))
+            self._feed(ev.RestorePointFound(*result))
         self.endpoint.run_blocking(self.storage_executor, find_restore_point, i.candidates, i.job_dir,
                                    self.job_id, then=found)
 
-    def _savepoint_finished(self, i: s.SavepointFinished) -> None:
+    def _savepoint_finished(self, i: ins.SavepointFinished) -> None:
         reply = self._savepoint_replies.pop(i.request_id, None)
         if reply is not None:
             if i.location is not None:
@@ -340,7 +350,7 @@ class JobMaster:
             else:
                 reply.fail(i.failure or "the savepoint failed")
 
-    def _terminated(self, i: s.JobTerminated) -> None:
+    def _terminated(self, i: ins.JobTerminated) -> None:
         for timer in self._timers.values():
             self.endpoint.cancel_timer(timer)
         self._timers.clear()

@@ -29,7 +29,9 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from cluster.conf import Configuration
 
-from cluster.jobmanager.rest.server import (LOOP_TIMEOUT_S, FlinkHandler, HttpServerThread, RequestGuard, RestError, _log_request)
+from cluster.jobmanager.rest.base_handler import LOOP_TIMEOUT_S, FlinkHandler
+from cluster.jobmanager.rest.security import RequestGuard, RestError
+from cluster.jobmanager.rest.server import HttpServerThread, _log_request
 
 log = logging.getLogger(__name__)
 

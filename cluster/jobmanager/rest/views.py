@@ -1,21 +1,24 @@
 """JSON views of the JobManager's state, with Flink's REST field names.
 
-Shared by the REST API (rest.py) and the Dispatcher's control messages (the CLI's status, the
-notebook dashboard), so there is one definition of each answer. Called on the loop thread.
+Shared by the REST API (handlers.py), the Dispatcher's control messages (the CLI's status, the
+notebook dashboard) and the event publisher, so there is one definition of each answer. Called
+on the loop thread. They read the Dispatcher through JobManagerState: the Dispatcher imports
+these views, so REST does not import the Dispatcher back.
 An id that names nothing raises NotFound (the REST API's 404), never a bare KeyError: a KeyError
 out of a view is a bug and answered as one.
 """
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import Callable, Mapping, Optional, Protocol
 
 from cluster.common.clock import now_ms
 from cluster.graph.execution_graph import ExecutionState, JobState
+from cluster.protocol.endpoint import RpcEndpoint
 from cluster.protocol.metrics import CURRENT_INPUT_WATERMARK, EVENT_TIME_METRICS, backpressure_level
 
-if TYPE_CHECKING:
-    from cluster.jobmanager.dispatcher import Dispatcher
+from cluster.jobmanager.jobmaster.job_master import JobMaster
+from cluster.jobmanager.resourcemanager.resource_manager import ResourceManager
 
 VERSION = "streamlab-0.1.0"
 
@@ -24,7 +27,20 @@ class NotFound(LookupError):
     """An id in a request names no job, vertex, checkpoint or savepoint operation."""
 
 
-def job_master(d: "Dispatcher", job_id: str):
+class JobManagerState(Protocol):
+    """What the views and the REST handlers read of the Dispatcher (loop thread only)."""
+
+    @property
+    def jobs(self) -> Mapping[str, JobMaster]: ...
+
+    @property
+    def rm(self) -> ResourceManager: ...
+
+    @property
+    def endpoint(self) -> RpcEndpoint: ...
+
+
+def job_master(d: JobManagerState, job_id: str):
     job = d.jobs.get(job_id)
     if job is None:
         raise NotFound(f"Job {job_id} not found")
@@ -38,7 +54,7 @@ def job_vertex(job, vertex_id: str):
         raise NotFound(f"No vertex with ID '{vertex_id}' exists in job {job.job_id}") from None
 
 
-def overview_json(d: "Dispatcher") -> dict:
+def overview_json(d: JobManagerState) -> dict:
     sm = d.rm.slot_manager
     states = [j.state for j in d.jobs.values()]
     return {
@@ -54,7 +70,7 @@ def overview_json(d: "Dispatcher") -> dict:
     }
 
 
-def taskmanagers_json(d: "Dispatcher") -> dict:
+def taskmanagers_json(d: JobManagerState) -> dict:
     sm = d.rm.slot_manager
     wall_minus_mono = time.time() - time.monotonic()
     result = []
@@ -90,7 +106,7 @@ def _job_times(job) -> tuple[int, int, int]:
     return start, end, duration
 
 
-def jobs_overview_json(d: "Dispatcher") -> dict:
+def jobs_overview_json(d: JobManagerState) -> dict:
     jobs = []
     for job in d.jobs.values():
         start, end, duration = _job_times(job)
@@ -136,7 +152,7 @@ def plan_json(job) -> dict:
     return {"jid": job.job_id, "name": g.name, "type": "STREAMING", "nodes": nodes}
 
 
-def job_json(d: "Dispatcher", job_id: str) -> dict:
+def job_json(d: JobManagerState, job_id: str) -> dict:
     job = job_master(d, job_id)
     start, end, duration = _job_times(job)
     vertices = []
@@ -168,7 +184,7 @@ def job_json(d: "Dispatcher", job_id: str) -> dict:
     }
 
 
-def backpressure_json(d: "Dispatcher", job_id: str, vertex_id: str) -> dict:
+def backpressure_json(d: JobManagerState, job_id: str, vertex_id: str) -> dict:
     job = job_master(d, job_id)
     job_vertex(job, vertex_id)
     subtasks = []
@@ -185,7 +201,7 @@ def backpressure_json(d: "Dispatcher", job_id: str, vertex_id: str) -> dict:
             "subtasks": subtasks}
 
 
-def watermarks_json(d: "Dispatcher", job_id: str, vertex_id: str) -> list[dict]:
+def watermarks_json(d: JobManagerState, job_id: str, vertex_id: str) -> list[dict]:
     """GET /jobs/<id>/vertices/<vid>/watermarks, as Flink's JobVertexWatermarksHandler: each
     subtask's input watermark, ``{"id": "<subtask>.currentInputWatermark", "value": "<ms>"}``, the
     value a string as Flink's metric store keeps it (NO_WATERMARK is "-9223372036854775808"), a
@@ -205,7 +221,7 @@ FLINK_TASK_METRICS = {"numRecordsIn": "records-in", "numRecordsOut": "records-ou
                       "idleTimeMsPerSecond": "idleTimeMsPerSecond"} | {name: name for name in EVENT_TIME_METRICS}
 
 
-def vertex_metrics_json(d: "Dispatcher", job_id: str, vertex_id: str, get: Optional[list[str]]) -> list[dict]:
+def vertex_metrics_json(d: JobManagerState, job_id: str, vertex_id: str, get: Optional[list[str]]) -> list[dict]:
     """GET /jobs/<id>/vertices/<vid>/metrics[?get=a,b], as Flink's JobVertexMetricsHandler: the
     vertex's metrics, "<subtask>.<name>"; without ``get`` the names there are (ids only), with it
     the values (strings) of those asked for that exist. streamlab's operator metrics are the task's
@@ -220,7 +236,7 @@ def vertex_metrics_json(d: "Dispatcher", job_id: str, vertex_id: str, get: Optio
     return [{"id": name, "value": str(store[name])} for name in dict.fromkeys(get) if name in store]
 
 
-def vertex_json(d: "Dispatcher", job_id: str, vertex_id: str) -> dict:
+def vertex_json(d: JobManagerState, job_id: str, vertex_id: str) -> dict:
     job = job_master(d, job_id)
     v = job_vertex(job, vertex_id)
     start, end, duration = _job_times(job)
@@ -255,7 +271,7 @@ def _stats(values: list) -> dict:
             "median": pick(0.5), "p25": pick(0.25), "p75": pick(0.75), "p95": pick(0.95)}
 
 
-def subtasks_json(d: "Dispatcher", job_id: str) -> list[dict]:
+def subtasks_json(d: JobManagerState, job_id: str) -> list[dict]:
     """streamlab's own: every subtask with its state, TaskManager, slot and latest metrics."""
     job = job_master(d, job_id)
     slots = {a.allocation_id: a.slot_index for a in d.rm.slot_manager.allocations_of(job_id)}
@@ -315,7 +331,7 @@ def _summary(values: list) -> dict:
                                                     ("p999", 0.999))}}
 
 
-def checkpoints_json(d: "Dispatcher", job_id: str) -> dict:
+def checkpoints_json(d: JobManagerState, job_id: str) -> dict:
     c = job_master(d, job_id).checkpointing.coordinator
     records = sorted(c.records.values(), key=lambda r: r.checkpoint_id, reverse=True)
     completed = [r for r in records if r.status == "COMPLETED"]
@@ -339,14 +355,14 @@ def checkpoints_json(d: "Dispatcher", job_id: str) -> dict:
     }
 
 
-def checkpoint_details_json(d: "Dispatcher", job_id: str, checkpoint_id: int) -> dict:
+def checkpoint_details_json(d: JobManagerState, job_id: str, checkpoint_id: int) -> dict:
     record = job_master(d, job_id).checkpointing.coordinator.records.get(checkpoint_id)
     if record is None:
         raise NotFound(f"Could not find checkpointing statistics for checkpoint {checkpoint_id} of job {job_id}")
     return _checkpoint_entry(record)
 
 
-def checkpoint_config_json(d: "Dispatcher", job_id: str) -> dict:
+def checkpoint_config_json(d: JobManagerState, job_id: str) -> dict:
     conf = job_master(d, job_id).conf
     return {"mode": conf["execution.checkpointing.mode"].lower(), "interval": conf["execution.checkpointing.interval"],
             "timeout": conf["execution.checkpointing.timeout"], "min_pause": conf["execution.checkpointing.min-pause"],
@@ -360,7 +376,7 @@ def checkpoint_config_json(d: "Dispatcher", job_id: str) -> dict:
             "changelog_periodic_materialization_interval": 600000, "changelog_storage": "memory"}
 
 
-def savepoint_status_json(d: "Dispatcher", job_id: str, trigger_id: str) -> dict:
+def savepoint_status_json(d: JobManagerState, job_id: str, trigger_id: str) -> dict:
     request = job_master(d, job_id).checkpointing.savepoint_requests.get(trigger_id)
     if request is None:
         raise NotFound(f"No savepoint operation with trigger id {trigger_id} for job {job_id}")
