@@ -23,10 +23,10 @@ import zmq
 
 from cluster.protocol.codec import Codec
 from cluster.protocol.droplog import DropLog, drop_kind
-from cluster.protocol.endpoint import advertised_address, bind_socket, connect_socket, make_socket
 from cluster.checkpoint.barriers import Barrier
 from cluster.protocol.messages import (AddCredit, BufferResponse, CheckpointBarrier, EndOfPartition, MalformedMessage,
                                        Message, Watermark, WatermarkStatus)
+from cluster.protocol.sockets import advertised_address, bind_socket, connect_socket, make_socket
 
 from cluster.operators.base import TaskCancelled
 

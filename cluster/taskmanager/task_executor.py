@@ -44,11 +44,11 @@ from cluster.protocol.curve import cluster_codec
 from cluster.protocol.endpoint import Peer, RpcEndpoint
 from cluster.protocol.gateways import JobManagerGateway
 
-from cluster.spark.chain import SparkRunner
+from cluster.spark.runner import SparkRunner
 
 from cluster.taskmanager.network import NetworkEnvironment
 from cluster.taskmanager.slot_table import (CancelTaskThread, ForgetTask, OfferSlot, ReleaseJobNetwork, ReportTaskState, StartTask, TaskSlotTable)
-from cluster.taskmanager.task import Task
+from cluster.taskmanager.stream_task import StreamTask
 
 log = logging.getLogger("streamlab.taskmanager")
 REGISTRATION_RETRY_S = 1.0
@@ -77,7 +77,7 @@ class TaskExecutor:
         self.network = NetworkEnvironment(conf["taskmanager.host"], conf["taskmanager.data.port"], codec,
                                           conf["taskmanager.network.memory.buffers-per-channel"],
                                           bind_host=conf["taskmanager.bind-host"])
-        self.tasks: dict[str, Task] = {}  # the threads of the table's tasks
+        self.tasks: dict[str, StreamTask] = {}  # the threads of the table's tasks
         # writes checkpoint files while the tasks go on processing (the asynchronous part)
         self.snapshot_executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="snapshot")
         self.registered = False
@@ -206,7 +206,7 @@ class TaskExecutor:
             elif isinstance(i, StartTask):
                 if deployment is None:
                     raise ValueError(f"StartTask for execution {i.execution_id} without its deployment descriptor")
-                task = Task(deployment, self.network, self._report_from_task, self, self.snapshot_executor)
+                task = StreamTask(deployment, self.network, self._report_from_task, self, self.snapshot_executor)
                 self.tasks[i.execution_id] = task
                 task.start()
             elif isinstance(i, CancelTaskThread):
@@ -225,7 +225,7 @@ class TaskExecutor:
                 self.network.release_job(i.job_id)
 
     # ------------------------------------------------------------------ cancellation
-    def _cancel(self, task: Task) -> None:
+    def _cancel(self, task: StreamTask) -> None:
         """Flink's TaskCanceler, TaskInterrupter and TaskCancelerWatchDog, on the loop's timers."""
         task.cancel()
         if task.execution_id in self._cancelling:
@@ -236,7 +236,7 @@ class TaskExecutor:
         if self.cancellation_timeout_s > 0:
             self.endpoint.call_later(self.cancellation_timeout_s, self._cancellation_timed_out, task)
 
-    def _interrupt_again(self, task: Task) -> None:
+    def _interrupt_again(self, task: StreamTask) -> None:
         if not task.is_alive():
             self._cancelling.discard(task.execution_id)
             return
@@ -245,7 +245,7 @@ class TaskExecutor:
                      "(not seen while it is blocked in C code or a sleep)", task.name)
         self.endpoint.call_later(self.cancellation_interval_s, self._interrupt_again, task)
 
-    def _cancellation_timed_out(self, task: Task) -> None:
+    def _cancellation_timed_out(self, task: StreamTask) -> None:
         if task.is_alive():
             self.fatal_error(f"task {task.name} ({task.execution_id}) did not stop within "
                              f"{self.cancellation_timeout_s * 1000:.0f} ms of its cancel (task.cancellation.timeout)")
@@ -305,25 +305,25 @@ class TaskExecutor:
         for task in self._tasks_of(msg.job_id):
             task.notify_checkpoint_aborted(msg.checkpoint_id)
 
-    def _tasks_of(self, job_id: str) -> list[Task]:
+    def _tasks_of(self, job_id: str) -> list[StreamTask]:
         return [self.tasks[e] for e in self.slot_table.tasks_of(job_id) if e in self.tasks]
 
     # the CheckpointResponder of the tasks: any thread; the loop thread owns the socket
-    def acknowledge_checkpoint(self, task: Task, checkpoint_id: int, state: dict) -> None:
+    def acknowledge_checkpoint(self, task: StreamTask, checkpoint_id: int, state: dict) -> None:
         self.endpoint.call_soon(self.jobmanager.acknowledge_checkpoint, task.tdd.job_id, task.execution_id,
                                 checkpoint_id, state)
 
-    def decline_checkpoint(self, task: Task, checkpoint_id: int, reason: str) -> None:
+    def decline_checkpoint(self, task: StreamTask, checkpoint_id: int, reason: str) -> None:
         self.endpoint.call_soon(self.jobmanager.decline_checkpoint, task.tdd.job_id, task.execution_id,
                                 checkpoint_id, reason)
 
-    def end_of_input(self, task: Task) -> None:
+    def end_of_input(self, task: StreamTask) -> None:
         self.endpoint.call_soon(self.jobmanager.end_of_input, task.tdd.job_id, task.execution_id)
 
     def shutdown_task_manager(self, msg: m.ShutdownTaskManager, peer: Peer) -> None:
         threading.Thread(target=self.stop, args=("the cluster is shutting down",), daemon=True).start()
 
-    def _report_from_task(self, task: Task, state: str, error: Optional[str]) -> None:
+    def _report_from_task(self, task: StreamTask, state: str, error: Optional[str]) -> None:
         # Called on the task's thread: hand over to the loop thread, which owns the table and socket.
         self.endpoint.call_soon(lambda: self._run(self.slot_table.task_state_changed(task.execution_id, state,
                                                                                      error)))

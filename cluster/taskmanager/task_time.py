@@ -24,7 +24,8 @@ from typing import Callable, Optional
 
 import pyarrow as pa
 
-from cluster.operators.windowing.watermarks import NO_WATERMARK, WatermarkValve
+from cluster.graph.event_time import NO_WATERMARK
+from cluster.operators.windowing.watermarks import WatermarkValve
 
 TICK_S = 0.01  # how often processing-time timers are looked at
 

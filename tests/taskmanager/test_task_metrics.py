@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from cluster.taskmanager.task import BACKPRESSURED, IDLE, WINDOW_S, TaskMetrics, time_shares
+from cluster.taskmanager.task_metrics import BACKPRESSURED, IDLE, WINDOW_S, TaskMetrics, time_shares
 
 SHARES = ("busyTimeMsPerSecond", "backPressuredTimeMsPerSecond", "idleTimeMsPerSecond")
 

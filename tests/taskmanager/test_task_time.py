@@ -6,7 +6,7 @@ from typing import Optional
 
 import pyarrow as pa
 
-from cluster.operators.windowing.watermarks import NO_WATERMARK
+from cluster.graph.event_time import NO_WATERMARK
 from cluster.taskmanager.task_time import TaskTime
 
 

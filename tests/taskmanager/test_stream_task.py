@@ -1,4 +1,4 @@
-"""A Task on its own thread, with a real data socket: how it reads its job's configuration."""
+"""A StreamTask on its own thread, with a real data socket: how it reads its job's configuration."""
 import queue
 import secrets
 from concurrent.futures import ThreadPoolExecutor
@@ -9,7 +9,7 @@ from cluster.graph.deployment import TaskDeploymentDescriptor
 from cluster.graph.execution_graph import ExecutionState
 from cluster.protocol.codec import Codec
 from cluster.taskmanager.network import NetworkEnvironment
-from cluster.taskmanager.task import Task
+from cluster.taskmanager.stream_task import StreamTask
 
 TERMINAL = (ExecutionState.FINISHED, ExecutionState.FAILED, ExecutionState.CANCELED)
 
@@ -48,7 +48,7 @@ def run_task(network, job_config: dict) -> tuple[str, str, list]:
         subtask=0, inputs=[], outputs=[], job_config=job_config)
     events: queue.Queue = queue.Queue()
     with ThreadPoolExecutor(1) as executor:
-        task = Task(tdd, network, lambda t, state, error: events.put((state, error)), Responder(events), executor)
+        task = StreamTask(tdd, network, lambda t, state, error: events.put((state, error)), Responder(events), executor)
         task.start()
         seen = []
         while True:
@@ -86,7 +86,7 @@ def test_a_source_reads_only_once_its_consumers_have_opened(network):
         job_config={})
     states: queue.Queue = queue.Queue()
     with ThreadPoolExecutor(1) as executor:
-        task = Task(tdd, network, lambda t, state, error: states.put(state), Responder(queue.Queue()), executor)
+        task = StreamTask(tdd, network, lambda t, state, error: states.put(state), Responder(queue.Queue()), executor)
         task.start()
         assert states.get(timeout=30) == ExecutionState.INITIALIZING
         with pytest.raises(queue.Empty):
