@@ -14,7 +14,6 @@ of every key the batch touched: an upsert stream whose latest row per key is the
 from __future__ import annotations
 
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, Optional
 
@@ -23,13 +22,14 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from cluster.state.backend import create_backend
+from cluster.common import clock
+from cluster.graph.event_time import NO_WATERMARK
+from cluster.state.loader import create_backend
 from cluster.state.key_groups import key_group_range, key_groups_of_frame
 
 from cluster.operators.base import Operator, OperatorSnapshot, UserFunctionError, frame_to_table
 from cluster.operators.base import to_table
-from cluster.operators.windowing.timers import EVENT_TIME, PROCESSING_TIME, TimerService
-from cluster.operators.windowing.watermarks import NO_WATERMARK
+from cluster.operators.timers import EVENT_TIME, PROCESSING_TIME, TimerService
 
 # partial aggregates: how each function is computed from a batch and merged into state
 PARTIALS = {"sum": ("s",), "count": ("c",), "min": ("min",), "max": ("max",), "mean": ("s", "c")}
@@ -307,7 +307,7 @@ class TimerAccess:
         return self.watermark
 
     def current_processing_time(self) -> int:
-        return int(time.time() * 1000)
+        return clock.now_ms()
 
     def register_event_time_timer(self, timestamp: int) -> None:
         self._timers.register(EVENT_TIME, self._access._group, self._access.key, int(timestamp))

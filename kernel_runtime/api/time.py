@@ -13,7 +13,7 @@ from typing import Callable, Optional
 
 from cluster.conf import parse_duration_ms
 from cluster.graph.job_graph import GraphValidationError
-from cluster.operators.windowing.windows import SessionWindows, SlidingWindows, TumblingWindows
+from cluster.graph.windows import SessionWindows, SlidingWindows, TumblingWindows
 
 from kernel_runtime.api.datastream import call_site
 

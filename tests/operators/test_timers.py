@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from cluster.operators.windowing.timers import EVENT_TIME, PROCESSING_TIME, Timer, TimerService
-from cluster.state.backend import create_backend
+from cluster.operators.timers import EVENT_TIME, PROCESSING_TIME, Timer, TimerService
+from cluster.state.loader import create_backend
 
 MAX_PARALLELISM = 8
 

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from cluster.operators.windowing.watermarks import NO_WATERMARK, BoundedOutOfOrderness, WatermarkValve
+from cluster.graph.event_time import NO_WATERMARK
+from cluster.operators.windowing.watermarks import BoundedOutOfOrderness, WatermarkValve
 
 
 class Clock:

@@ -17,8 +17,9 @@ from cluster.conf import TaskConfig
 from cluster.graph.job_graph import OperatorSpec
 from cluster.taskmanager.operator_registry import OPERATORS
 from cluster.operators.base import OperatorContext
-from cluster.operators.windowing.window_operator import BLOCK
-from cluster.operators.windowing.watermarks import MAX_WATERMARK, NO_WATERMARK, TimestampError
+from cluster.operators.windowing.contents import BLOCK
+from cluster.graph.event_time import MAX_WATERMARK, NO_WATERMARK
+from cluster.operators.windowing.watermarks import TimestampError
 from cluster.state.key_groups import key_groups_of_frame, operator_index_for_key_group
 
 MAX_PARALLELISM = 128
@@ -486,7 +487,7 @@ def test_a_session_gap_of_zero_is_refused_naming_the_operator(backend, tmp_path)
 
 
 def test_the_spark_step_makes_the_same_partial_rows_as_pandas(spark, tmp_path):
-    from cluster.operators.windowing.window_operator import spark_window_partials
+    from cluster.spark.window_partials import spark_window_partials
     (frame, _), = scenario(seed=9, n=600, batch=600)
     as_ms = frame.assign(ts=frame["ts"].astype("datetime64[ms]").astype("int64"))
     # a timestamp, then epoch ms; sliding by a slide that does not divide the size, then by one that does (panes)

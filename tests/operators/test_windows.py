@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cluster.operators.windowing.windows import (SessionWindows, SlidingWindows, TimeWindow, TumblingWindows, assigner_of, merge_windows, window_start)
+from cluster.graph.windows import (SessionWindows, SlidingWindows, TimeWindow, TumblingWindows, assigner_of, merge_windows, window_start)
 
 
 def flink_sliding(ts: int, size: int, slide: int, offset: int = 0) -> list[int]:

@@ -15,33 +15,11 @@ from __future__ import annotations
 import time
 from typing import Optional
 
-import numpy as np
-import pandas as pd
 import pyarrow as pa
 
-from cluster.operators.base import Operator, OperatorSnapshot, UserFunctionError
-from cluster.operators.windowing.watermarks import MAX_WATERMARK, NO_WATERMARK, BoundedOutOfOrderness, rowtime_ms
-
-
-def timestamps_from(result, rows: int, where: str) -> pa.Array:
-    """A timestamp assigner's result (a Series, array or list of datetimes or epoch ms) as
-    timestamp[ms]."""
-    try:
-        values = pd.Series(np.asarray(result) if not isinstance(result, pd.Series) else result)
-    except Exception as exc:
-        raise UserFunctionError(f"{where}: the timestamp assigner must return one timestamp per row, "
-                                f"got {type(result).__name__} ({exc})") from None
-    if len(values) != rows:
-        raise UserFunctionError(f"{where}: the timestamp assigner returned {len(values)} timestamps "
-                                f"for {rows} rows")
-    if pd.api.types.is_datetime64_any_dtype(values):
-        if getattr(values.dt, "tz", None) is not None:
-            values = values.dt.tz_convert("UTC").dt.tz_localize(None)
-        return pa.array(values.astype("datetime64[ms]"), pa.timestamp("ms"))
-    if pd.api.types.is_integer_dtype(values):
-        return pa.array(values.to_numpy(dtype=np.int64), pa.int64()).cast(pa.timestamp("ms"))
-    raise UserFunctionError(f"{where}: the timestamp assigner must return datetimes or integer epoch "
-                            f"milliseconds, got values of type {values.dtype}")
+from cluster.graph.event_time import MAX_WATERMARK, NO_WATERMARK, timestamps_from
+from cluster.operators.base import Operator, OperatorSnapshot
+from cluster.operators.windowing.watermarks import BoundedOutOfOrderness, rowtime_ms
 
 
 class TimestampsAndWatermarks(Operator, kind="timestamps-watermarks"):

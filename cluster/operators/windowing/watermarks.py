@@ -16,10 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-# Flink's Long.MIN_VALUE watermark: nothing seen yet
-NO_WATERMARK = -(1 << 63)
-# Flink's Long.MAX_VALUE watermark: the end of input, every window fires
-MAX_WATERMARK = (1 << 63) - 1
+from cluster.graph.event_time import NO_WATERMARK
 
 
 class TimestampError(ValueError):

@@ -5,8 +5,10 @@ timestamp is ``end - 1`` (Flink's TimeWindow.maxTimestamp), so an event-time win
 watermark reaches ``end - 1``. Session windows start as ``[ts, ts + gap)`` per row and merge when
 they overlap or touch (Flink's TimeWindow.intersects), as MergingWindowAssigner does.
 
-The window operator (the runtime of ``key_by(...).window(...)``) builds on these; see
-../shared/design/ARCHITECTURE.md section 9.
+They are part of the job's description (``params["assigner"]`` of a window, a window join or a
+window pre-aggregation): the client builds them from ``TumblingEventTimeWindows.of(...)`` and
+friends, and the window operator (cluster.operators.windowing, the runtime of
+``key_by(...).window(...)``) assigns rows with them; see ../shared/design/ARCHITECTURE.md section 9.
 """
 from __future__ import annotations
 

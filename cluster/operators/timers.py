@@ -11,6 +11,10 @@ rescaled with the rest of its state, by either backend. An index in memory (time
 timers of each time in a set) answers "what is due" without scanning the backend; ``restore``
 rebuilds it from the backend after the backend restored.
 
+It sits beside the core operators, not in windowing/: as Flink's InternalTimerService it is the
+keyed operators' facility (a process function's timers, the joins' state expiry) that the window
+operator uses too, so keyed operators need not import windowing.
+
 Thread use: the owning operator's task thread only.
 """
 from __future__ import annotations

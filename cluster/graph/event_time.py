@@ -1,0 +1,42 @@
+"""Event time as a job states it, shared by the client and the cluster: the two watermarks that
+stand for something (nothing seen yet, the end of input) and what a timestamp assigner's result
+means.
+
+The client reads them too (the watermark views name NO_WATERMARK and MAX_WATERMARK, the schema
+sampler runs a timestamp assigner on sample rows), and the client may import the graph but not the
+operators; the runtime of event time (watermark generators, the valve, rowtime columns) stays in
+cluster.operators.windowing.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from cluster.common.failures import UserFunctionError
+
+# Flink's Long.MIN_VALUE watermark: nothing seen yet
+NO_WATERMARK = -(1 << 63)
+# Flink's Long.MAX_VALUE watermark: the end of input, every window fires
+MAX_WATERMARK = (1 << 63) - 1
+
+
+def timestamps_from(result, rows: int, where: str) -> pa.Array:
+    """A timestamp assigner's result (a Series, array or list of datetimes or epoch ms) as
+    timestamp[ms]."""
+    try:
+        values = pd.Series(np.asarray(result) if not isinstance(result, pd.Series) else result)
+    except Exception as exc:
+        raise UserFunctionError(f"{where}: the timestamp assigner must return one timestamp per row, "
+                                f"got {type(result).__name__} ({exc})") from None
+    if len(values) != rows:
+        raise UserFunctionError(f"{where}: the timestamp assigner returned {len(values)} timestamps "
+                                f"for {rows} rows")
+    if pd.api.types.is_datetime64_any_dtype(values):
+        if getattr(values.dt, "tz", None) is not None:
+            values = values.dt.tz_convert("UTC").dt.tz_localize(None)
+        return pa.array(values.astype("datetime64[ms]"), pa.timestamp("ms"))
+    if pd.api.types.is_integer_dtype(values):
+        return pa.array(values.to_numpy(dtype=np.int64), pa.int64()).cast(pa.timestamp("ms"))
+    raise UserFunctionError(f"{where}: the timestamp assigner must return datetimes or integer epoch "
+                            f"milliseconds, got values of type {values.dtype}")

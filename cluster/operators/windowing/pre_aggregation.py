@@ -1,0 +1,81 @@
+"""Window pre-aggregation in pandas: partial aggregates per key and window of each batch, computed
+upstream of the exchange (the "window-partial" kind) so that the shuffle carries one row per key,
+window and batch instead of the rows; the window operator merges them into its state
+(params["pre_aggregated"]). The same rows made by a step of a Spark plan are
+cluster.spark.window_partials'.
+
+A partial row: the key, window_start, window_end, the partial columns of the aggregations
+(cluster.operators.keyed.partial_columns), ``__rows__`` (the rows it stands for) and, for the
+late-record count, ``__latest__`` (how many of them have this as their latest window: a row all
+of whose windows are late counts once, in its latest).
+
+Thread use: the task thread only.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from cluster.graph.windows import SessionWindows, SlidingWindows, TumblingWindows, assigner_of
+from cluster.operators.base import Operator, frame_to_table
+from cluster.operators.keyed import MERGE_IN_BATCH, partial_columns
+from cluster.operators.windowing.watermarks import rowtime_ms
+
+ROWS, LATEST = "__rows__", "__latest__"
+
+
+def assign(assigner, timestamps: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(row index, window start, whether it is the row's latest window) per window of a row."""
+    rows, starts = assigner.assign(timestamps)
+    if isinstance(assigner, SlidingWindows):
+        latest = starts == (np.asarray(timestamps, dtype=np.int64)[rows]
+                            - np.mod(timestamps[rows] - assigner.offset, assigner.slide))
+    else:
+        latest = np.ones(len(rows), dtype=bool)
+    return rows, starts, latest
+
+
+def window_partials(frame: pd.DataFrame, key: list[str], starts: np.ndarray, ends: np.ndarray,
+                    latest: Optional[np.ndarray], aggregations: dict) -> pd.DataFrame:
+    """One row per key and window: the key, window_start, window_end, the partial columns of
+    ``aggregations`` (keyed.partial_columns), __rows__ and, given ``latest``, __latest__. ``frame``
+    holds one row per (row, window) pair."""
+    frame = frame.assign(window_start=starts, window_end=ends)
+    columns = {}
+    if latest is not None:
+        frame[LATEST] = latest.astype(np.int64)
+        columns[LATEST] = (LATEST, "sum")
+    for name, kind, column in partial_columns(aggregations):
+        columns[name] = (column, MERGE_IN_BATCH[kind] if kind != "c" else "count")
+    grouped = frame.groupby(key + ["window_start", "window_end"], sort=False, dropna=False)
+    out = grouped.agg(**columns) if columns else pd.DataFrame(index=grouped.size().index)
+    out[ROWS] = grouped.size()
+    order = [n for n, _, _ in partial_columns(aggregations)] + [ROWS] + ([LATEST] if latest is not None else [])
+    return out[order].reset_index()
+
+
+class WindowPartial(Operator, kind="window-partial"):
+    """Partial aggregates per key and window of each batch, before the exchange (no state).
+    params: key, rowtime, assigner, aggregations ({} for count)."""
+
+    def open(self) -> None:
+        assigner = assigner_of(self.params["assigner"], self.spec.where())
+        if isinstance(assigner, SessionWindows):
+            raise ValueError(f"{self.spec.where()}: session windows cannot be pre-aggregated (they merge)")
+        self.assigner = assigner
+
+    def process(self, table: pa.Table) -> list[pa.Table]:
+        if table.num_rows == 0:
+            return []
+        key, aggregations = list(self.params["key"]), self.params["aggregations"]
+        ts = rowtime_ms(table, self.params["rowtime"], self.spec.where())
+        rows, starts, latest = assign(self.assigner, ts)
+        needed = list(dict.fromkeys(key + [column for column, _ in aggregations.values()]))
+        frame = table.select(needed).to_pandas()
+        if not isinstance(self.assigner, TumblingWindows):  # a row in several windows: one row per window
+            frame = frame.take(rows)
+        partials = window_partials(frame, key, starts, starts + self.assigner.size, latest, aggregations)
+        return [frame_to_table(partials)]
