@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cluster.conf import TaskConfig  # noqa: E402
-from cluster.spark.chain import PY4J_RELEASE_POLL_S, SparkRunner  # noqa: E402
+from cluster.spark.runner import PY4J_RELEASE_POLL_S, SparkRunner  # noqa: E402
 
 
 def main() -> None:

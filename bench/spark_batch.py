@@ -6,7 +6,7 @@ with the TaskManagers' settings (cluster.spark.chain.spark_conf), by the TaskMan
 code (SparkChain.process). Each batch is split into:
 
 * arrow in:  the Arrow table to the JVM (createDataFrame);
-* analysis:  the steps' views and SQL, analysed (SparkChain._plan);
+* analysis:  the steps' views and SQL, analysed (ChainSteps.plan);
 * planning:  optimisation and physical planning (QueryExecution.executedPlan);
 * execute:   the physical plan run, rows counted in the JVM (no rows back to Python);
 * arrow out: toArrow less the execution (the rows back to Python as Arrow);
@@ -43,7 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from cluster.conf import TaskConfig  # noqa: E402
 from cluster.graph.job_graph import OperatorSpec  # noqa: E402
 from cluster.operators.base import OperatorContext  # noqa: E402
-from cluster.spark.chain import SparkChain, SparkRunner  # noqa: E402
+from cluster.spark.chain import SparkChain  # noqa: E402
+from cluster.spark.runner import SparkRunner  # noqa: E402
 from cluster.spark.arrow import JvmRefs  # noqa: E402
 
 QUERY = "SELECT id, k, v*2 AS v2 FROM input WHERE v < 500"
@@ -128,7 +129,7 @@ class ChainPath:
         return self.op.bridge.to_jvm(self.session, table, self.refs)
 
     def plan(self, jdf):
-        return self.op._plan(self.session, jdf, self.refs)
+        return self.op.steps.plan(self.session, jdf, self.refs)
 
     @staticmethod
     def executed(jdf):
@@ -189,7 +190,7 @@ def main() -> None:
           "milliseconds per batch, medians")
     columns = ["arrow in", "analysis", "planning", "execute", "arrow out", "batch", "py4j"]
     print(f"{'chain':<10} {'path':<10} {'rows':>9} " + " ".join(f"{c:>9}" for c in columns) + f" {'rows/s':>11}")
-    queries = {"select": QUERY, "aggregate": aggregate.steps[-1][1]}  # the pre-aggregation's own SQL
+    queries = {"select": QUERY, "aggregate": aggregate.steps.pairs[-1][1]}  # the pre-aggregation's own SQL
     for name, op in (("select", select), ("aggregate", aggregate)):
         for n in sizes:
             table = batch(n)

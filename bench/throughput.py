@@ -39,8 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cluster.protocol import messages as m  # noqa: E402
 from cluster.protocol.codec import Codec  # noqa: E402
-from cluster.protocol.endpoint import bound_address, make_socket  # noqa: E402
 from cluster.protocol.serde import ipc_to_table  # noqa: E402
+from cluster.protocol.sockets import bound_address, make_socket  # noqa: E402
 from kernel_runtime import JobClient, LocalCluster, StreamEnvironment  # noqa: E402
 from kernel_runtime.api import DiscardingSink  # noqa: E402
 
@@ -59,7 +59,7 @@ def timed_rows(seq):
 def spark_session():
     from pyspark.sql import SparkSession
     from cluster.conf import TaskConfig
-    from cluster.spark.chain import spark_conf
+    from cluster.spark.runner import spark_conf
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ["PYSPARK_PYTHON"] = sys.executable
     builder = SparkSession.builder

@@ -42,7 +42,7 @@ def spark():
     import sys
     from pyspark.sql import SparkSession
     from cluster.conf import TaskConfig
-    from cluster.spark.chain import spark_conf, with_jvm_helpers
+    from cluster.spark.runner import spark_conf, with_jvm_helpers
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ["PYSPARK_PYTHON"] = sys.executable
     builder = SparkSession.builder

@@ -6,24 +6,28 @@ bookkeeping that walks the Python stack), each a thread switch into the JVM and 
 GIL that the task thread needs at the same time. The batch itself goes the same way here, by the
 same JVM entry points PySpark uses (an Arrow stream file read by ``PythonSQLUtils``, and
 ``collectAsArrowToPython``'s socket), with what does not change from batch to batch (the Spark
-schema of an Arrow schema) worked out once. pyspark is pinned (pyproject.toml): these are its
-internal entry points. Tables with timestamps take PySpark's own path, which localises them.
+schema of an Arrow schema) worked out once. These are PySpark's internal entry points, reached
+through catalyst.py (the "Arrow bridge" it probes). Tables with timestamps take PySpark's own path,
+which localises them.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import tempfile
 import threading
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
+
+from cluster.spark import catalyst
 
 # A batch of this many rows or more is cut into one Arrow batch (one Spark partition, one task) per
 # core, so that both cores work on it; a smaller one is a single task, which schedules faster.
 SPLIT_ROWS = 50_000
 MAX_PARTITION_ROWS = 250_000  # spark.sql.execution.arrow.maxRecordsPerBatch, as PySpark cuts
+
+T = TypeVar("T")
 
 
 def by_pyspark(schema: pa.Schema) -> bool:
@@ -43,12 +47,11 @@ class JvmRefs:
     returns what it is given."""
 
     def __init__(self, session):
-        self._gateway = session.sparkContext._gateway
+        self._detach = catalyst.detacher(session)
         self._refs: list[Any] = []
 
-    def add(self, obj: Any) -> Any:
-        from py4j.java_gateway import JavaObject
-        if isinstance(obj, JavaObject):
+    def add(self, obj: T) -> T:
+        if catalyst.is_java_object(obj):
             self._refs.append(obj)
         return obj
 
@@ -61,7 +64,7 @@ class JvmRefs:
     def release(self) -> None:
         refs, self._refs = self._refs, []
         for obj in refs:
-            self._gateway.detach(obj)
+            self._detach(obj)
 
 
 class ArrowBridge:
@@ -81,7 +84,7 @@ class ArrowBridge:
     def to_jvm(self, session, table: pa.Table, refs: JvmRefs) -> Any:
         """The table as a Java DataFrame of ``session``."""
         if by_pyspark(table.schema):
-            return refs.add(session.createDataFrame(table)._jdf)
+            return refs.add(catalyst.public_frame(session, table))
         return self.parts_to_jvm(session, [table], refs)[0]
 
     def parts_to_jvm(self, session, tables: list[pa.Table], refs: JvmRefs) -> tuple[Any, list[tuple[int, int]]]:
@@ -90,10 +93,9 @@ class ArrowBridge:
         schema = self.spark_schema(tables[0].schema)
         path, ranges = self.write(session, tables)
         if self._to_dataframe is None:
-            utils = session._jvm.PythonSQLUtils
-            self._read_arrow, self._to_dataframe = utils.readArrowStreamFromFile, utils.toDataFrame
+            self._read_arrow, self._to_dataframe = catalyst.arrow_reader(session)
         batches = refs.add(self._read_arrow(path))  # read whole: the file is free again
-        return refs.add(self._to_dataframe(batches, schema, session._jsparkSession)), ranges
+        return refs.add(self._to_dataframe(batches, schema, catalyst.java_session(session))), ranges
 
     def spark_schema(self, schema: pa.Schema) -> str:
         """The Spark schema of an Arrow schema (without timestamps), as JSON."""
@@ -126,32 +128,12 @@ class ArrowBridge:
         return path, ranges
 
     def output_file(self, session) -> str:
-        """This thread's file for a batch's output written by the JVM (spark_local)."""
+        """This thread's file for a batch's output written by the JVM (local.py)."""
         return self._file(session, "out")
 
     def from_jvm(self, session, jdf, refs: JvmRefs) -> pa.Table:
         """Run the Java DataFrame's plan and take its rows as one Arrow table."""
-        from pyspark.errors.exceptions.captured import unwrap_spark_exception
-        from pyspark.sql.pandas.serializers import ArrowCollectSerializer
-        from pyspark.util import _load_from_socket
-        # indexed, not unpacked: unpacking a Java array asks the JVM its length before every item
-        served = refs.add(jdf.collectAsArrowToPython())
-        port, secret, server = served[0], served[1], refs.add(served[2])
-        try:
-            with _load_from_socket((port, secret), ArrowCollectSerializer()) as stream:
-                batches = list(stream)
-        finally:
-            with unwrap_spark_exception():
-                server.getResult()  # raises the job's failure
-        if batches:
-            return pa.Table.from_batches(batches)
-        from pyspark.sql.pandas.types import to_arrow_schema
-        from pyspark.sql.types import StructType
-        schema = refs.add(jdf.schema())
-        # zoned timestamps labelled with the session's time zone, as Spark's Arrow batches are
-        # (a batch that kept no row must not change the output's schema)
-        return to_arrow_schema(StructType.fromJson(json.loads(schema.json())),
-                               timezone=session.conf.get("spark.sql.session.timeZone")).empty_table()
+        return catalyst.collect_arrow(session, jdf, refs)
 
     def _file(self, session, kind: str) -> str:
         paths = getattr(self._local, "paths", None)
@@ -159,7 +141,7 @@ class ArrowBridge:
             paths = self._local.paths = {}
         path = paths.get(kind)
         if path is None:
-            directory = getattr(session.sparkContext, "_temp_dir", None) or tempfile.gettempdir()
+            directory = catalyst.temp_dir(session) or tempfile.gettempdir()
             fd, path = tempfile.mkstemp(prefix=f"streamlab-batch-{kind}-", suffix=".arrow", dir=directory)
             os.close(fd)
             paths[kind] = path

@@ -22,24 +22,42 @@ from __future__ import annotations
 
 import re
 import threading
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional, Protocol
 
 import numpy as np
 import pyarrow as pa
 
-from cluster.spark.arrow import by_pyspark
-
-if TYPE_CHECKING:
-    from cluster.spark.stage import SparkStage
-
-    from cluster.spark.chain import SparkChain
-    from cluster.spark.arrow import JvmRefs
+from cluster.spark import catalyst
+from cluster.spark.arrow import JvmRefs, by_pyspark
+from cluster.spark.memory import BatchMemory
 
 PARTITION_COLUMN = "__streamlab_partition__"
 # physical operators that keep each input partition's rows in that partition, by the name the
 # plan's tree string shows (WholeStageCodegen's "*(1) " prefix and the tree's lines stripped)
 _NARROW = ("Project", "Filter", "Scan ExistingRDD", "InputAdapter", "WholeStageCodegen", "ColumnarToRow")
 _PREFIX = re.compile(r"^[\s|+\-]*(?:\*\(\d+\)\s*)?")
+
+
+class FusedStage(Protocol):
+    """What a round needs of a member's Spark stage (stage.SparkStage)."""
+
+    def take_batch(self, max_bytes: int) -> Optional[tuple[int, pa.Table]]: ...
+
+    def run_batch(self, sequence: int, table: pa.Table) -> None: ...
+
+    def finish_batch(self, sequence: int, out: list[pa.Table], rows: int) -> None: ...
+
+    def fail_batch(self, exc: BaseException) -> None: ...
+
+
+class FusedChain(Protocol):
+    """What a round needs of a member's Spark chain (chain.SparkChain)."""
+
+    memory: BatchMemory
+
+    def runs_locally(self, schema: pa.Schema, rows: int) -> bool: ...
+
+    def process_parts(self, tables: list[pa.Table], fusion: "FusionGroup") -> tuple[Optional[pa.Table], list]: ...
 
 
 class FusionGroup:
@@ -55,11 +73,11 @@ class FusionGroup:
         # subtask that opened while another's first job ran waited for that job (300-450 ms of a
         # 5M-row job that took 1.1-1.2 s) before its source read a row.
         self._members_lock = threading.Lock()
-        self.members: list[tuple["SparkStage", "SparkChain"]] = []
+        self.members: list[tuple[FusedStage, FusedChain]] = []
         self.narrow: Optional[bool] = None  # None: no fused job ran yet
 
     @classmethod
-    def join(cls, key: tuple, stage: "SparkStage", chain: "SparkChain") -> "FusionGroup":
+    def join(cls, key: tuple, stage: FusedStage, chain: FusedChain) -> "FusionGroup":
         with cls._registry_lock:
             group = cls._registry.get(key)
             if group is None:
@@ -68,21 +86,21 @@ class FusionGroup:
                 group.members.append((stage, chain))
             return group
 
-    def leave(self, stage: "SparkStage") -> None:
+    def leave(self, stage: FusedStage) -> None:
         """After a round that may hold the stage's batch (lock order: round, registry, members)."""
         with self.lock, self._registry_lock, self._members_lock:
             self.members = [m for m in self.members if m[0] is not stage]
             if not self.members and self._registry.get(self.key) is self:
                 del self._registry[self.key]
 
-    def run_round(self, stage: "SparkStage") -> None:
+    def run_round(self, stage: FusedStage) -> None:
         """What waits in every member stage, through Spark: one job when the plan allows, else one
         job per stage's batch; each output (or the failure) handed to its stage."""
         with self.lock:
             # the calling stage first: its chain (session, job group) runs the fused job
             with self._members_lock:
                 members = sorted(self.members, key=lambda m: m[0] is not stage)
-            # one job's input is at most the TaskManager's budget for batches in the JVM (spark_memory):
+            # one job's input is at most the TaskManager's budget for batches in the JVM (memory.py):
             # the stages left out have their input taken by their own workers' next rounds
             allowance = members[0][1].memory.capacity
             taken = []
@@ -95,7 +113,7 @@ class FusionGroup:
             if not taken:
                 return  # another worker's round took this stage's input
             schema = taken[0][3].schema
-            # small batches run in the driver without a Spark job (spark_local), each its own
+            # small batches run in the driver without a Spark job (local.py), each its own
             small = taken[0][1].runs_locally(schema, sum(t[3].num_rows for t in taken))
             if len(taken) > 1 and self.narrow is not False and all(t[3].schema.equals(schema) for t in taken) \
                     and not by_pyspark(schema) and not small:
@@ -112,15 +130,14 @@ class FusionGroup:
             for member, chain, sequence, table in taken:  # each in a job of its own
                 member.run_batch(sequence, table)
 
-    def _fused(self, leader: "SparkChain", tables: list[pa.Table]) -> Optional[list[list[pa.Table]]]:
+    def _fused(self, leader: FusedChain, tables: list[pa.Table]) -> Optional[list[list[pa.Table]]]:
         out, ranges = leader.process_parts(tables, self)
         return None if out is None else split_by_partition(out, ranges)
 
-    def check_plan(self, jdf: Any, refs: "JvmRefs") -> bool:
+    def check_plan(self, jdf: Any, refs: JvmRefs) -> bool:
         """Whether the physical plan keeps each partition's rows apart (decided once)."""
         if self.narrow is None:
-            plan = refs.add(refs.add(jdf.queryExecution()).executedPlan())
-            self.narrow = is_narrow(plan.treeString())
+            self.narrow = is_narrow(catalyst.executed_plan_tree(jdf, refs))
         return self.narrow
 
 

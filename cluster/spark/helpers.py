@@ -2,9 +2,9 @@
 
 Each does in one py4j call what took many from Python: through py4j every step is a round trip into
 the JVM, up to a millisecond on a TaskManager whose cores are busy. ``LocalBatch`` runs a small
-batch in the driver without a Spark job (spark_local); ``BatchJob`` runs a batch through a kept
-analysed plan as one Spark job (spark_plans). They use Spark's internal methods, public in its
-bytecode; pyspark is pinned (pyproject.toml).
+batch in the driver without a Spark job (local.py); ``BatchJob`` runs a batch through a kept
+analysed plan as one Spark job (plans.py). They use Spark's internal methods, public in its
+bytecode: catalyst.py loads them and probes them at the session's start.
 
 The classes are compiled once per machine and Spark version (``javac`` of the JDK that Spark runs
 on), into ``~/.cache/streamlab/jvm``, and put on the driver's class path when the TaskManager's
@@ -21,14 +21,14 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import pyarrow as pa
 
 log = logging.getLogger(__name__)
 
 SOURCES = sorted((Path(__file__).parent / "jvm").glob("*.java"))
-PACKAGE = "streamlab"
+HELPER_PACKAGE = "streamlab"  # the helpers' Java package (catalyst.load_helper finds them by it)
 JAVA_RELEASE = "17"  # Spark 4's oldest Java
 COMPILE_TIMEOUT_S = 300
 
@@ -51,7 +51,7 @@ def javac() -> Optional[str]:
 
 
 def compiled(directory: Path) -> bool:
-    return all((directory / PACKAGE / f"{source.stem}.class").exists() for source in SOURCES)
+    return all((directory / HELPER_PACKAGE / f"{source.stem}.class").exists() for source in SOURCES)
 
 
 def classpath_entry() -> Optional[str]:
@@ -91,18 +91,6 @@ def classpath_entry() -> Optional[str]:
         log.warning("compiling %s failed (%s): Spark batches take the slower way without them", names, exc)
         return None
     return str(target)
-
-
-def load(session, name: str) -> Optional[Any]:
-    """The helper class ``name`` as loaded in the session's JVM, if the driver has it on its class path."""
-    from py4j.java_gateway import JavaClass
-    helper = getattr(session._jvm, PACKAGE)
-    helper = getattr(helper, name)
-    if not isinstance(helper, JavaClass):
-        log.warning("%s.%s is not on the Spark driver's class path: Spark batches take the slower way without it",
-                    PACKAGE, name)
-        return None
-    return helper
 
 
 def read_stream_file(path: str) -> pa.Table:

@@ -12,7 +12,7 @@ the local way back for batches of at most ``execution.spark.local-batch-rows`` r
 plan is a chain of one-child nodes (projections and filters): measured in one session, 8-12 ms for
 60 to 10,000 rows against 27-52 ms for a job.
 
-That takes one call into the JVM per batch (jvm/LocalBatch.java, loaded by spark_jvm): through py4j
+That takes one call into the JVM per batch (jvm/LocalBatch.java, loaded by catalyst.load_helper): through py4j
 each of the two dozen steps is a round trip of up to a millisecond on a busy TaskManager, and the
 24 kB of a 1,000-row result came back through py4j in 45 ms. Without the helper (no JDK compiler)
 every batch runs as a Spark job.
@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import pyarrow as pa
 
-from cluster.spark import helpers as spark_jvm
+from cluster.spark import catalyst
+from cluster.spark.helpers import HELPER_PACKAGE, read_stream_file
 
 if TYPE_CHECKING:
     from cluster.spark.plans import PlanTemplate
@@ -46,21 +47,20 @@ class LocalBatches:
     @classmethod
     def load(cls, session) -> Optional["LocalBatches"]:
         """The helper, if the session's driver has it on its class path."""
-        helper = spark_jvm.load(session, "LocalBatch")
+        helper = catalyst.load_helper(session, HELPER_PACKAGE, "LocalBatch")
         return None if helper is None else cls(helper)
 
     def run(self, session, template: "PlanTemplate", in_path: str, out_path: str) -> Optional[pa.Table]:
         """The batch in the Arrow stream file ``in_path`` through ``template``'s plan, in the
         driver; None when the template was released meanwhile, or its plan needs a Spark job
         (then marked: its later batches are not tried here)."""
-        from pyspark.errors.exceptions.captured import unwrap_spark_exception
         with template.root() as root:
             if root is None:
                 return None
-            with unwrap_spark_exception():  # a Spark error as PySpark raises it from a job
-                rows = self._run(session._jsparkSession, root, in_path, out_path)
+            with catalyst.spark_errors():  # a Spark error as PySpark raises it from a job
+                rows = self._run(catalyst.java_session(session), root, in_path, out_path)
         if rows < 0:
             template.local = False
             log.info("a .sql plan needs a Spark job after optimisation: its batches run as jobs")
             return None
-        return spark_jvm.read_stream_file(out_path)
+        return read_stream_file(out_path)

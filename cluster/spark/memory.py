@@ -4,10 +4,10 @@ While its job runs, a batch is in the JVM's heap several times over: the Arrow s
 each Spark task's serialized copy and the copy it runs, the Arrow output and its serialized result.
 With the default 1g heap, fused jobs of two subtasks' 64 MB batches (1M rows of eight int64
 columns each) ran the heap out within a few jobs (that each job's first batch stayed alive, fixed
-in spark_plans, hastened it); the OutOfMemoryError killed Spark's scheduler thread, and the job
+in plans.py, hastened it); the OutOfMemoryError killed Spark's scheduler thread, and the job
 waited for tasks that never started. Every Spark job of the TaskManager (any task, any job) holds
 its input's bytes here while it runs; one that would go over the budget waits for others to end,
-and no job takes more than the whole budget (spark_stage's and spark_fusion's caps).
+and no job takes more than the whole budget (stage.py's and fusion.py's caps).
 
 Thread use: any thread (the Spark stages' workers of every task in the TaskManager).
 """
@@ -23,9 +23,9 @@ from cluster.operators.base import TaskCancelled
 
 # A fraction of the heap: 64 MB of the default 1g, at which 14 jobs in a row of 5M rows of eight
 # int64 columns ran fused jobs of 64 MB at a steady 2.0-2.3 M rows/s. (Before, jobs slowed down one
-# after the other until the heap ran out: each kept whole batches alive, see spark_plans.)
+# after the other until the heap ran out: each kept whole batches alive, see plans.py.)
 HEAP_SHARE = 16
-WAIT_SLICE_S = 0.05  # how often a waiting job looks at its task's cancellation
+WAIT_SLICE_S = 0.05  # how often a thread waiting on Spark (a job for room, a task for its stage) looks at its task's cancellation
 
 
 def budget_of_heap(driver_memory: str) -> int:

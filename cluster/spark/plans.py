@@ -23,9 +23,7 @@ and plans that are not deterministic: analysis fixes the seed of ``rand()``, ``u
 kind (Spark's ResolveRandomSeed), and a re-used plan would draw the same numbers for every batch.
 ``.spark`` functions never are re-used (they may build a different plan each time).
 
-pyspark is pinned (pyproject.toml): these are Spark's internal methods, public in its bytecode
-(``TreeNode.makeCopy``/``withNewChildren``, ``QueryPlan.subqueries``,
-``AnalysisHelper.setAnalyzed``, ``classic.Dataset.ofRows``).
+Every reach into Catalyst (the plan's walk, the input leaf's copy) is catalyst.py's.
 
 Thread use: any thread may call a ``PlanCache`` and a ``PlanTemplate`` (each under its own lock).
 """
@@ -35,20 +33,14 @@ import threading
 from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator, Optional
+from typing import Any, Iterator, Optional
 
 import pyarrow as pa
 
-from cluster.spark import helpers as spark_jvm
-
-if TYPE_CHECKING:
-    from cluster.spark.arrow import JvmRefs
+from cluster.spark import catalyst
+from cluster.spark.helpers import HELPER_PACKAGE, read_stream_file
 
 INPUT_VIEW = "input"  # the view each SQL step reads (SparkChain._plan)
-INPUT_LEAF = "LogicalRDD"  # an Arrow batch's relation (spark_arrow.ArrowBridge, PySpark's createDataFrame)
-# the leaves besides its input that a plan shared by every job may read: constants, the same for all
-CONSTANT_LEAVES = ("LocalRelation", "OneRowRelation", "Range")
-NAME_ONLY = ("SubqueryAlias", "View")  # analysed-plan nodes that only name what is below them
 PLANS_KEPT = 64  # a TaskManager's plans, the least recently used released first
 
 
@@ -100,7 +92,7 @@ class PlanTemplate:
 
     def __init__(self, session, path: list[tuple[Any, list[Any], int]], copy_args: Any, rdd_arg: int,
                  kept: list[Any]):
-        self._gateway = session.sparkContext._gateway
+        self._detach_one = catalyst.detacher(session)
         self._lock = threading.Lock()  # a bind sets the batch's rdd in the one copy_args array
         self._released = False
         self._users = 0  # calls using the root now (root())
@@ -109,132 +101,56 @@ class PlanTemplate:
         # the leaf's constructor arguments, its attribute ids among them; its rdd set per batch
         self._copy_args, self._rdd_arg = copy_args, rdd_arg
         self._kept = kept  # every Java object the template holds, released with it
-        self._to_seq = session._jvm.org.apache.spark.api.python.PythonUtils.toSeq
-        self._of_rows = session._jvm.org.apache.spark.sql.classic.Dataset.ofRows
+        self._copier = catalyst.PlanCopier(session)
         # a chain of one-child nodes (projections, filters) down to the input: a small batch may
-        # run in the driver (spark_local); set False once Spark's optimiser left a job to run
+        # run in the driver (local.py); set False once Spark's optimiser left a job to run
         self.local = bool(path) and all(len(children) == 1 for _, children, _ in path)
 
     @classmethod
-    def of(cls, session, jdf, refs: "JvmRefs", tagged: bool = False) -> Optional["PlanTemplate"]:
+    def of(cls, session, jdf, refs: catalyst.Refs, tagged: bool = False) -> Optional["PlanTemplate"]:
         """The template of a Java DataFrame's analysed plan, or None when it cannot be re-used.
-        ``tagged``: the plan is a projection of ours (spark_fusion's partition tag, itself not
+        ``tagged``: the plan is a projection of ours (fusion.py's partition tag, itself not
         deterministic) over the steps' plan, whose determinism decides. What it reaches of the
         batch's own plan goes with ``refs`` (the batch's)."""
-        plan = refs.add(refs.add(jdf.queryExecution()).analyzed())
-        steps = plan
+        plan = steps = catalyst.analyzed_plan(jdf, refs)
         if tagged:
-            if plan.nodeName() != "Project" or refs.add(plan.children()).size() != 1:
+            steps = catalyst.only_child(plan, "Project", refs)
+            if steps is None:
                 return None
-            steps = refs.add(refs.add(plan.children()).apply(0))
-        if not steps.deterministic():
-            return None  # seeds fixed at analysis: each batch needs its own
-        path: list[tuple[Any, list[Any], int]] = []
-        leaves: list[Any] = []
-        in_subqueries: list[Any] = []
-        if not cls._walk(plan, path, leaves, in_subqueries, refs) or len(leaves) != 1 or in_subqueries:
+        found = catalyst.input_path(plan, steps, INPUT_VIEW, refs)
+        if found is None:
             return None  # a table or view read, the input read twice, or inside an expression (a subquery)
-        leaf = leaves[0]
-        names = [leaf.productElementName(i) for i in range(leaf.productArity())]
-        if "rdd" not in names:
+        path, leaf = found
+        args = catalyst.leaf_copy_args(session, leaf, refs)
+        if args is None:
             return None
-        gateway = session.sparkContext._gateway
-        copy_args = gateway.new_array(gateway.jvm.java.lang.Object, len(names))
-        rdd_arg = names.index("rdd")
-        for i, name in enumerate(names):
-            copy_args[i] = None if name == "rdd" else refs.add(leaf.productElement(i))
+        copy_args, rdd_arg = args
         # The template's own plan reads an empty RDD: over the analysed batch's leaf it kept that
         # batch's Arrow bytes in the JVM for as long as the chain ran, a whole fused job's input
         # per thread and plan; with 1M-row batches of eight int64 columns (64 MB) and the batch
         # the view "input" kept (SparkChain._plan), a 1g heap ran out within a few jobs.
-        empty = refs.add(refs.add(session._jsc.emptyRDD()).rdd())
-        to_seq = session._jvm.org.apache.spark.api.python.PythonUtils.toSeq
-        nodes = cls._over(empty, leaf, copy_args, rdd_arg, path, to_seq, refs, keep=True)
-        root = nodes[0]
+        nodes = catalyst.PlanCopier(session).over(catalyst.empty_rdd(session, refs), leaf, copy_args, rdd_arg,
+                                                  path, refs, keep=True)
         own_path = []  # each new ancestor with its children: Java objects of the template's own
         for node, (_, _, side) in zip(nodes, path):
-            kids = refs.add(node.children())
-            own_path.append((node, [kids.apply(i) for i in range(kids.size())], side))
-        # Each new Dataset adds its id to a mutable set among its plan root's tags (for detecting
-        # ambiguous self-joins), and withNewChildren copies a node's tags: left on the template's
-        # root, that one set gained an id for every batch, for as long as the job ran
-        root.unsetTagValue(session._jvm.org.apache.spark.sql.classic.Dataset.DATASET_ID_TAG())
+            own_path.append((node, catalyst.children(node, refs), side))
+        catalyst.forget_datasets(session, nodes[0])
         kept = [copy_args, *(obj for node, kids, _ in own_path for obj in (node, *kids))]
         return cls(session, own_path, copy_args, rdd_arg, kept)
 
-    @classmethod
-    def _walk(cls, node, path: list, leaves: list, in_subqueries: list, refs: "JvmRefs") -> bool:
-        """Fill ``path`` with the ancestors of the first input leaf of the tree's children, but
-        for those that only name it (``leaves`` gets every one, ``in_subqueries`` those of subquery expressions); False when
-        the plan reads anything but its input and constants."""
-        name = node.nodeName()
-        if name == "View" and not (node.isTempView() and node.desc().identifier().unquotedString() == INPUT_VIEW):
-            return False  # another view's plan, fixed at analysis: it may be replaced before the next batch
-        children = refs.add(node.children())
-        if children.size() == 0:
-            if name == INPUT_LEAF:
-                leaves.append(node)
-                return True
-            return name in CONSTANT_LEAVES
-        subqueries = refs.add(node.subqueries())
-        for i in range(subqueries.size()):
-            if not cls._walk(refs.add(subqueries.apply(i)), [], in_subqueries, in_subqueries, refs):
-                return False
-        kids = [refs.add(children.apply(i)) for i in range(children.size())]
-        for i, child in enumerate(kids):
-            found = len(leaves)
-            if not cls._walk(child, path, leaves, in_subqueries, refs):
-                return False
-            if len(leaves) > found and len(leaves) == 1 and name not in NAME_ONLY:
-                # the view's name and marker over the input leaf only served name resolution, done:
-                # the optimiser drops them (EliminateSubqueryAliases, EliminateView), and a batch
-                # need not build them
-                path.insert(0, (node, kids, i))
-        return True
-
-    @staticmethod
-    def _over(rdd, leaf, copy_args, rdd_arg: int, path: list[tuple[Any, list[Any], int]], to_seq,
-              refs: "JvmRefs", keep: bool = False) -> list[Any]:
-        """The plan along ``path`` over a copy of the input ``leaf`` that reads ``rdd`` with the
-        template's attribute ids (``copy_args``): its new nodes, the root first and the leaf's copy
-        last, in ``refs`` but for the ancestors when ``keep`` (a template's own)."""
-        copy_args[rdd_arg] = rdd
-        try:
-            node = refs.add(leaf.makeCopy(copy_args))
-        finally:
-            # the array is the template's: holding a batch's rdd, it kept the batch's Arrow bytes
-            # in the JVM until the next batch, past the job that JvmRefs releases them after
-            copy_args[rdd_arg] = None
-        nodes = [node]
-        for parent, children, side in reversed(path):
-            if len(children) == 1:
-                # a unary node (a Project, a Filter): one py4j call, where withNewChildren's Seq
-                # built from a Python list took four, each a thread switch that a loaded TaskManager
-                # made cost up to a millisecond (its tags, which withNewChildren copies, are left:
-                # the analysed plan's, such as the Dataset ids of the template's root, are not needed)
-                node = parent.withNewChildInternal(node)
-            else:
-                kids = list(children)
-                kids[side] = node
-                node = parent.withNewChildren(refs.add(to_seq(kids)))
-            nodes.insert(0, node if keep else refs.add(node))
-        return nodes
-
-    def bind(self, session, jdf, refs: "JvmRefs") -> Optional[Any]:
+    def bind(self, session, jdf, refs: catalyst.Refs) -> Optional[Any]:
         """The plan over ``jdf``'s relation (an Arrow batch's, of the template's schema), as a
         Java DataFrame of ``session``; None when the template was released (evicted) meanwhile."""
-        leaf = refs.add(jdf.logicalPlan())
+        leaf, rdd = catalyst.plan_rdd(jdf, refs)
         with self._lock:
             if self._released:
                 return None
-            root = self._over(refs.add(leaf.rdd()), leaf, self._copy_args, self._rdd_arg, self._path,
-                              self._to_seq, refs)[0]
-        root.setAnalyzed()
-        return refs.add(self._of_rows(session._jsparkSession, root))
+            root = self._copier.over(rdd, leaf, self._copy_args, self._rdd_arg, self._path, refs)[0]
+        return self._copier.analysed_frame(session, root, refs)
 
     @contextmanager
     def root(self) -> Iterator[Optional[Any]]:
-        """The template's own plan root, from which the JVM helpers (spark_jvm) build a batch's
+        """The template's own plan root, from which the JVM helpers (jvm/*.java) build a batch's
         plan, for the length of a call; None when the template was released or reads its input
         bare (no node above it). A release meanwhile leaves its objects in the JVM until the last
         such call is done: the lock is not held through a call, which may be a whole Spark job."""
@@ -263,7 +179,7 @@ class PlanTemplate:
         with self._lock:
             kept, self._kept = self._kept, []
         for obj in kept:
-            self._gateway.detach(obj)
+            self._detach_one(obj)
 
 
 class BatchJobs:
@@ -276,7 +192,7 @@ class BatchJobs:
 
     @classmethod
     def load(cls, session) -> Optional["BatchJobs"]:
-        helper = spark_jvm.load(session, "BatchJob")
+        helper = catalyst.load_helper(session, HELPER_PACKAGE, "BatchJob")
         return None if helper is None else cls(helper)
 
     def run(self, session, template: PlanTemplate, spark_schema: str, in_path: str,
@@ -285,10 +201,9 @@ class BatchJobs:
         JSON) through ``template``'s plan: its output, partitions in order, and the seconds taken to
         bind the plan to it; None when the template was released meanwhile. A failure of the job
         raises as PySpark raises it."""
-        from pyspark.errors.exceptions.captured import unwrap_spark_exception
         with template.root() as root:
             if root is None:
                 return None
-            with unwrap_spark_exception():
-                bind_ns = self._run(session._jsparkSession, root, spark_schema, in_path, out_path)
-        return spark_jvm.read_stream_file(out_path), bind_ns / 1e9
+            with catalyst.spark_errors():
+                bind_ns = self._run(catalyst.java_session(session), root, spark_schema, in_path, out_path)
+        return read_stream_file(out_path), bind_ns / 1e9

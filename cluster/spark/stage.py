@@ -27,8 +27,7 @@ import pyarrow as pa
 
 from cluster.operators.base import TaskCancelled
 from cluster.spark.fusion import FusionGroup
-
-from cluster.taskmanager.network import WAIT_SLICE
+from cluster.spark.memory import WAIT_SLICE_S
 
 
 class BatchAccumulator:
@@ -168,7 +167,7 @@ class SparkStage:
     def _wait(self) -> None:
         if self._cancelled.is_set():
             raise TaskCancelled()
-        self._cond.wait(WAIT_SLICE)
+        self._cond.wait(WAIT_SLICE_S)
 
     def _check_owner(self) -> None:
         if threading.get_ident() != self._owner:

@@ -46,7 +46,7 @@ def drive(master: str, out: str) -> None:
     output written to ``out``/<case>-<n>.arrow; what Spark says of itself to ``out``/driver.json."""
     from cluster.conf import TaskConfig
     from cluster.spark import arrow as spark_arrow
-    from cluster.spark.chain import SparkRunner
+    from cluster.spark.runner import SparkRunner
     from cluster.spark.plans import PlanCache
     from tests.operators.test_spark_oracle import run_path
     config = TaskConfig.from_dict({

@@ -75,7 +75,7 @@ def test_a_plan_that_still_needs_a_job_runs_as_one_from_then_on(spark, query):
     try:
         for i in range(3):
             assert run(chain, [batch(i)]) == run(reference, [batch(i)])
-        template = chain._cached(batch(0).schema, False)
+        template = chain.paths.cached(batch(0).schema, False)
         assert template is not None and template.local is False
         assert chain.local_batch_count == 0
         assert chain.metrics()["spark-jobs"] == reference.metrics()["spark-jobs"] >= 3

@@ -33,7 +33,8 @@ from cluster.conf import TaskConfig
 from cluster.graph.job_graph import OperatorSpec
 from cluster.spark import arrow as spark_arrow
 from cluster.operators.base import UserFunctionError
-from cluster.spark.chain import SparkChain, SparkRunner
+from cluster.spark.chain import SparkChain
+from cluster.spark.runner import SparkRunner
 from cluster.spark.fusion import FusionGroup, split_by_partition
 from cluster.spark.plans import PlanCache
 from tests.conftest import wait_for
@@ -258,7 +259,7 @@ def chains(steps: list, job: str, parallelism: int = 1, config: Optional[dict] =
                  for n, step in enumerate(steps)]
         chain = SparkChain(specs, ctx)
         chain.open()
-        assert chain.local_batches is not None and chain.batch_jobs is not None, \
+        assert chain.paths.local_batches is not None and chain.paths.batch_jobs is not None, \
             "the Java helpers are not loaded: every batch would take the Python way"
         if tz is not None:
             # as a TaskManager whose taskmanager.spark.conf sets spark.sql.session.timeZone
@@ -532,7 +533,7 @@ def test_a_kept_plan_with_a_python_udf_falls_back_from_the_driver_to_a_job(spark
                                                                                                    "string"), df)[1])
             assert_as_oracle(got, expected, what=f"batch {n}")
             assert got["loud"].to_pylist() == [shout(r["s"]) for r in table.to_pylist() if r["id"] % 7 != 3]
-        template = chain._cached(tables[0].schema, False)
+        template = chain.paths.cached(tables[0].schema, False)
         assert template is not None and template.local is False
         assert (chain.local_batch_count, chain.plans_reused) == (0, len(tables) - 1)
     finally:

@@ -14,7 +14,7 @@ import pytest
 
 from cluster.conf import TaskConfig
 from cluster.operators.base import UserFunctionError
-from cluster.spark.chain import SparkRunner
+from cluster.spark.runner import SparkRunner
 from cluster.spark.fusion import FusionGroup, split_by_partition
 from cluster.spark.plans import PlanCache
 
@@ -83,7 +83,7 @@ def test_a_reused_plan_gathers_nothing_from_batch_to_batch(spark):
         for i in range(12):
             chain.process(batch(i))
         assert chain.plans_reused == 11
-        template = chain.plans.get(chain._plan_key(False, batch(0).schema)).template
+        template = chain.paths.plans.get(chain.paths.key(False, batch(0).schema)).template
         root = template._path[0][0]
         ids = root.getTagValue(dataset_ids)
         assert not ids.isDefined() or ids.get().size() <= 1, f"{ids.get().size()} datasets' ids on the template"
@@ -166,7 +166,7 @@ def test_a_reused_plan_keeps_no_batch_alive_in_the_jvm(spark):
         with JvmRefs(session) as refs:
             first = chain.bridge.to_jvm(session, batch(0), refs)
             weak["the analysed batch"] = jvm.java.lang.ref.WeakReference(refs.add(refs.add(first.logicalPlan()).rdd()))
-            template = PlanTemplate.of(session, chain._plan(session, first, refs), refs)
+            template = PlanTemplate.of(session, chain.steps.plan(session, first, refs), refs)
         assert template is not None
         with JvmRefs(session) as refs:
             second = chain.bridge.to_jvm(session, batch(1), refs)
@@ -266,7 +266,7 @@ def test_the_least_recently_used_plan_is_released_past_the_capacity(spark):
         for chain in chains:
             chain.process(batch(0))
         first = chains[0]
-        assert len(plans) == 2 and plans.get(first._plan_key(False, batch(0).schema)) is None
+        assert len(plans) == 2 and plans.get(first.paths.key(False, batch(0).schema)) is None
         again, = job_chains(queries[0], "lru-again", parallelism=1)
         chains.append(again)
         out, = again.process(batch(1))
@@ -313,7 +313,7 @@ def test_a_kept_plans_batch_is_one_call_into_the_jvm_and_gives_the_python_ways_r
     node, its Arrow served over a socket) on the same batches: the same tables, schemas included."""
     helper, = job_chains(ALL_KINDS, "batch-job", parallelism=1)
     python, = job_chains(ALL_KINDS, "batch-job-python", parallelism=1)
-    python.batch_jobs = None
+    python.paths.batch_jobs = None
     client = helper._session().sparkContext._gateway._gateway_client
     send, commands = client.send_command, []
     try:
@@ -363,7 +363,7 @@ def test_a_template_released_while_a_job_uses_its_root_leaves_the_jvm_when_that_
     chain, = job_chains("SELECT id, v FROM input WHERE v > 4", "release-in-use", parallelism=1)
     try:
         chain.process(batch(0))
-        template = chain._cached(batch(0).schema, False)
+        template = chain.paths.cached(batch(0).schema, False)
         assert template is not None
         with template.root() as root:
             template.release()  # evicted by another job's plan meanwhile

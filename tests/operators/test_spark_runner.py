@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 
 from cluster.conf import TaskConfig
-from cluster.spark.chain import PY4J_RELEASE_POLL_S, SparkRunner
+from cluster.spark.runner import PY4J_RELEASE_POLL_S, SparkRunner
 from cluster.spark.fusion import FusionGroup
 
 from ..conftest import wait_for

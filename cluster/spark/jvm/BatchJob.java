@@ -10,6 +10,7 @@ import java.util.ArrayList;
 import java.util.List;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.atomic.AtomicLong;
+import java.util.function.UnaryOperator;
 
 import org.apache.arrow.vector.ipc.ArrowStreamWriter;
 import org.apache.arrow.vector.ipc.WriteChannel;
@@ -92,7 +93,7 @@ public final class BatchJob {
                 rdd = localRows(session, key, PythonSQLUtils.readArrowStreamFromFile(in),
                                 (StructType) DataType.fromJson(schemaJson), timeZone, largeVarTypes);
             }
-            LogicalPlan plan = over(template, rdd);
+            LogicalPlan plan = over(template, leaf -> readingRdd(leaf, rdd));
             plan.setAnalyzed();
             Dataset<Row> result = Dataset.ofRows(session, plan);
             long bound = System.nanoTime();
@@ -205,15 +206,14 @@ public final class BatchJob {
         }
     }
 
-    /** The plan with its LogicalRDD leaf (there is one) replaced by a copy that reads {@code rdd}. */
-    private static LogicalPlan over(LogicalPlan node, RDD<InternalRow> rdd) {
+    /**
+     * The plan with its LogicalRDD leaf (there is one) replaced by {@code leaf} of it, the nodes
+     * above rebuilt: the one way the helpers put a kept plan over a batch (LocalBatch too; without
+     * the helpers, catalyst.PlanCopier in Python).
+     */
+    static LogicalPlan over(LogicalPlan node, UnaryOperator<LogicalPlan> leaf) {
         if (node instanceof LogicalRDD) {
-            // the copy keeps the leaf's attribute ids, which every expression above refers to
-            Object[] args = new Object[node.productArity()];
-            for (int i = 0; i < args.length; i++) {
-                args[i] = "rdd".equals(node.productElementName(i)) ? rdd : node.productElement(i);
-            }
-            return node.makeCopy(args);
+            return leaf.apply(node);
         }
         Seq<LogicalPlan> children = node.children();
         if (children.isEmpty()) {
@@ -223,10 +223,20 @@ public final class BatchJob {
         boolean changed = false;
         for (int i = 0; i < kids.length; i++) {
             LogicalPlan child = children.apply(i);
-            kids[i] = over(child, rdd);
+            kids[i] = over(child, leaf);
             changed |= kids[i] != child;
         }
         return changed ? node.withNewChildren(seq(kids)) : node;
+    }
+
+    /** A copy of the input leaf that reads {@code rdd}: it keeps the leaf's attribute ids, which
+     * every expression above refers to. */
+    private static LogicalPlan readingRdd(LogicalPlan leaf, RDD<InternalRow> rdd) {
+        Object[] args = new Object[leaf.productArity()];
+        for (int i = 0; i < args.length; i++) {
+            args[i] = "rdd".equals(leaf.productElementName(i)) ? rdd : leaf.productElement(i);
+        }
+        return leaf.makeCopy(args);
     }
 
     /** Arrow IPC messages of ArrowConverters (one encapsulated record batch each) as a stream file. */

@@ -70,10 +70,8 @@ public final class LocalBatch {
      * something to execute: the caller runs the plan as a Spark job.
      */
     public static long run(SparkSession session, LogicalPlan plan, String in, String out) throws IOException {
-        ArrayList<LogicalPlan> path = new ArrayList<>();
         LogicalPlan leaf = plan;
         while (leaf.children().size() == 1) {
-            path.add(leaf);
             leaf = leaf.children().head();
         }
         if (!leaf.children().isEmpty()) {
@@ -101,11 +99,9 @@ public final class LocalBatch {
             InternalRow row = reader.next();
             rows.add(unsafe == null ? row.copy() : unsafe.apply(row).copy());
         }
-        LogicalPlan node = new LocalRelation(leaf.output(), BatchJob.seq(rows.toArray(new InternalRow[0])), false,
-                                             scala.Option.empty());
-        for (int i = path.size() - 1; i >= 0; i--) {
-            node = path.get(i).withNewChildren(BatchJob.seq(new LogicalPlan[] {node}));
-        }
+        LogicalPlan local = new LocalRelation(leaf.output(), BatchJob.seq(rows.toArray(new InternalRow[0])), false,
+                                              scala.Option.empty());
+        LogicalPlan node = BatchJob.over(plan, batch -> local);
         node.setAnalyzed();
         Dataset<?> result = Dataset.ofRows(session, node);
         LogicalPlan optimized = result.queryExecution().optimizedPlan();

@@ -1,0 +1,228 @@
+"""The Spark runner: one SparkSession per TaskManager, started and warmed up in the background.
+
+Spark's start costs 5-15 s here, so the session starts when the TaskManager does (a first query
+warms it), and a task deployed earlier waits for it and says so. Every task gets its own
+``newSession()`` (its own temp views and SQL conf, one shared JVM). At its start the session's
+fast paths into Spark's internals are probed once (probe.py, catalyst.py): one that does not work
+is off for every chain, with a warning. The settings come from ../shared/notes/spark.md (measured
+here): Arrow in as Arrow data (localRelationThreshold=0), few shuffle partitions, adaptive
+execution off so that a batch is one Spark job.
+"""
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Optional
+
+import pyarrow as pa
+
+from cluster.conf import TaskConfig
+from cluster.operators.base import TaskCancelled
+from cluster.spark import catalyst
+from cluster.spark.helpers import classpath_entry
+from cluster.spark.local import LocalBatches
+from cluster.spark.memory import BatchMemory, budget_of_heap
+from cluster.spark.plans import BatchJobs, PlanCache
+from cluster.spark.probe import working_paths
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+
+# How long py4j's finalizer thread sleeps when no Java object waits to be released (py4j's own: 1 s).
+# A Java object that Python drops or detaches (a batch's DataFrames and Arrow bytes, arrow.py's
+# JvmRefs) stays referenced in the JVM until that thread tells the JVM so: a second of batches then
+# outlived the young collections and was promoted, and at 1M rows/s the old generation filled every
+# ~10 s, with full collections of 110-190 ms in the latency's p99. An idle wake-up costs microseconds.
+PY4J_RELEASE_POLL_S = 0.01
+
+
+def driver_host(config: TaskConfig) -> str:
+    """Where the session's driver is reached: loopback in local mode; on a Spark cluster the
+    TaskManager's advertised host, which the executors connect back to."""
+    return "127.0.0.1" if config.spark_local else config.host
+
+
+def spark_conf(config: TaskConfig) -> dict[str, str]:
+    conf = {
+        "spark.master": config.spark_master,
+        "spark.driver.memory": config.spark_driver_memory,
+        "spark.app.name": "streamlab-taskmanager",
+        "spark.ui.enabled": "false",
+        "spark.driver.host": driver_host(config),
+        "spark.driver.bindAddress": "127.0.0.1" if config.spark_local else (config.bind_host or config.host),
+        # the Python of executors' workers (pandas UDFs): this interpreter, which must exist at the
+        # same path on every Spark worker host
+        "spark.pyspark.python": sys.executable,
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.sql.execution.arrow.localRelationThreshold": "0",
+        "spark.sql.execution.arrow.maxRecordsPerBatch": "250000",
+        "spark.sql.shuffle.partitions": "2",
+        "spark.sql.adaptive.enabled": "false",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.log.level": "WARN",
+        "spark.ui.showConsoleProgress": "false",
+        # The parallel collector, not G1: per-batch work makes short-lived garbage only, and G1's
+        # concurrent threads took CPU from the batches (5M rows of the stateless .sql benchmark:
+        # a fresh JVM's first job 1.0-1.1 M rows/s with G1, 1.3-1.5 M with this; later jobs 2.15 M
+        # and 2.2-2.3 M). A user's own spark.driver.extraJavaOptions (taskmanager.spark.conf) wins.
+        "spark.driver.extraJavaOptions": "-XX:+UseParallelGC",
+    }
+    if config.spark_local:
+        # A task's result up to this size goes to the driver in the task's own status message, not
+        # through the block manager (stored, then fetched over a loopback connection, one more copy
+        # each): 16 MB holds a partition of MAX_PARTITION_ROWS rows 64 bytes wide. In two pairs of
+        # stateless benchmark runs the JVM took 7% less CPU per row, and rows/s rose 1-6% (Spark's
+        # default: 1 MB).
+        conf["spark.task.maxDirectResultSize"] = "16m"
+    else:
+        for key, value in (("spark.executor.cores", config.spark_executor_cores),
+                           ("spark.executor.memory", config.spark_executor_memory),
+                           ("spark.cores.max", config.spark_cores_max)):
+            if value:  # 0 or empty: Spark's default
+                conf[key] = str(value)
+    return conf | config.spark_properties
+
+
+def with_jvm_helpers(conf: dict[str, str]) -> dict[str, str]:
+    """``conf`` with streamlab's Java helpers (helpers.py) on the driver's class path, after the user's own entries
+    (compiled first if this machine has not yet)."""
+    entry = classpath_entry()
+    if entry is None:
+        return conf
+    given = conf.get("spark.driver.extraClassPath")
+    return conf | {"spark.driver.extraClassPath": os.pathsep.join([given, entry]) if given else entry}
+
+
+class SparkRunner:
+    """The TaskManager's SparkSession: started once, shared by every slot."""
+
+    _instance: Optional["SparkRunner"] = None
+    _lock = threading.Lock()
+    # The cluster's directory, set by the TaskManager: the TaskManagers of one machine start
+    # their JVMs a few at a time (see _start_slot). None: no coordination.
+    lock_dir: Optional[Path] = None
+    # The TaskManager's own configuration, set by it: the session is the TaskManager's, so its
+    # master and driver address are its own even when a job's task starts the session (lazy
+    # startup), whose job configuration is the JobManager's (another taskmanager.host).
+    taskmanager_config: Optional[TaskConfig] = None
+
+    def __init__(self, config: TaskConfig):
+        self.config = config
+        self.ready = threading.Event()
+        self.error: Optional[str] = None
+        self.session: Optional[SparkSession] = None
+        self.started_at = time.monotonic()
+        self.queued = False  # waiting for another TaskManager's JVM start to end before starting its own
+        self.startup_seconds: Optional[float] = None
+        self.memory = BatchMemory(budget_of_heap(config.spark_driver_memory))  # every Spark job of the TaskManager
+        self.plans = PlanCache()  # every job's .sql chains
+        self.local_batches: Optional[LocalBatches] = None  # small batches without a Spark job, if it works
+        self.batch_jobs: Optional[BatchJobs] = None  # a batch of a kept plan as a job in one call, if it works
+        self.fast_paths: frozenset[str] = frozenset()  # catalyst.FAST_PATHS that work here (the start's probe)
+        self._thread = threading.Thread(target=self._start, name="spark-start", daemon=True)
+
+    @classmethod
+    def get(cls, config: TaskConfig) -> "SparkRunner":
+        """The session, started by the first caller: a task, or the TaskManager at its start."""
+        with cls._lock:
+            if cls._instance is None:
+                cls._instance = SparkRunner(cls.taskmanager_config or config)
+                cls._instance._thread.start()
+            return cls._instance
+
+    @classmethod
+    def running(cls) -> Optional["SparkRunner"]:
+        return cls._instance
+
+    def status(self) -> str:
+        """What a task waiting for the session shows in its job's status."""
+        waited = f"starting Spark ({time.monotonic() - self.started_at:.0f} s"
+        return waited + (", after another TaskManager's)" if self.queued else ")")
+
+    def _start(self) -> None:
+        os.environ.setdefault("SPARK_LOCAL_IP", driver_host(self.config))
+        # Python workers (UDFs) must run this interpreter, which has pandas and pyarrow.
+        os.environ["PYSPARK_PYTHON"] = sys.executable
+        os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+        slot = None
+        try:
+            slot = self._start_slot()
+            log.info("starting the SparkSession")
+            from pyspark.sql import SparkSession
+            catalyst.set_release_poll(PY4J_RELEASE_POLL_S)
+            builder = SparkSession.builder
+            for key, value in with_jvm_helpers(spark_conf(self.config)).items():
+                builder = builder.config(key, value)
+            session = builder.getOrCreate()
+            session.createDataFrame(pa.table({"warm": [1, 2]})).selectExpr("sum(warm)").toArrow()
+            local_batches, batch_jobs = LocalBatches.load(session), BatchJobs.load(session)
+            self.fast_paths = working_paths(session, local_batches, batch_jobs)
+            self.local_batches = local_batches if catalyst.LOCAL_BATCH in self.fast_paths else None
+            self.batch_jobs = batch_jobs if catalyst.BATCH_JOB in self.fast_paths else None
+            self.session = session
+            # What Python holds by now (pyspark, py4j, pandas: some 100k objects) lives as long as the
+            # TaskManager: out of the collector's sight, a full collection, which stops every task
+            # of the process, took 50-110 ms here with them and next to nothing without
+            gc.freeze()
+            self.startup_seconds = time.monotonic() - self.started_at
+            log.info("SparkSession ready in %.1f s", self.startup_seconds)
+        except Exception as exc:  # reported to every task that needs Spark
+            self.error = f"the TaskManager's SparkSession failed to start: {type(exc).__name__}: {exc}"
+            log.exception("SparkSession failed to start")
+        finally:
+            if slot is not None:
+                slot.close()  # releases the lock
+            self.queued = False
+            self.ready.set()
+
+    def _start_slot(self):
+        """A lock file of the cluster directory held while this JVM starts, one per two cores.
+
+        A JVM start is CPU-bound for seconds: two at once on 2 cores made both ready after
+        135 s where one alone took 50 s (a loaded machine; see bench/first_spark_cell.py), so
+        one after the other makes the first TaskManager ready soonest and the last no later.
+        The kernel drops the lock of a process that dies."""
+        if self.lock_dir is None:
+            return None
+        import fcntl
+        files = [open(self.lock_dir / f"spark-start-{i}.lock", "a")
+                 for i in range(max(1, (os.cpu_count() or 1) // 2))]
+        while True:
+            for f in files:
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue
+                for other in files:
+                    if other is not f:
+                        other.close()
+                return f
+            if not self.queued:
+                self.queued = True
+                log.info("another TaskManager's JVM is starting: this one starts after it")
+            time.sleep(0.1)
+
+    def session_for_task(self, cancelled: threading.Event, waiting: Callable[[str], None]):
+        if not self.ready.is_set():
+            while not self.ready.wait(0.05):
+                waiting(self.status())  # the seconds count up in the dashboard's header
+                if cancelled.is_set():
+                    raise TaskCancelled()
+            waiting("")
+        if self.error:
+            raise RuntimeError(self.error)
+        if self.session is None:
+            raise RuntimeError("the TaskManager's SparkSession is marked ready but was never set")
+        return self.session.newSession()
+
+    def stop(self) -> None:
+        if self.session is not None:
+            self.session.stop()
