@@ -14,6 +14,7 @@ process too: in a notebook that is the kernel's.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 import tempfile
@@ -51,7 +52,7 @@ def measure(jobmanager: psutil.Process, window: float) -> tuple[float, float]:
 
 
 def main() -> None:
-    events = "events" if hasattr(__import__("kernel_runtime.deploy.local").local_cluster.ClusterInfo,
+    events = "events" if hasattr(importlib.import_module("kernel_runtime.client.cluster_info").ClusterInfo,
                                  "events_address") else "polling"
     print(f"code: {args.code} ({events}); window {args.window:g} s per count; {os.cpu_count()} cores")
     with LocalCluster(Path(tempfile.mkdtemp(prefix="bench-dashboards-")), taskmanagers=2, slots=2,

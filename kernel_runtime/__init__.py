@@ -1,7 +1,10 @@
 """streamlab's client side: the pipeline API, the JobClient, the CLI (and the notebook magic)."""
 from kernel_runtime.api import DataStream, GraphValidationError, KeyedStream, StreamEnvironment
-from kernel_runtime.client.job_client import (JobCancelledError, JobClient, JobExecutionError, JobExecutionResult, JobHandle)
-from kernel_runtime.deploy.local import ClusterInfo, LocalCluster
+from kernel_runtime.client.job_client import JobClient
+from kernel_runtime.client.job_handle import JobCancelledError, JobExecutionError, JobExecutionResult, JobHandle
+from kernel_runtime.client.cluster_info import ClusterInfo
+from kernel_runtime.deploy.local import LocalCluster
+from kernel_runtime import notebook  # noqa: F401 (it registers its additions to the client: JobHandle.display)
 
 __version__ = "0.1.0"
 __all__ = ["StreamEnvironment", "DataStream", "KeyedStream", "GraphValidationError", "JobClient",

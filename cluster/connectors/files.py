@@ -25,7 +25,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from cluster.operators.base import Operator, OperatorSnapshot, SourceOperator
-from cluster.connectors.records import (MalformedInputError, MalformedRecords, infer_schema, parse_schema, schema_from_bytes, schema_to_bytes, to_table)
+from cluster.connectors.records import MalformedRecords, infer_schema, schema_from_bytes, schema_to_bytes, to_table
+from cluster.graph.schema import MalformedInputError, parse_schema
 
 HIDDEN_PREFIXES = (".", "_")
 IDLE_WAIT = 0.1  # seconds: the longest an idle poll sleeps, so cancellation stays quick
@@ -116,10 +117,6 @@ class FileSource(SourceOperator, kind="file-source"):
         self._reader: Optional[Batches] = None
         self._next_scan = 0.0
         self._discover()
-
-    @staticmethod
-    def ends(params: dict) -> bool:
-        return not params.get("watch")
 
     def _owns(self, index: int, path: str) -> bool:
         p = self.ctx.parallelism

@@ -12,6 +12,8 @@ from typing import Optional
 
 import pyarrow as pa
 
+from cluster.graph.schema import MalformedInputError
+
 MALFORMED = "malformed"
 
 # One schema for every source, so the side outputs of several sources can be united.
@@ -24,23 +26,6 @@ MALFORMED_SCHEMA = pa.schema([
 
 _ARROW_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, ValueError, TypeError,
                  OverflowError)
-
-
-class MalformedInputError(Exception):
-    """Input that cannot become rows: a malformed record nobody reads, or a file that does not fit."""
-
-
-def parse_schema(schema: Optional[dict], where: str) -> Optional[pa.Schema]:
-    """A connector's schema (column name -> type name such as "int64", "timestamp[ms]") as Arrow's."""
-    if schema is None:
-        return None
-    fields = []
-    for name, type_name in schema.items():
-        try:
-            fields.append(pa.field(name, pa.type_for_alias(type_name)))
-        except (ValueError, TypeError):
-            raise MalformedInputError(f"{where}: schema column {name!r} has unknown type {type_name!r}") from None
-    return pa.schema(fields)
 
 
 def schema_to_bytes(schema: Optional[pa.Schema]) -> Optional[bytes]:

@@ -15,7 +15,8 @@ import redis
 from redis.typing import EncodableT, FieldT
 
 from cluster.operators.base import Operator, SourceOperator
-from cluster.connectors.records import (MalformedRecords, infer_schema, parse_schema, raw_json, schema_from_bytes, schema_to_bytes, to_table)
+from cluster.connectors.records import MalformedRecords, infer_schema, raw_json, schema_from_bytes, schema_to_bytes, to_table
+from cluster.graph.schema import parse_schema
 
 IDLE_WAIT_MS = 100  # the longest a poll blocks in XREAD, so cancellation stays quick
 
@@ -77,10 +78,6 @@ class RedisStreamSource(SourceOperator, kind="redis-stream-source"):
         self.last = {key: self._last_entry(key) if start == "$" else start for key in self.streams}
         self.read = {key: 0 for key in self.streams}
         self.end = {key: self._last_entry(key) for key in self.streams} if self.bounded else {}
-
-    @staticmethod
-    def ends(params: dict) -> bool:
-        return bool(params.get("bounded")) or params.get("count") is not None
 
     def _last_entry(self, key: str) -> str:
         newest = self.redis.xrevrange(key, count=1)

@@ -16,10 +16,10 @@ import time
 from typing import Optional
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 
-from cluster.operators.base import SourceOperator, UserFunctionError, to_table
+from cluster.common.frames import to_table
+from cluster.operators.base import SourceOperator, UserFunctionError
 
 log = logging.getLogger(__name__)
 
@@ -68,10 +68,6 @@ class GeneratorSource(SourceOperator, kind="generator-source"):
         # the task waits for its Spark session or for the tasks after it to open
         self.last_poll = 0.0
         self._skip_done()
-
-    @staticmethod
-    def ends(params: dict) -> bool:
-        return params.get("count") is not None
 
     # ------------------------------------------------------------------ splits
     def _split(self) -> int:

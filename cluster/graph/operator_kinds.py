@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Optional
+from typing import Callable, Optional
 
 
 class Role(Enum):
@@ -32,6 +32,25 @@ class Output(Enum):
     UNKNOWN = "unknown"      # known only when it runs (Spark, connectors, keyed state), or no output
 
 
+def _ends(params: dict) -> bool:
+    return True
+
+
+def _counted(params: dict) -> bool:
+    """A generator with a count of rows; without one it runs until cancelled."""
+    return params.get("count") is not None
+
+
+def _unwatched(params: dict) -> bool:
+    """Files read once; watching a folder for new ones never ends."""
+    return not params.get("watch")
+
+
+def _bounded_stream(params: dict) -> bool:
+    """A Redis stream read up to its last entry at the start, or up to a count of entries."""
+    return bool(params.get("bounded")) or params.get("count") is not None
+
+
 @dataclass(frozen=True)
 class OperatorKind:
     name: str
@@ -42,6 +61,9 @@ class OperatorKind:
     spark: bool = False     # runs on the TaskManager's SparkSession; consecutive ones fuse into one plan
     upsert: bool = False    # emits, per batch, the new value of every key it touched
     two_inputs: bool = False  # a join: params["left_inputs"] of its input edges are its left side
+    # a source: whether one with these params ends; its operator and the client's views (which
+    # have the job graph's params and no operator) both ask this (source_ends)
+    ends: Callable[[dict], bool] = _ends
 
     @property
     def is_source(self) -> bool:
@@ -65,11 +87,11 @@ def declare(kinds: list[OperatorKind]) -> dict[str, OperatorKind]:
 
 
 KINDS: dict[str, OperatorKind] = declare([
-    OperatorKind("generator-source", _SOURCE, Output.SEQUENCE, stateful=True),
+    OperatorKind("generator-source", _SOURCE, Output.SEQUENCE, stateful=True, ends=_counted),
     # the generator with planned failures at chosen rows and attempts (cluster.connectors.sources)
-    OperatorKind("testing-source", _SOURCE, Output.SEQUENCE, stateful=True),
-    OperatorKind("file-source", _SOURCE, Output.DECLARED, stateful=True),
-    OperatorKind("redis-stream-source", _SOURCE, Output.DECLARED, stateful=True),
+    OperatorKind("testing-source", _SOURCE, Output.SEQUENCE, stateful=True, ends=_counted),
+    OperatorKind("file-source", _SOURCE, Output.DECLARED, stateful=True, ends=_unwatched),
+    OperatorKind("redis-stream-source", _SOURCE, Output.DECLARED, stateful=True, ends=_bounded_stream),
     OperatorKind("map-batches", _TRANSFORM, Output.FUNCTION),
     OperatorKind("filter", _TRANSFORM, Output.INPUT),
     OperatorKind("spark", _TRANSFORM, spark=True),
@@ -102,6 +124,12 @@ def upsert_key(kind: str, params: dict) -> Optional[list[str]]:
         return None
     key = params.get("upsert_key", params.get("key"))
     return list(key) if key else None
+
+
+def source_ends(kind: str, params: dict) -> bool:
+    """Whether a source of this kind with these params ends (False for a kind that is no source)."""
+    declared = operator_kind(kind)
+    return declared.is_source and declared.ends(params)
 
 
 def operator_kind(name: object) -> OperatorKind:

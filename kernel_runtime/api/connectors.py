@@ -20,7 +20,7 @@ from typing import Callable, Literal, NoReturn, Optional, Sequence, overload
 
 from cluster.graph.job_graph import GraphValidationError
 
-from kernel_runtime.api.datastream import call_site
+from kernel_runtime.api.checks import call_site
 from kernel_runtime.api.schema import SchemaLike, schema_type_names
 
 __all__ = ["Connector", "FileSource", "FileSink", "DiscardingSink", "RedisStreamSource", "RedisStreamSink"]

@@ -6,74 +6,47 @@ that made it, before anything is submitted.
 """
 from __future__ import annotations
 
-import os
-import sys
-from types import FrameType
-from typing import TYPE_CHECKING, Callable, Optional
-
-import cloudpickle
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
 
 from cluster.graph.chaining import StreamEdge, StreamNode
 from cluster.graph.job_graph import GraphValidationError, OperatorSpec, ShipStrategy
 from cluster.graph.operator_kinds import KINDS, Role
 
+from kernel_runtime.api.checks import call_site, check_parallelism, pickle_udf, plays, require_parallelism
+
 if TYPE_CHECKING:
     from kernel_runtime.api.connectors import Connector
-    from kernel_runtime.api.environment import StreamEnvironment
-    from kernel_runtime.api.time import WatermarkStrategy, WindowAssigner
-    from kernel_runtime.api.windowed import IntervalJoin, JoinedStreams, WindowedStream
-
-_API_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def call_site() -> str:
-    """file:line of the first caller outside kernel_runtime."""
-    frame: Optional[FrameType] = sys._getframe(1)
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_API_DIR):
-        frame = frame.f_back
-    if frame is None:
-        return "<unknown>"
-    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+class StreamGraph(Protocol):
+    """What a stream asks of its environment (kernel_runtime.api.environment.StreamEnvironment):
+    the graph its operators join, and the windows, joins and watermark strategies. The modules of
+    those (kernel_runtime.api.windowed, .time) are built on the streams, so a stream reaches them
+    through its environment instead of importing them; they are typed here by what they are."""
 
+    parallelism: int
+    _nodes: list[StreamNode]
 
-def plays(connector, role: Role) -> bool:
-    """Whether ``connector`` is one of a kind with this role (from_source takes only sources)."""
-    name = getattr(connector, "kind", None)
-    return isinstance(name, str) and name in KINDS and KINDS[name].role is role
+    def _operator_uid(self, kind: str, name: str, inputs: list[StreamEdge]) -> str: ...
 
+    def _rename(self, node: StreamNode, uid: str) -> None: ...
 
-def check_parallelism(value, where: str) -> Optional[int]:
-    if value is None:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise GraphValidationError(f"{where}: parallelism must be a positive integer, got {value!r}")
-    return value
+    def _watermark_strategy(self, strategy: Any, site: str) -> Any: ...
 
+    def _windowed(self, stream: DataStream, key: list[str], assigner: Any, site: str) -> Any: ...
 
-def require_parallelism(value, where: str) -> int:
-    """check_parallelism for a setter, where None (use the default) has no meaning."""
-    checked = check_parallelism(value, where)
-    if checked is None:
-        raise GraphValidationError(f"{where}: parallelism must be a positive integer, got None")
-    return checked
+    def _joined(self, left: DataStream, right: DataStream, site: str) -> Any: ...
 
+    def _interval_join(self, left: KeyedStream, right: KeyedStream, site: str) -> Any: ...
 
-def pickle_udf(fn, where: str) -> Optional[bytes]:
-    if fn is None:
-        return None
-    if not callable(fn):
-        raise GraphValidationError(f"{where}: expected a function, got {type(fn).__name__}")
-    try:
-        return cloudpickle.dumps(fn)
-    except Exception as exc:
-        raise GraphValidationError(f"{where}: the function cannot be pickled to ship it to the "
-                                   f"TaskManagers: {type(exc).__name__}: {exc}") from None
+    def _temporal_join(self, left: KeyedStream, right: KeyedStream, how: str, name: str,
+                       parallelism: Optional[int], site: str) -> DataStream: ...
 
 
 class DataStream:
     """A stream: the output of one operator (or of a side output, or a union of streams)."""
 
-    def __init__(self, env: "StreamEnvironment", node: Optional[StreamNode],
+    def __init__(self, env: StreamGraph, node: Optional[StreamNode],
                  upstreams: Optional[list[tuple[str, Optional[str]]]] = None,
                  partitioning: Optional[tuple[str, list[str]]] = None):
         self.env = env
@@ -113,14 +86,11 @@ class DataStream:
         return out
 
     # ------------------------------------------------------------------ time
-    def assign_timestamps_and_watermarks(self, strategy: "WatermarkStrategy") -> "DataStream":
+    def assign_timestamps_and_watermarks(self, strategy) -> "DataStream":
         """Event time from a WatermarkStrategy (Flink's assignTimestampsAndWatermarks), chained
         to this operator, so the watermarks are made per subtask of it (per source split)."""
-        from kernel_runtime.api.time import WatermarkStrategy
         site = call_site()
-        if not isinstance(strategy, WatermarkStrategy):
-            raise GraphValidationError(f"assign_timestamps_and_watermarks ({site}): expected a WatermarkStrategy, "
-                                       f"got {type(strategy).__name__}")
+        strategy = self.env._watermark_strategy(strategy, site)
         name = "Timestamps/Watermarks"
         params = strategy.params(f"operator '{name}' ({site})")
         parallelism = self.node.parallelism if self.node is not None and len(self._upstreams) == 1 else None
@@ -128,19 +98,17 @@ class DataStream:
         out.rowtime = strategy.column
         return out
 
-    def window_all(self, assigner: "WindowAssigner") -> "WindowedStream":
-        """Windows over all rows, in one subtask (Flink's windowAll)."""
-        from kernel_runtime.api.windowed import WindowedStream
-        return WindowedStream(self, [], assigner, call_site())
+    def window_all(self, assigner) -> Any:
+        """Windows over all rows, in one subtask (Flink's windowAll): a WindowedStream."""
+        return self.env._windowed(self, [], assigner, call_site())
 
-    def window(self, assigner: "WindowAssigner") -> "WindowedStream":
+    def window(self, assigner) -> Any:
         raise GraphValidationError(f"window ({call_site()}): window() needs a keyed stream: "
                                    "key_by(...).window(...); for all rows in one window use window_all(...)")
 
-    def join(self, other: "DataStream") -> "JoinedStreams":
-        """A window join (Flink's join(...).where(...).equal_to(...).window(...).apply())."""
-        from kernel_runtime.api.windowed import JoinedStreams
-        return JoinedStreams(self, other, call_site())
+    def join(self, other: "DataStream") -> Any:
+        """A window join (Flink's join(...).where(...).equal_to(...).window(...).apply()): JoinedStreams."""
+        return self.env._joined(self, other, call_site())
 
     def map_batches(self, fn: Callable, name: str = "map_batches", parallelism: Optional[int] = None) -> "DataStream":
         """fn(pandas.DataFrame) -> pandas.DataFrame, applied to every batch."""
@@ -290,22 +258,19 @@ class KeyedStream:
         reach the same subtask."""
         return self.stream._then("map-batches", name, fn, parallelism=parallelism, partitioning=(ShipStrategy.HASH, self.key))
 
-    def window(self, assigner: "WindowAssigner") -> "WindowedStream":
-        """Windows per key: ``window(TumblingEventTimeWindows.of(Time.seconds(10)))``."""
-        from kernel_runtime.api.windowed import WindowedStream
-        return WindowedStream(self.stream, self.key, assigner, call_site())
+    def window(self, assigner) -> Any:
+        """Windows per key: ``window(TumblingEventTimeWindows.of(Time.seconds(10)))``: a WindowedStream."""
+        return self.stream.env._windowed(self.stream, self.key, assigner, call_site())
 
-    def interval_join(self, other: "KeyedStream") -> "IntervalJoin":
-        """Rows of both streams with the same key and times within ``between(lower, upper)``."""
-        from kernel_runtime.api.windowed import IntervalJoin
-        return IntervalJoin(self, other, call_site())
+    def interval_join(self, other: "KeyedStream") -> Any:
+        """Rows of both streams with the same key and times within ``between(lower, upper)``: an IntervalJoin."""
+        return self.stream.env._interval_join(self, other, call_site())
 
     def temporal_join(self, other: "KeyedStream", how: str = "inner", name: str = "temporal join",
                       parallelism: Optional[int] = None) -> DataStream:
         """Each row with the row of ``other`` valid for its key at its time (Flink's temporal
         join): as of its event time when both streams have one, else the latest row now."""
-        from kernel_runtime.api.windowed import temporal_join
-        return temporal_join(self, other, how, name, parallelism, call_site())
+        return self.stream.env._temporal_join(self, other, how, name, parallelism, call_site())
 
     def count(self, name: str = "count", parallelism: Optional[int] = None) -> DataStream:
         """A running count per key: each batch emits the new count of every key it holds."""

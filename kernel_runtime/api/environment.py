@@ -20,12 +20,16 @@ from cluster.graph.operator_kinds import KINDS, Role, upsert_key
 from cluster.protocol.job_context import (CONTEXT_ALLOW_NON_RESTORED, CONTEXT_CLUSTER_DIR, CONTEXT_DETACHED,
                                           CONTEXT_SAVEPOINT, CONTEXT_VERBOSE)
 
-from kernel_runtime.client.job_client import JobClient, JobExecutionResult, JobHandle
-from kernel_runtime.deploy.local import ClusterInfo, LocalCluster
+from kernel_runtime.client.job_client import JobClient
+from kernel_runtime.client.job_handle import JobExecutionResult, JobHandle
+from kernel_runtime.client.cluster_info import ClusterInfo
+from kernel_runtime.deploy.local import LocalCluster
+from kernel_runtime.api.checks import call_site, check_parallelism, pickle_udf, plays, require_parallelism
 from kernel_runtime.api.connectors import Connector
-from kernel_runtime.api.datastream import (DataStream, call_site, check_parallelism, pickle_udf, plays, require_parallelism)
+from kernel_runtime.api.datastream import DataStream, KeyedStream
 from kernel_runtime.api.schema import check_columns
 from kernel_runtime.api.time import WatermarkStrategy
+from kernel_runtime.api.windowed import IntervalJoin, JoinedStreams, WindowedStream, temporal_join
 
 
 class StreamEnvironment:
@@ -126,6 +130,28 @@ class StreamEnvironment:
         (a side output, a consumer) still name the old one: get_job_graph follows the renaming."""
         self._renamed[node.uid] = uid
         node.spec = dataclasses.replace(node.spec, uid=uid)
+
+    # ------------------------------------------------------------------ what the streams build through it
+    # (kernel_runtime.api.datastream.StreamGraph: windowed and time build on the streams, so the
+    # streams do not import them)
+    def _watermark_strategy(self, strategy, site: str) -> WatermarkStrategy:
+        if not isinstance(strategy, WatermarkStrategy):
+            raise GraphValidationError(f"assign_timestamps_and_watermarks ({site}): expected a WatermarkStrategy, "
+                                       f"got {type(strategy).__name__}")
+        return strategy
+
+    def _windowed(self, stream: DataStream, key: list[str], assigner, site: str) -> WindowedStream:
+        return WindowedStream(stream, key, assigner, site)
+
+    def _joined(self, left: DataStream, right: DataStream, site: str) -> JoinedStreams:
+        return JoinedStreams(left, right, site)
+
+    def _interval_join(self, left: KeyedStream, right: KeyedStream, site: str) -> IntervalJoin:
+        return IntervalJoin(left, right, site)
+
+    def _temporal_join(self, left: KeyedStream, right: KeyedStream, how: str, name: str,
+                       parallelism: Optional[int], site: str) -> DataStream:
+        return temporal_join(left, right, how, name, parallelism, site)
 
     def _source(self, kind: str, name: str, site: str, params: dict, fn, parallelism) -> DataStream:
         where = f"operator '{name}' ({site})"

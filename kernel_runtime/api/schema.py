@@ -30,8 +30,8 @@ import pyarrow as pa
 from cluster.graph.chaining import StreamNode
 from cluster.graph.job_graph import GraphValidationError, OperatorSpec, ShipStrategy, missing_column
 from cluster.graph.operator_kinds import KINDS, Output
-from cluster.operators.base import to_table
-from cluster.connectors.records import parse_schema
+from cluster.common.frames import to_table
+from cluster.graph.schema import parse_schema
 
 SAMPLE_ROWS = 16
 
@@ -171,7 +171,7 @@ def _rowtime(spec: OperatorSpec, fn: Optional[Callable], table: Optional[pa.Tabl
         return table
     if fn is None or table.num_rows == 0:
         return None
-    from cluster.operators.windowing.timestamps import timestamps_from
+    from cluster.graph.event_time import timestamps_from
     stamps = timestamps_from(fn(table.to_pandas()), table.num_rows, spec.where())
     column = spec.params["column"]
     if column in table.column_names:

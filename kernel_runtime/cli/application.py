@@ -29,7 +29,8 @@ from cluster.protocol.endpoint import RpcError
 from kernel_runtime.deploy import processes
 from kernel_runtime.client.job_client import JobClient
 from kernel_runtime.cli.options import dynamic_option, dynamic_properties
-from kernel_runtime.deploy.local import ClusterInfo, ClusterNotRunning, wait_for_jobmanager
+from kernel_runtime.client.cluster_info import ClusterInfo, ClusterNotRunning
+from kernel_runtime.deploy.local import wait_for_jobmanager
 
 JOB_SCRIPT, PACKAGE_CONFIG = "job.py", "config.yaml"
 

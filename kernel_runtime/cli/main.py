@@ -18,8 +18,10 @@ from cluster.protocol.endpoint import RpcError
 from cluster.protocol.job_context import (CONTEXT_ALLOW_NON_RESTORED, CONTEXT_CLUSTER_DIR, CONTEXT_DETACHED,
                                           CONTEXT_SAVEPOINT, CONTEXT_VERBOSE)
 from kernel_runtime.cli.options import dynamic_option, dynamic_properties
-from kernel_runtime.client.job_client import JobCancelledError, JobClient, JobExecutionError
-from kernel_runtime.deploy.local import (ClusterInfo, ClusterNotRunning, LocalCluster, default_cluster_dir, stop_cluster)
+from kernel_runtime.client.job_client import JobClient
+from kernel_runtime.client.job_handle import JobCancelledError, JobExecutionError
+from kernel_runtime.client.cluster_info import ClusterInfo, ClusterNotRunning, default_cluster_dir
+from kernel_runtime.deploy.local import LocalCluster, stop_cluster
 
 # off a terminal rich would wrap at 80 columns and split job ids; scripts read this output
 console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200)

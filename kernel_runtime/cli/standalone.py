@@ -15,7 +15,7 @@ import re
 import subprocess
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import click
 
@@ -25,7 +25,8 @@ from cluster.protocol.auth import create_secret, parse_secret, write_secret
 
 from kernel_runtime.deploy import processes
 from kernel_runtime.cli.options import dynamic_option, dynamic_properties
-from kernel_runtime.deploy.local import (ClusterInfo, published_pid, default_cluster_dir, standing_by, wait_for_jobmanager)
+from kernel_runtime.client.cluster_info import ClusterInfo, default_cluster_dir
+from kernel_runtime.deploy.local import published_pid, standing_by, wait_for_jobmanager
 
 START_TIMEOUT_S = 60.0
 REGISTERED = "registered at the ResourceManager"  # the TaskManager's log line once it is

@@ -29,10 +29,11 @@ import zmq
 from cluster.graph.execution_graph import JobState
 from cluster.protocol import messages as m
 from cluster.protocol.curve import cluster_codec
-from cluster.protocol.endpoint import RpcClient, RpcError, connect_socket, inproc_pair, make_socket
+from cluster.protocol.endpoint import RpcClient, RpcError
+from cluster.protocol.sockets import connect_socket, inproc_pair, make_socket
 
 from kernel_runtime.client.leader import LeaderWatch
-from kernel_runtime.deploy.local import ClusterInfo
+from kernel_runtime.client.cluster_info import ClusterInfo
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from cluster.common import launch
 from cluster.conf import Configuration
 from cluster.protocol.auth import create_secret
 
-from kernel_runtime.deploy.local import ClusterInfo
+from kernel_runtime.client.cluster_info import ClusterInfo
 
 ZK_SERVER = Path("/usr/share/zookeeper/bin/zkServer.sh")
 

@@ -12,96 +12,19 @@ import json
 import os
 import subprocess
 import time
-from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from cluster.common import launch
 from cluster.conf import ConfigError, Configuration
-from cluster.ha.services import ha_enabled
-from cluster.protocol.auth import create_secret, load_secret, rest_token
+from cluster.protocol.auth import create_secret
 
+from kernel_runtime.client.cluster_info import ClusterInfo, ClusterNotRunning, default_cluster_dir
+from kernel_runtime.client.job_client import JobClient
 from kernel_runtime.deploy import processes
+from kernel_runtime.deploy.ha import LocalZooKeeper
 
 PROJECT_ROOT = launch.PROJECT_ROOT
-
-
-def default_cluster_dir() -> Path:
-    return Path(os.environ.get("STREAMLAB_CLUSTER_DIR") or Path.home() / ".streamlab" / "cluster")
-
-
-class ClusterNotRunning(RuntimeError):
-    pass
-
-
-@dataclass(frozen=True)
-class ClusterInfo:
-    """How a client reaches a running cluster."""
-
-    cluster_dir: Path
-    rpc_address: str
-    rest_address: str
-    events_address: str  # where the JobManager publishes job events
-    secret: bytes = field(repr=False)  # never in a printed cell output or a log line
-
-    @classmethod
-    def load(cls, cluster_dir: Optional[Path] = None) -> "ClusterInfo":
-        cluster_dir = Path(cluster_dir or default_cluster_dir())
-        if (cluster_dir / "config.yaml").exists():
-            conf = Configuration.from_file(cluster_dir / "config.yaml")
-            if ha_enabled(conf):
-                return cls._of_leader(cluster_dir, conf)
-        info_file = cluster_dir / "jobmanager.json"
-        if not info_file.exists():
-            raise ClusterNotRunning(f"no cluster is running in {cluster_dir} "
-                                    "(start one with: streamlab cluster start)")
-        info = json.loads(info_file.read_text())
-        if not processes.alive(info.get("pid")):
-            raise ClusterNotRunning(f"the JobManager of {cluster_dir} (pid {info.get('pid')}) is not running")
-        return cls.published(cluster_dir, info)
-
-    @classmethod
-    def published(cls, cluster_dir: Path, info: dict) -> "ClusterInfo":
-        """The JobManager whose addresses ``info`` are (what it wrote to jobmanager.json)."""
-        return cls(cluster_dir, info["rpc"], info["rest"], info["events"], load_secret(cluster_dir / "secret"))
-
-    @classmethod
-    def _of_leader(cls, cluster_dir: Path, conf: Configuration, timeout: float = 10.0) -> "ClusterInfo":
-        """The leader ZooKeeper names (it may be on another host: no pid to check here); a client
-        made from it follows later leaders itself (kernel_runtime.client.leader)."""
-        from kernel_runtime.client.leader import LeaderWatch
-        try:
-            watch = LeaderWatch.of(conf)
-        except ConnectionError as exc:
-            raise ClusterNotRunning(f"cannot find the leading JobManager of {cluster_dir}: {exc}") from None
-        assert watch is not None
-        try:
-            leader = watch.leader(timeout)
-        except TimeoutError as exc:
-            raise ClusterNotRunning(f"no JobManager of {cluster_dir} leads: {exc}") from None
-        finally:
-            watch.release()
-        return cls(cluster_dir, "", "", "", load_secret(cluster_dir / "secret")).with_leader(leader)
-
-    def with_leader(self, leader: dict) -> "ClusterInfo":
-        """This cluster reached through another leading JobManager (its published addresses)."""
-        return replace(self, rpc_address=leader["rpc"], rest_address=leader["rest"], events_address=leader["events"])
-
-    def configuration(self) -> Configuration:
-        """The cluster's configuration, as its JobManager read it (config.yaml of its directory)."""
-        return Configuration.from_file(self.cluster_dir / "config.yaml")
-
-    @property
-    def rest_token(self) -> str:
-        """The REST API's bearer token (derived from the secret, as the JobManager derives it)."""
-        return rest_token(self.secret)
-
-    @property
-    def rest_headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.rest_token}"}
-
-
-
 STANDING_BY = "waiting for leadership"  # what an HA JobManager logs once its latch node exists
 
 
@@ -134,7 +57,7 @@ class LocalCluster:
             self.conf.update(ha_keys, "--ha")
         # without a configured quorum the cluster runs a ZooKeeper of its own, in its directory
         self.own_zookeeper = self.ha and not self.conf["high-availability.zookeeper.quorum"]
-        self.zookeeper: Optional[Any] = None  # ha_cluster.LocalZooKeeper (imported when needed)
+        self.zookeeper: Optional[LocalZooKeeper] = None  # the cluster's own, without a configured quorum
         self.jobmanagers: list[subprocess.Popen] = []  # the leader first once start() knows it
         self.taskmanagers: list[subprocess.Popen] = []
         self._info: Optional[ClusterInfo] = None
@@ -183,7 +106,6 @@ class LocalCluster:
     def _start_processes(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         if self.own_zookeeper:
-            from kernel_runtime.deploy.ha import LocalZooKeeper
             self.zookeeper = LocalZooKeeper(self.cluster_dir / "zookeeper")
             self.conf.update({"high-availability.zookeeper.quorum": self.zookeeper.quorum},
                              "the cluster's own ZooKeeper")
@@ -237,7 +159,6 @@ class LocalCluster:
         return proc
 
     def wait_for_taskmanagers(self, count: int, timeout: float = 30.0) -> None:
-        from kernel_runtime.client.job_client import JobClient
         client = JobClient(self.info)
         try:
             deadline = time.monotonic() + max(timeout, 1.0)
@@ -343,7 +264,6 @@ def stop_cluster(cluster_dir: Optional[Path] = None, timeout: float = 10.0) -> b
 
     def shutdown() -> None:
         try:
-            from kernel_runtime.client.job_client import JobClient
             client = JobClient(ClusterInfo.load(cluster_dir), timeout=3)
             client.shutdown_cluster()
             client.close()

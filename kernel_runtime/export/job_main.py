@@ -20,7 +20,7 @@ from cluster.graph.job_graph import CLUSTER_WIDE_KEYS, JOB_SCOPED_PREFIXES
 
 from kernel_runtime.api import StreamEnvironment
 from kernel_runtime.api.environment import CONTEXT_VERBOSE
-from kernel_runtime.client.job_client import JobCancelledError, JobExecutionResult, JobHandle
+from kernel_runtime.client.job_handle import JobCancelledError, JobExecutionResult, JobHandle
 
 CONFIG_FILE = "config.yaml"
 NAME_KEY = "pipeline.name"

@@ -24,7 +24,7 @@ from urllib.parse import quote, urlencode
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from kernel_runtime.notebook.lab_registry import REGISTRY_FOLDER, cluster_id
-from kernel_runtime.deploy.local import ClusterInfo, ClusterNotRunning
+from kernel_runtime.client.cluster_info import ClusterInfo, ClusterNotRunning
 from kernel_runtime.deploy.processes import alive
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from jupyter_server.utils import url_path_join
 from tornado import web
 from tornado.httpclient import HTTPClientError
 
-from kernel_runtime.deploy.local import ClusterNotRunning
+from kernel_runtime.client.cluster_info import ClusterNotRunning
 
 from . import clusters
 from .clusters import ClusterRefused, JobManagerError, KnownCluster

@@ -16,7 +16,7 @@ import pandas as pd
 import psutil
 import pytest
 
-from kernel_runtime.deploy.local import ClusterInfo, ClusterNotRunning
+from kernel_runtime.client.cluster_info import ClusterInfo, ClusterNotRunning
 
 from ..conftest import wait_for
 

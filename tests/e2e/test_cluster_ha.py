@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from kernel_runtime import JobClient
-from kernel_runtime.deploy.local import ClusterInfo
+from kernel_runtime.client.cluster_info import ClusterInfo
 from tests.conftest import rest, wait_for
 from tests.e2e.test_exactly_once import committed, expected, run_job
 from tests.e2e.test_standalone import gone, sh

@@ -38,9 +38,10 @@ import psutil
 import pytest
 
 from kernel_runtime import JobClient
-from kernel_runtime.export.package import SKIP_TAG, export_notebook
-from kernel_runtime.deploy.local import ClusterInfo
-from kernel_runtime.notebook.magic_arguments import parse_stream_args
+from kernel_runtime.export.package import export_notebook
+from kernel_runtime.export.slicing import SKIP_TAG
+from kernel_runtime.client.cluster_info import ClusterInfo
+from kernel_runtime.export.magic_arguments import parse_stream_args
 
 from ..conftest import start_cluster, wait_for
 

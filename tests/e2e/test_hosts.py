@@ -24,7 +24,7 @@ import pytest
 
 from cluster.protocol.auth import create_secret
 from kernel_runtime import StreamEnvironment
-from kernel_runtime.deploy.local import ClusterInfo
+from kernel_runtime.client.cluster_info import ClusterInfo
 
 ROOT = Path(__file__).resolve().parents[2]
 STREAMLAB = [sys.executable, "-m", "kernel_runtime.cli.main"]

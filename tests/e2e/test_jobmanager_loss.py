@@ -15,7 +15,7 @@ import pytest
 
 from cluster.conf import Configuration
 from kernel_runtime import JobClient, LocalCluster, StreamEnvironment
-from kernel_runtime.deploy.local import ClusterInfo
+from kernel_runtime.client.cluster_info import ClusterInfo
 from tests.conftest import rest, start_cluster, wait_for
 
 pytestmark = pytest.mark.slow

@@ -35,7 +35,7 @@ import pytest
 import yaml
 
 from kernel_runtime import JobClient, StreamEnvironment
-from kernel_runtime.deploy.local import ClusterInfo, ClusterNotRunning
+from kernel_runtime.client.cluster_info import ClusterInfo, ClusterNotRunning
 from tests.conftest import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from cluster.operators.windowing.watermarks import NO_WATERMARK
+from cluster.graph.event_time import NO_WATERMARK
 from kernel_runtime import StreamEnvironment
 from kernel_runtime.api import Duration, WatermarkStrategy
 from kernel_runtime.client.events import ClusterEvents

@@ -8,7 +8,7 @@ import pytest
 
 from cluster.graph.job_graph import GraphValidationError
 from cluster.graph.operator_kinds import KINDS
-from cluster.connectors.records import parse_schema
+from cluster.graph.schema import parse_schema
 from kernel_runtime import StreamEnvironment
 from kernel_runtime.api import FileSource
 from kernel_runtime.api.connectors import RedisStreamSource

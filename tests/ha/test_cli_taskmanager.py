@@ -1,6 +1,6 @@
 """``streamlab taskmanager start`` on an HA cluster: a TaskManager added from the CLI follows the
 leader that the HA keys of its directory name, with ``--jobmanager zk`` or with no --jobmanager at
-all (as ``python -m cluster.taskmanager`` did, and the README says); without HA keys the missing
+all (as ``python -m cluster.taskmanager`` did, and docs/deployment.md says); without HA keys the missing
 address is a usage error naming the directory's config.yaml."""
 from __future__ import annotations
 

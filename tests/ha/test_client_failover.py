@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 
 from kernel_runtime import JobClient, StreamEnvironment
-from kernel_runtime.deploy.local import ClusterInfo
+from kernel_runtime.client.cluster_info import ClusterInfo
 from tests.conftest import rest, wait_for
 from tests.e2e.test_exactly_once import events, running_total
 

@@ -5,7 +5,7 @@ from kernel_runtime import StreamEnvironment
 from kernel_runtime.api import FileSource
 from kernel_runtime.notebook.widgets.job_graph import layout, operator_names
 from cluster.protocol.metrics import backpressure_level
-from cluster.operators.windowing.watermarks import MAX_WATERMARK, NO_WATERMARK
+from cluster.graph.event_time import MAX_WATERMARK, NO_WATERMARK
 from kernel_runtime.notebook.widgets.metrics import JobMetrics, RateMeter, event_time, source_progress
 from kernel_runtime.notebook.widgets.base import Update
 from kernel_runtime.notebook.widgets.feed import Snapshot

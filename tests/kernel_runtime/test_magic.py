@@ -6,7 +6,7 @@ import pytest
 from IPython.core.error import UsageError
 
 from kernel_runtime.notebook.magic import StreamMagics
-from kernel_runtime.notebook.magic_arguments import ClusterAddress, parse_cluster_args, parse_stream_args
+from kernel_runtime.export.magic_arguments import ClusterAddress, parse_cluster_args, parse_stream_args
 
 from .conftest import run
 

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from kernel_runtime.client.job_client import JobHandle
+from kernel_runtime.client.job_handle import JobHandle
 from kernel_runtime.notebook.widgets.base import Update
 from kernel_runtime.notebook.widgets.checkpoints import CheckpointsView
 from kernel_runtime.notebook.widgets.feed import Snapshot

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from kernel_runtime import JobClient
-from kernel_runtime.deploy.local import ClusterInfo
+from kernel_runtime.client.cluster_info import ClusterInfo
 
 from ..conftest import wait_for
 from .test_two_kernels import Kernel

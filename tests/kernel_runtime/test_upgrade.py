@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from cluster.graph.execution_graph import JobState
-from kernel_runtime.client.job_client import JobHandle
+from kernel_runtime.client.job_handle import JobHandle
 
 from ..conftest import wait_for
 from .conftest import run

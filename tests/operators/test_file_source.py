@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from cluster.connectors.records import MalformedInputError
+from cluster.graph.schema import MalformedInputError
 from kernel_runtime.api.connectors import FileSource
 
 from .harness import WHERE, Driven, rows

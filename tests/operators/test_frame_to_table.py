@@ -6,8 +6,8 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from cluster.operators import base
-from cluster.operators.base import frame_to_table
+from cluster.common import frames
+from cluster.common.frames import frame_to_table
 
 FRAMES = {
     "numeric, NaN, NaT": pd.DataFrame({
@@ -35,7 +35,7 @@ def _items(frame: pd.DataFrame) -> list:
 @pytest.mark.parametrize("name", list(FRAMES))
 def test_the_table_is_from_pandas_own_without_its_index(name, columns_from, monkeypatch):
     if columns_from == "items":
-        monkeypatch.setattr(base, "_column_arrays", _items)
+        monkeypatch.setattr(frames, "_column_arrays", _items)
     frame = FRAMES[name]
     expected = pa.Table.from_pandas(frame, preserve_index=False)
     table = frame_to_table(frame)

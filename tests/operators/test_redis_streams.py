@@ -7,7 +7,7 @@ import pyarrow as pa
 import pytest
 import redis
 
-from cluster.connectors.records import MalformedInputError
+from cluster.graph.schema import MalformedInputError
 from kernel_runtime.api.connectors import RedisStreamSink, RedisStreamSource
 
 from .harness import WHERE, Driven, free_port, rows

@@ -29,7 +29,7 @@ from typing import Callable, Optional
 from cluster.graph.execution_graph import JobState
 
 from kernel_runtime.client.events import ClusterEvents, JobView, JobWatch
-from kernel_runtime.deploy.local import ClusterInfo
+from kernel_runtime.client.cluster_info import ClusterInfo
 from kernel_runtime.notebook.widgets import current_kernel
 
 log = logging.getLogger(__name__)

@@ -12,9 +12,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
-from cluster.taskmanager.operator_registry import OPERATORS
-from cluster.operators.base import SourceOperator
-from cluster.operators.windowing.watermarks import MAX_WATERMARK, NO_WATERMARK
+from cluster.graph.operator_kinds import source_ends
+from cluster.graph.event_time import MAX_WATERMARK, NO_WATERMARK
 from cluster.protocol.metrics import (CURRENT_OUTPUT_WATERMARK, NEWEST_EVENT_TIMESTAMP, NUM_LATE_RECORDS_DROPPED,
                                       backpressure_level as rest_backpressure_level)
 
@@ -126,12 +125,6 @@ def shares(amounts: dict[str, float]) -> dict[str, float]:
     return {name: value / total for name, value in amounts.items()} if total > 0 else dict(NO_SHARES)
 
 
-def _ends(kind: str, params: dict) -> bool:
-    """Whether a source of this kind with these parameters ends, as its operator says."""
-    operator = OPERATORS[kind]
-    return issubclass(operator, SourceOperator) and operator.ends(params)
-
-
 class SourceProgress(NamedTuple):
     rows: int  # the rows the sources took in, for the job as a whole
     total: Optional[int]  # the rows they will take in all, if known
@@ -148,7 +141,7 @@ def source_progress(job_graph, stats: list[VertexStats]) -> Optional[SourceProgr
         return None
     sources = {v.id: v.operators[0] for v in job_graph.vertices if v.is_source}
     done = sum(s.records_in for s in stats if s.vertex_id in sources)
-    bounded = all(_ends(op.kind, op.params) for op in sources.values())
+    bounded = all(source_ends(op.kind, op.params) for op in sources.values())
     counts: list[Optional[int]] = [op.params.get("count") if op.kind == "generator-source" else None
                                    for op in sources.values()]
     total = None if any(c is None for c in counts) else sum(c for c in counts if c is not None)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from cluster.operators.windowing.watermarks import MAX_WATERMARK, NO_WATERMARK
+from cluster.graph.event_time import MAX_WATERMARK, NO_WATERMARK
 
 from kernel_runtime.notebook.widgets.base import FONT, HTMLComponent, Update, esc, table, title
 from kernel_runtime.notebook.widgets.metrics import event_time

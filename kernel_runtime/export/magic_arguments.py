@@ -1,6 +1,11 @@
-"""The arguments of ``%%stream`` and ``%stream_cluster``: declared with IPython's
+"""The arguments of ``%%stream``, ``%stream_cluster`` and ``%stream_export``: declared with IPython's
 magic_arguments (so ``%%stream?`` shows them), parsed and checked here, handed on as plain
 frozen dataclasses. Every mistake is a UsageError that names the argument and what was wrong.
+
+They live in export, not beside the magics in kernel_runtime.notebook, because two readers share
+this one grammar: the magics, as a cell runs, and the export, which reads the ``%%stream`` and
+``%stream_cluster`` lines of a notebook saved on disk. The notebook's ``%stream_export`` imports the
+export, so the export is the lower of the two and may not import the notebook.
 """
 from __future__ import annotations
 

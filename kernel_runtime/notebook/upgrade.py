@@ -1,0 +1,114 @@
+"""A named ``%%stream`` cell run again is that job, edited: the running job of its name stops with
+a savepoint and the edited pipeline starts from it (Flink's stop-with-savepoint, then a submission
+with ``execution.savepoint.path``), each operator finding the state of the operator of its uid.
+
+An upgrade whose new job the cluster refuses (a savepoint that fits no longer) leaves the old job
+stopped and its state in the savepoint: kept here, the next run of the cell starts from it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from cluster.checkpoint.savepoint_fit import SavepointFit, saved_operator, savepoint_fit
+from cluster.checkpoint.storage import local_path, read_metadata
+from cluster.graph.execution_graph import JobState
+from cluster.graph.job_graph import JobGraph, OperatorSpec
+from cluster.protocol.endpoint import RpcError
+
+from kernel_runtime.client.job_client import JobClient
+
+
+@dataclass(frozen=True)
+class Upgrade:
+    """A job of the cell's name stopped with a savepoint, for the edited pipeline to start from."""
+
+    name: str
+    old_job_id: str
+    location: str
+
+    def graph(self, graph: JobGraph, allow_non_restored_state: bool) -> JobGraph:
+        return dataclasses.replace(graph, config={**graph.config, "execution.savepoint.path": self.location,
+                                                  "execution.savepoint.ignore-unclaimed-state": allow_non_restored_state})
+
+    def failure(self, exc: BaseException) -> str:
+        return (f"The upgrade of job {self.name!r} failed: {type(exc).__name__}: {exc}\n"
+                f"The old job ({self.old_job_id}) is stopped and its state is in the savepoint {self.location}: "
+                "re-run this cell with --allow-non-restored-state to start from it without the state that fits "
+                "no operator, or with --restart to start from nothing.")
+
+    def report(self, graph: JobGraph) -> list[str]:
+        """What the cell prints: the savepoint, and which operators kept their state and which
+        started empty (from the savepoint's metadata, if this machine sees it)."""
+        lines = [f"Upgraded job {self.name!r}: job {self.old_job_id} stopped with savepoint {self.location}; "
+                 f"job {graph.job_id} starts from it."]
+        try:
+            fit = savepoint_fit(read_metadata(Path(local_path(self.location))), graph)
+        except (OSError, ValueError) as exc:  # a cluster whose storage this kernel does not see
+            return lines + [f"  (which operators kept their state is not known here: {exc})"]
+        return lines + upgrade_lines(fit)
+
+
+def upgrade_lines(fit: SavepointFit) -> list[str]:
+    def names(specs: list[OperatorSpec]) -> str:
+        return ", ".join(repr(o.name) for o in specs) or "none"
+    lines = [f"  kept their state: {names(fit.kept)}", f"  started empty: {names(fit.empty)}"]
+    left_out = [saved_operator(uid, e) for uid, e in sorted(fit.unclaimed.items())]
+    left_out += [saved_operator(spec.uid, e) + f" ({e['kind']}, now {spec.kind})" for spec, e in fit.changed]
+    if left_out:
+        lines.append("  state left out (--allow-non-restored-state): " + ", ".join(left_out))
+    return lines
+
+
+def _wait_ended(client: JobClient, job_id: str, timeout: float = 60.0) -> None:
+    """Until the job is over (its slots are free for the job that replaces it)."""
+    deadline = time.monotonic() + timeout
+    while client.job_status(job_id).state not in JobState.GLOBALLY_TERMINAL:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"job {job_id} did not end within {timeout:g} s of being stopped")
+        time.sleep(0.1)
+
+
+class JobUpgrades:
+    """The upgrades of one kernel's named jobs, with those whose new job was refused. Called on
+    the kernel's main thread, where cells run."""
+
+    def __init__(self) -> None:
+        # (cluster directory, job name) -> an upgrade whose new job was refused: its old job is
+        # stopped and its state is in the savepoint, which the cell's next run starts from
+        self._refused: dict[tuple[str, str], Upgrade] = {}
+
+    def keep_refused(self, client: JobClient, name: str, upgrade: Upgrade) -> None:
+        """Keep ``upgrade`` for the cell's next run (with --allow-non-restored-state, say)."""
+        self._refused[(str(client.cluster.cluster_dir), name)] = upgrade
+
+    def replace_running(self, client: JobClient, name: str, restart: bool) -> Optional[Upgrade]:
+        """The running job of this name on the client's cluster, if any, stopped with a savepoint
+        (the upgrade to submit) or, with ``restart``, cancelled (None: start from nothing). The
+        savepoint of an upgrade that failed is taken up again by the next run of the cell."""
+        running = [j for j in client.list_jobs()
+                   if j["name"] == name and j["state"] not in JobState.GLOBALLY_TERMINAL]
+        if len(running) > 1:
+            raise ValueError(f"{len(running)} jobs named {name!r} run on the cluster ("
+                             + ", ".join(j["jid"] for j in running) + "): cancel all but one to upgrade it")
+        # a job of the name that runs now is newer than the savepoint of a refused upgrade
+        pending = self._refused.pop((str(client.cluster.cluster_dir), name), None)
+        if restart:
+            for job in running:
+                client.cancel(job["jid"])
+                _wait_ended(client, job["jid"])
+                print(f"Cancelled job {name!r} ({job['jid']}): this one starts from nothing (--restart).")
+            return None
+        if not running:
+            return pending
+        job_id = running[0]["jid"]
+        try:
+            location = client.trigger_savepoint(job_id, stop=True)
+        except (RpcError, TimeoutError) as exc:
+            raise RpcError(f"cannot upgrade job {name!r} ({job_id}): stopping it with a savepoint failed: {exc}. "
+                           "It runs on; --restart replaces it without its state") from None
+        _wait_ended(client, job_id)
+        return Upgrade(name, job_id, location)
