@@ -100,9 +100,14 @@ test: system-deps typecheck
 test-fast: system-deps typecheck
 	$(PYTEST) -m "not slow"
 
-# cluster/, kernel_runtime/ and labext/streamlab_labext, as [tool.mypy] in pyproject.toml says
+# Types of cluster/, kernel_runtime/ and labext/streamlab_labext ([tool.mypy] in pyproject.toml);
+# the layers of docs/architecture.md ([tool.importlinter]); no module over 450 lines, so that one
+# file keeps one role
 typecheck: setup
 	$(PY) -m mypy
+	$(VENV)/bin/lint-imports --no-cache
+	@find cluster kernel_runtime -name '*.py' -exec wc -l {} + | \
+	  awk '$$2 != "total" && $$1 > 450 { print "over 450 lines (split it by role): " $$2 " (" $$1 ")"; bad = 1 } END { exit bad }'
 
 bench: setup
 	$(PY) bench/throughput.py
