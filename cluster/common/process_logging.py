@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Optional
 
 from cluster.conf import Configuration
+from cluster.conf.options import LoggingOptions
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -29,8 +30,8 @@ def configure_process_logging(log_file: Optional[Path], conf: Configuration) -> 
     if log_file is None:
         handler = logging.StreamHandler()
     else:
-        handler = RotatingFileHandler(log_file, maxBytes=conf["log.file.max-size"],
-                                      backupCount=conf["log.file.max-backups"], encoding="utf-8")
+        handler = RotatingFileHandler(log_file, maxBytes=conf.get(LoggingOptions.FILE_MAX_SIZE),
+                                      backupCount=conf.get(LoggingOptions.FILE_MAX_BACKUPS), encoding="utf-8")
     handler.setFormatter(logging.Formatter(FORMAT))
     root = logging.getLogger()
     for old in list(root.handlers):

@@ -23,6 +23,7 @@ ZooKeeper I/O is ``ZooKeeperHaServices``'s. Losing the session (SUSPENDED or LOS
 leadership at once: a leader that cannot prove it still holds the latch must not commit anything.
 """
 from __future__ import annotations
+from cluster.conf.options import HighAvailabilityOptions
 
 import json
 import logging
@@ -121,12 +122,12 @@ class Leadership:
 
 
 def ha_enabled(conf) -> bool:
-    return conf["high-availability.type"] == "zookeeper"
+    return conf.get(HighAvailabilityOptions.HA_MODE) == "zookeeper"
 
 
 def cluster_root(conf) -> str:
-    root = "/" + conf["high-availability.zookeeper.path.root"].strip("/")
-    cluster_id = conf["high-availability.cluster-id"].strip("/")
+    root = "/" + conf.get(HighAvailabilityOptions.HA_ZOOKEEPER_ROOT).strip("/")
+    cluster_id = conf.get(HighAvailabilityOptions.HA_CLUSTER_ID).strip("/")
     if not cluster_id:
         raise HaConfigError("high-availability.cluster-id: must not be empty")
     return f"{root}/{cluster_id}"
@@ -142,20 +143,20 @@ def storage_dir(conf, cluster_dir: Optional[Path]) -> Path:
 
 
 def make_client(conf):
-    quorum = conf["high-availability.zookeeper.quorum"]
+    quorum = conf.get(HighAvailabilityOptions.HA_ZOOKEEPER_QUORUM)
     if not quorum:
         raise HaConfigError("high-availability.zookeeper.quorum: required when high-availability.type is "
                             "zookeeper (host:port[,host:port...])")
     from kazoo.client import KazooClient
     from kazoo.retry import KazooRetry
-    timeout_s = conf["high-availability.zookeeper.client.session-timeout"] / 1000
+    timeout_s = conf.get(HighAvailabilityOptions.ZOOKEEPER_SESSION_TIMEOUT) / 1000
     return KazooClient(hosts=quorum, timeout=timeout_s,
                        connection_retry=KazooRetry(max_tries=-1, delay=0.1, max_delay=1.0),
                        command_retry=KazooRetry(max_tries=3, delay=0.1, max_delay=1.0))
 
 
 def _connect(client, conf) -> None:
-    client.start(timeout=conf["high-availability.zookeeper.client.connection-timeout"] / 1000)
+    client.start(timeout=conf.get(HighAvailabilityOptions.ZOOKEEPER_CONNECTION_TIMEOUT) / 1000)
 
 
 class ZooKeeperHaServices:
@@ -165,7 +166,7 @@ class ZooKeeperHaServices:
     def __init__(self, conf, cluster_dir: Optional[Path]):
         self.conf = conf
         self.root = cluster_root(conf)
-        self.storage = storage_dir(conf, cluster_dir) / conf["high-availability.cluster-id"].strip("/")
+        self.storage = storage_dir(conf, cluster_dir) / conf.get(HighAvailabilityOptions.HA_CLUSTER_ID).strip("/")
         self.client = make_client(conf)
         self.leadership = Leadership()
         self._lock = threading.Lock()  # kazoo calls back on its own threads

@@ -23,6 +23,7 @@ from cluster.protocol.endpoint import DeferredReply, Peer, RpcEndpoint, RpcError
 from cluster.jobmanager.jobmaster.job_master import JobMaster, find_restore_point
 from cluster.jobmanager.resourcemanager.resource_manager import ResourceManager
 from cluster.jobmanager.rest.views import job_json, overview_json, subtasks_json, taskmanagers_json
+from cluster.conf.options import CheckpointingOptions, JobManagerOptions, StateRecoveryOptions
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +102,7 @@ class Dispatcher:
         return self.conf.copy().update(graph.config, f"the configuration of job '{graph.name}'")
 
     def _start_submitted(self, graph: JobGraph, conf, result_address: Optional[str], reply: DeferredReply) -> None:
-        savepoint = conf["execution.savepoint.path"]
+        savepoint = conf.get(StateRecoveryOptions.SAVEPOINT_PATH)
         if not savepoint:
             self._start_job(graph, conf, result_address, None, reply)
             return
@@ -161,11 +162,11 @@ class Dispatcher:
             graph = JobGraph.from_dict(submission["job_graph"])
             conf = self._job_conf(graph)
             pointer = self.ha.latest_checkpoint(job_id)
-            job_dir = CheckpointStorage(conf["execution.checkpointing.dir"], conf["state.savepoints.dir"], job_id).job_dir
+            job_dir = CheckpointStorage(conf.get(CheckpointingOptions.CHECKPOINTS_DIRECTORY), conf.get(CheckpointingOptions.SAVEPOINT_DIRECTORY), job_id).job_dir
             body, directory = find_restore_point((pointer,) if pointer else (), str(job_dir), job_id)
             restore, is_savepoint = ((body, directory), False) if body is not None else (None, True)
-            if restore is None and conf["execution.savepoint.path"]:
-                savepoint = str(local_path(conf["execution.savepoint.path"]))
+            if restore is None and conf.get(StateRecoveryOptions.SAVEPOINT_PATH):
+                savepoint = str(local_path(conf.get(StateRecoveryOptions.SAVEPOINT_PATH)))
                 restore = (read_metadata(Path(savepoint)), savepoint)
             jobs.append((graph, conf, submission["result_address"], restore, is_savepoint,
                          self.ha.checkpoint_counter(job_id), self.ha.last_attempt(job_id)))
@@ -227,9 +228,9 @@ class Dispatcher:
         if self.ha is not None:  # globally terminal: no later leader recovers it
             self.storage_executor.submit(self.ha.remove_job, master.job_id)
         self.archived[master.job_id] = None
-        while len(self.archived) > self.conf["jobstore.max-capacity"]:
+        while len(self.archived) > self.conf.get(JobManagerOptions.JOB_STORE_MAX_CAPACITY):
             self._forget(next(iter(self.archived)))
-        self.endpoint.call_later(self.conf["jobstore.expiration-time"], self._forget, master.job_id)
+        self.endpoint.call_later(self.conf.get(JobManagerOptions.JOB_STORE_EXPIRATION_TIME), self._forget, master.job_id)
 
     def _forget(self, job_id: str) -> None:
         if job_id in self.archived:  # not dropped already for the capacity

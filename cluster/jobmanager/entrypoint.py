@@ -37,6 +37,7 @@ from cluster.ha.services import LeaderRetriever, ZooKeeperHaServices, exit_on_re
 from cluster.jobmanager.resourcemanager.resource_manager import ResourceManager, task_manager_provider
 from cluster.jobmanager.rest.server import RestServer, bind_rest_sockets
 from cluster.jobmanager.rest.forwarding import RestForwarder
+from cluster.conf.options import JobManagerOptions
 
 log = logging.getLogger("streamlab.jobmanager")
 
@@ -49,7 +50,7 @@ class JobManager:
                 conf.update({key: str(cluster_dir / folder)}, "the cluster directory")
         self.conf = conf
         self.endpoint = RpcEndpoint("jobmanager", cluster_codec(conf, secret))
-        bind_host = conf["jobmanager.bind-host"] or conf["jobmanager.rpc.address"]
+        bind_host = conf.get(JobManagerOptions.BIND_HOST) or conf.get(JobManagerOptions.ADDRESS)
         bound = self.endpoint.bind_router(f"tcp://{bind_host}:{conf['jobmanager.rpc.port']}")
         # what jobmanager.json and clients get: the advertised name, not a 0.0.0.0 bind
         self.rpc_address = f"tcp://{conf['jobmanager.rpc.address']}:{bound.rsplit(':', 1)[1]}"

@@ -37,6 +37,7 @@ from cluster.protocol.metrics import EVENT_TIME_METRICS
 from cluster.protocol.sockets import advertised_address, bind_socket, bound_address, make_socket
 
 from cluster.jobmanager.rest.views import job_json, overview_json, plan_json, subtasks_json, taskmanagers_json
+from cluster.conf.options import JobManagerOptions, MetricOptions
 
 if TYPE_CHECKING:
     from cluster.jobmanager.dispatcher import Dispatcher
@@ -144,10 +145,10 @@ class JobEventPublisher:
     def bind(cls, endpoint: RpcEndpoint, dispatcher: "Dispatcher", conf) -> "JobEventPublisher":
         """A publisher on a socket at ``jobmanager.rpc.address``:``jobmanager.events.port``,
         publishing on the endpoint's loop every ``metrics.fetcher.update-interval``."""
-        bind_host = conf["jobmanager.bind-host"] or conf["jobmanager.rpc.address"]
+        bind_host = conf.get(JobManagerOptions.BIND_HOST) or conf.get(JobManagerOptions.ADDRESS)
         socket = EventSocket(endpoint.ctx, endpoint.codec, f"tcp://{bind_host}:{conf['jobmanager.events.port']}",
-                             advertised_host=conf["jobmanager.rpc.address"])
-        publisher = cls(dispatcher, conf["metrics.fetcher.update-interval"], socket.send, endpoint.call_soon)
+                             advertised_host=conf.get(JobManagerOptions.ADDRESS))
+        publisher = cls(dispatcher, conf.get(MetricOptions.METRIC_FETCHER_UPDATE_INTERVAL), socket.send, endpoint.call_soon)
         publisher.socket = socket
 
         def tick() -> None:

@@ -49,6 +49,7 @@ from cluster.spark.runner import SparkRunner
 from cluster.taskmanager.network import NetworkEnvironment
 from cluster.taskmanager.slot_table import (CancelTaskThread, ForgetTask, OfferSlot, ReleaseJobNetwork, ReportTaskState, StartTask, TaskSlotTable)
 from cluster.taskmanager.stream_task import StreamTask
+from cluster.conf.options import HeartbeatManagerOptions, HighAvailabilityOptions, MetricOptions, SparkOptions, TaskManagerOptions
 
 log = logging.getLogger("streamlab.taskmanager")
 REGISTRATION_RETRY_S = 1.0
@@ -74,18 +75,18 @@ class TaskExecutor:
         self._jobmanager_peer = self.endpoint.connect_dealer(jobmanager_address, self.task_manager_id.encode())
         self.jobmanager = JobManagerGateway(self.endpoint, self._jobmanager_peer)
         self.slot_table = TaskSlotTable(conf["taskmanager.numberOfTaskSlots"])
-        self.network = NetworkEnvironment(conf["taskmanager.host"], conf["taskmanager.data.port"], codec,
-                                          conf["taskmanager.network.memory.buffers-per-channel"],
-                                          bind_host=conf["taskmanager.bind-host"])
+        self.network = NetworkEnvironment(conf.get(TaskManagerOptions.HOST), conf.get(TaskManagerOptions.DATA_PORT), codec,
+                                          conf.get(TaskManagerOptions.NETWORK_BUFFERS_PER_CHANNEL),
+                                          bind_host=conf.get(TaskManagerOptions.BIND_HOST))
         self.tasks: dict[str, StreamTask] = {}  # the threads of the table's tasks
         # writes checkpoint files while the tasks go on processing (the asynchronous part)
         self.snapshot_executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="snapshot")
         self.registered = False
         self._heartbeating = False
         self._last_heard_from_rm = time.monotonic()  # registration or the last heartbeat answer
-        self.heartbeat_timeout_s = conf["heartbeat.timeout"] / 1000
-        self.cancellation_interval_s = conf["task.cancellation.interval"] / 1000
-        self.cancellation_timeout_s = conf["task.cancellation.timeout"] / 1000
+        self.heartbeat_timeout_s = conf.get(HeartbeatManagerOptions.HEARTBEAT_TIMEOUT) / 1000
+        self.cancellation_interval_s = conf.get(TaskManagerOptions.TASK_CANCELLATION_INTERVAL) / 1000
+        self.cancellation_timeout_s = conf.get(TaskManagerOptions.TASK_CANCELLATION_TIMEOUT) / 1000
         self._cancelling: set[str] = set()  # execution ids whose interrupter and watchdog run
         self.stopped = threading.Event()
         self.handlers: dict[type, Callable[[Any, Peer], Optional[m.Message]]] = {
@@ -108,7 +109,7 @@ class TaskExecutor:
         self.network.start()
         self.endpoint.start()
         self.endpoint.call_soon(self._register)
-        if self.conf["taskmanager.spark.startup"] == "eager":
+        if self.conf.get(SparkOptions.STARTUP) == "eager":
             SparkRunner.get(self.spark_config)  # starts in the background
 
     def stop(self, reason: str = "shut down") -> None:
@@ -144,7 +145,7 @@ class TaskExecutor:
         if not self._heartbeating:
             self._heartbeating = True
             # the heartbeat carries the task metrics, so it goes at least as often as they are due
-            interval_ms = min(msg.heartbeat_interval_ms, self.conf["metrics.fetcher.update-interval"])
+            interval_ms = min(msg.heartbeat_interval_ms, self.conf.get(MetricOptions.METRIC_FETCHER_UPDATE_INTERVAL))
             self.endpoint.call_every(interval_ms / 1000, self._heartbeat)
             self.endpoint.call_every(min(1.0, self.heartbeat_timeout_s / 4), self._check_job_manager)
 
@@ -359,7 +360,7 @@ def main(argv=None) -> None:
         from cluster.ha.services import LeaderRetriever
         leader = LeaderRetriever(conf)
         address = args.jobmanager if args.jobmanager not in (None, "zk") else leader.leader(
-            conf["high-availability.zookeeper.client.connection-timeout"] / 1000 + 60)["rpc"]
+            conf.get(HighAvailabilityOptions.ZOOKEEPER_CONNECTION_TIMEOUT) / 1000 + 60)["rpc"]
     else:
         address = args.jobmanager or json.loads((args.cluster_dir / "jobmanager.json").read_text())["rpc"]
     tm = TaskExecutor(conf, load_secret(args.cluster_dir / "secret"), address, args.id,

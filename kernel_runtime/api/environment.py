@@ -19,6 +19,7 @@ from cluster.graph.job_graph import GraphValidationError, JobGraph, OperatorSpec
 from cluster.graph.operator_kinds import KINDS, Role, upsert_key
 from cluster.protocol.job_context import (CONTEXT_ALLOW_NON_RESTORED, CONTEXT_CLUSTER_DIR, CONTEXT_DETACHED,
                                           CONTEXT_SAVEPOINT, CONTEXT_VERBOSE)
+from cluster.conf.options import CoreOptions, PipelineOptions
 
 from kernel_runtime.client.job_client import JobClient
 from kernel_runtime.client.job_handle import JobExecutionResult, JobHandle
@@ -40,8 +41,8 @@ class StreamEnvironment:
             self._conf = Configuration(self.config, "the job configuration")
         except ConfigError as exc:
             raise GraphValidationError(str(exc)) from None
-        self.parallelism = check_parallelism(parallelism, "StreamEnvironment") or self._conf["parallelism.default"]
-        self.max_parallelism = self._conf["pipeline.max-parallelism"]
+        self.parallelism = check_parallelism(parallelism, "StreamEnvironment") or self._conf.get(CoreOptions.DEFAULT_PARALLELISM)
+        self.max_parallelism = self._conf.get(PipelineOptions.MAX_PARALLELISM)
         self.cluster_dir = Path(cluster) if cluster else None
         self._nodes: list[StreamNode] = []
         self._uids: dict[str, int] = {}

@@ -25,6 +25,7 @@ from cluster.conf import ConfigError, Configuration, check_slot_bounds
 from cluster.graph.execution_graph import JobState
 from cluster.protocol.auth import create_secret
 from cluster.protocol.endpoint import RpcError
+from cluster.conf.options import ResourceManagerOptions
 
 from kernel_runtime.deploy import processes
 from kernel_runtime.client.job_client import JobClient
@@ -64,7 +65,7 @@ def application_configuration(config: dict[str, Any], dynamic: dict[str, Any], s
     if taskmanagers is not None:  # started up front and kept while the application runs
         conf.update({"slotmanager.number-of-slots.min": taskmanagers * conf["taskmanager.numberOfTaskSlots"]},
                     "--taskmanagers")
-    check_slot_bounds(conf["slotmanager.number-of-slots.min"], conf["slotmanager.number-of-slots.max"])
+    check_slot_bounds(conf.get(ResourceManagerOptions.MIN_SLOT_NUM), conf.get(ResourceManagerOptions.MAX_SLOT_NUM))
     return conf
 
 

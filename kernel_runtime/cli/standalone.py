@@ -22,6 +22,7 @@ import click
 from cluster.common import launch
 from cluster.conf import ConfigError, Configuration
 from cluster.protocol.auth import create_secret, parse_secret, write_secret
+from cluster.conf.options import HighAvailabilityOptions
 
 from kernel_runtime.deploy import processes
 from kernel_runtime.cli.options import dynamic_option, dynamic_properties
@@ -122,7 +123,7 @@ def _prepare_jobmanager(cluster_dir, config_file, secret_file, dynamic) -> tuple
     """The JobManager's directory, configuration and log name. With high availability several
     JobManagers may run from one directory (one leads, the others stand by), each its own log."""
     cluster_dir = (cluster_dir or default_cluster_dir()).resolve()
-    ha = process_configuration(cluster_dir, config_file, dynamic)["high-availability.type"] == "zookeeper"
+    ha = process_configuration(cluster_dir, config_file, dynamic).get(HighAvailabilityOptions.HA_MODE) == "zookeeper"
     # by its command line, not only a live pid: a container restarted in its pod keeps the
     # emptyDir, and the pid its JobManager had (1) is now this process's
     running = processes.stale_processes(cluster_dir, "jobmanager")
@@ -186,7 +187,7 @@ def jobmanager_start(cluster_dir, config_file, secret_file, dynamic, timeout) ->
     proc = launch.spawn("cluster.jobmanager", name, cluster_dir)
     processes.record_pids(cluster_dir, add_jobmanagers=[proc.pid])
     try:
-        if conf["high-availability.type"] == "zookeeper":
+        if conf.get(HighAvailabilityOptions.HA_MODE) == "zookeeper":
             state = _wait_for_ha_jobmanager(cluster_dir, conf, proc, name, timeout)
         else:
             info = wait_for_jobmanager(cluster_dir, proc, timeout, name)
@@ -261,7 +262,7 @@ def taskmanager_target(jobmanager_at: Optional[str], conf: Configuration, cluste
     """What a TaskManager is told to connect to: the JobManager's address (checked by
     _checked_jobmanager), or the leader that the HA keys of its configuration name (``zk``, or no
     --jobmanager on an HA cluster)."""
-    ha = conf["high-availability.type"] == "zookeeper"
+    ha = conf.get(HighAvailabilityOptions.HA_MODE) == "zookeeper"
     if jobmanager_at is None or jobmanager_at.strip() == FOLLOW_LEADER:
         if ha:
             return FOLLOW_LEADER

@@ -14,6 +14,7 @@ from typing import Callable, Optional
 
 from cluster.conf import Configuration
 from cluster.ha.services import LeaderRetriever, cluster_root, ha_enabled
+from cluster.conf.options import HighAvailabilityOptions
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ class LeaderWatch:
         """The process's watch of this cluster (made on first use), or None without HA."""
         if not ha_enabled(conf):
             return None
-        key = (conf["high-availability.zookeeper.quorum"], cluster_root(conf))
+        key = (conf.get(HighAvailabilityOptions.HA_ZOOKEEPER_QUORUM), cluster_root(conf))
         with cls._shared_lock:
             watch = cls._shared.get(key)
             if watch is None:

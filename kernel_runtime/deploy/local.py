@@ -18,6 +18,7 @@ from typing import Any, Mapping, Optional
 from cluster.common import launch
 from cluster.conf import ConfigError, Configuration
 from cluster.protocol.auth import create_secret
+from cluster.conf.options import HighAvailabilityOptions, RestOptions
 
 from kernel_runtime.client.cluster_info import ClusterInfo, ClusterNotRunning, default_cluster_dir
 from kernel_runtime.client.job_client import JobClient
@@ -41,7 +42,7 @@ class LocalCluster:
         if embedded:  # never clash with a standing cluster or another notebook
             overrides |= {"jobmanager.rpc.port": 0, "rest.port": 0}
         self.conf = Configuration(dict(config or {}) | overrides, "the cluster configuration")
-        self.ha = ha or self.conf["high-availability.type"] == "zookeeper"
+        self.ha = ha or self.conf.get(HighAvailabilityOptions.HA_MODE) == "zookeeper"
         if jobmanagers < 1 or (jobmanagers > 1 and not self.ha):
             raise ConfigError(f"{jobmanagers} JobManagers: a cluster has one, or with high availability "
                               "(--ha) one or more")
@@ -50,13 +51,13 @@ class LocalCluster:
             ha_keys: dict[str, Any] = {"high-availability.type": "zookeeper"}
             if not self.conf.is_set("high-availability.cluster-id"):
                 ha_keys["high-availability.cluster-id"] = self.cluster_dir.resolve().name
-            port = self.conf["rest.port"]
+            port = self.conf.get(RestOptions.PORT)
             if port and not self.conf.is_set("rest.bind-port") and jobmanagers > 1:
                 # JobManagers of one host: each standby's REST (answering for the leader) on a port of its own
                 ha_keys["rest.bind-port"] = f"{port}-{port + jobmanagers - 1}"
             self.conf.update(ha_keys, "--ha")
         # without a configured quorum the cluster runs a ZooKeeper of its own, in its directory
-        self.own_zookeeper = self.ha and not self.conf["high-availability.zookeeper.quorum"]
+        self.own_zookeeper = self.ha and not self.conf.get(HighAvailabilityOptions.HA_ZOOKEEPER_QUORUM)
         self.zookeeper: Optional[LocalZooKeeper] = None  # the cluster's own, without a configured quorum
         self.jobmanagers: list[subprocess.Popen] = []  # the leader first once start() knows it
         self.taskmanagers: list[subprocess.Popen] = []
@@ -79,7 +80,7 @@ class LocalCluster:
 
     @property
     def quorum(self) -> str:
-        return self.conf["high-availability.zookeeper.quorum"]
+        return self.conf.get(HighAvailabilityOptions.HA_ZOOKEEPER_QUORUM)
 
     # ------------------------------------------------------------------ start
     def start(self, timeout: float = 30.0) -> "LocalCluster":

@@ -32,6 +32,7 @@ from cluster.jobmanager.jobmaster.instructions import (CHECKPOINT_TIMER, FINAL_C
                                                        TriggerCheckpoint, WriteMetadata)
 from cluster.jobmanager.jobmaster.scheduler_events import (CheckpointAcknowledged, CheckpointDeclined,
                                                            MetadataWritten, SchedulerError)
+from cluster.conf.options import CheckpointingOptions
 
 FINAL_RETRY_MS = 200
 
@@ -59,11 +60,11 @@ class JobCheckpointing:
         self.job_graph = job_graph
         self.job_id = job_graph.job_id
         self.now = clock
-        self.interval_ms = conf["execution.checkpointing.interval"]
+        self.interval_ms = conf.get(CheckpointingOptions.INTERVAL)
         self.coordinator = CheckpointCoordinator(
-            self.interval_ms, conf["execution.checkpointing.timeout"], conf["execution.checkpointing.min-pause"],
-            conf["execution.checkpointing.max-concurrent-checkpoints"], conf["state.checkpoints.num-retained"])
-        self.storage = CheckpointStorage(conf["execution.checkpointing.dir"], conf["state.savepoints.dir"],
+            self.interval_ms, conf.get(CheckpointingOptions.TIMEOUT), conf.get(CheckpointingOptions.MIN_PAUSE),
+            conf.get(CheckpointingOptions.MAX_CONCURRENT_CHECKPOINTS), conf.get(CheckpointingOptions.MAX_RETAINED_CHECKPOINTS))
+        self.storage = CheckpointStorage(conf.get(CheckpointingOptions.CHECKPOINTS_DIRECTORY), conf.get(CheckpointingOptions.SAVEPOINT_DIRECTORY),
                                          self.job_id)
         self.collect_participants = collect_participants
         self.restore: Optional[dict] = None  # what the next deployment starts from

@@ -1,5 +1,6 @@
 """Restart strategies with Flink's names and options (restart-strategy.type and friends)."""
 from __future__ import annotations
+from cluster.conf.options import CheckpointingOptions, RestartStrategyOptions
 
 from dataclasses import dataclass
 from typing import Optional
@@ -16,18 +17,18 @@ class RestartStrategy:
 
     @classmethod
     def from_config(cls, conf) -> "RestartStrategy":
-        kind = conf["restart-strategy.type"]
-        if not conf.is_set("restart-strategy.type") and conf["execution.checkpointing.interval"] > 0:
+        kind = conf.get(RestartStrategyOptions.RESTART_STRATEGY)
+        if not conf.is_set("restart-strategy.type") and conf.get(CheckpointingOptions.INTERVAL) > 0:
             # Flink's rule: with checkpointing and no strategy given, restart (fixed delay) forever
-            return cls("fixed-delay", 2**31 - 1, conf["restart-strategy.fixed-delay.delay"])
+            return cls("fixed-delay", 2**31 - 1, conf.get(RestartStrategyOptions.FIXED_DELAY_DELAY))
         if kind == "fixed-delay":
-            return cls(kind, conf["restart-strategy.fixed-delay.attempts"],
-                       conf["restart-strategy.fixed-delay.delay"])
+            return cls(kind, conf.get(RestartStrategyOptions.FIXED_DELAY_ATTEMPTS),
+                       conf.get(RestartStrategyOptions.FIXED_DELAY_DELAY))
         if kind == "exponential-delay":
-            return cls(kind, conf["restart-strategy.exponential-delay.attempts-before-reset-backoff"],
-                       conf["restart-strategy.exponential-delay.initial-backoff"],
-                       conf["restart-strategy.exponential-delay.max-backoff"],
-                       conf["restart-strategy.exponential-delay.backoff-multiplier"])
+            return cls(kind, conf.get(RestartStrategyOptions.EXPONENTIAL_DELAY_ATTEMPTS),
+                       conf.get(RestartStrategyOptions.EXPONENTIAL_DELAY_INITIAL_BACKOFF),
+                       conf.get(RestartStrategyOptions.EXPONENTIAL_DELAY_MAX_BACKOFF),
+                       conf.get(RestartStrategyOptions.EXPONENTIAL_DELAY_BACKOFF_MULTIPLIER))
         return cls("none", 0, 0)
 
     def next_delay_ms(self) -> Optional[int]:

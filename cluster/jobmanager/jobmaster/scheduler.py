@@ -36,6 +36,7 @@ from cluster.jobmanager.jobmaster.scheduler_events import (CancelRequested, Chec
                                                            TaskManagerLost, TaskMetricsReported, TaskStateReported,
                                                            TimerFired)
 from cluster.jobmanager.resourcemanager.slot_manager import SlotAllocation
+from cluster.conf.options import JobManagerOptions, StateRecoveryOptions
 
 
 class DefaultScheduler:
@@ -113,14 +114,14 @@ class DefaultScheduler:
         starts without that state. A new HA leader recovering a job starts from its latest
         checkpoint this way too (``is_savepoint`` False: the job's counters go on)."""
         fit = savepoint_fit(body, self.job_graph)
-        if fit.misfits and not self.conf["execution.savepoint.ignore-unclaimed-state"]:
+        if fit.misfits and not self.conf.get(StateRecoveryOptions.SAVEPOINT_IGNORE_UNCLAIMED_STATE):
             raise SchedulerError(fit.refusal())
         self.checkpointing.restored(fit.claimed_body(body), directory, is_savepoint)
 
     # ------------------------------------------------------------------ slots and deployment
     def _request_slots(self) -> None:
         self.reason = f"waiting for {self.graph.required_slots} free slot(s)"
-        self.emit(StartTimer(SLOT_REQUEST_TIMER, self.conf["slot.request.timeout"]))
+        self.emit(StartTimer(SLOT_REQUEST_TIMER, self.conf.get(JobManagerOptions.SLOT_REQUEST_TIMEOUT)))
         self.emit(RequestSlots(self.graph.required_slots))
 
     def _slot_request_timed_out(self) -> None:

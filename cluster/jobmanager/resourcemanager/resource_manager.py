@@ -24,6 +24,7 @@ from cluster.protocol.gateways import TaskExecutorGateway
 
 from cluster.jobmanager.resourcemanager.active_resources import (ActiveResourceState, ProcessTaskManagerProvider, SlotDemand, SlotLimitReached, StartsGivenUp, StartTaskManager, StopTaskManager)
 from cluster.jobmanager.resourcemanager.slot_manager import SlotAllocation, SlotManager, TaskManagerRegistration
+from cluster.conf.options import ClusterOptions, HeartbeatManagerOptions, ResourceManagerOptions
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +150,7 @@ class ResourceManagerState:
 
 def task_manager_provider(conf, cluster_dir, jobmanager_address: str) -> Optional[ProcessTaskManagerProvider]:
     """What starts TaskManagers for ``resourcemanager.provider`` (None: standalone, nothing does)."""
-    if conf["resourcemanager.provider"] == "process":
+    if conf.get(ResourceManagerOptions.PROVIDER) == "process":
         return ProcessTaskManagerProvider(cluster_dir, jobmanager_address)
     return None
 
@@ -159,8 +160,8 @@ class ResourceManager:
                  provider: Optional[ProcessTaskManagerProvider] = None):
         self.endpoint = endpoint
         self.clock = clock
-        self.heartbeat_interval_ms = conf["heartbeat.interval"]
-        self.state = ResourceManagerState(conf["heartbeat.timeout"] / 1000, conf["cluster.evenly-spread-out-slots"])
+        self.heartbeat_interval_ms = conf.get(HeartbeatManagerOptions.HEARTBEAT_INTERVAL)
+        self.state = ResourceManagerState(conf.get(HeartbeatManagerOptions.HEARTBEAT_TIMEOUT) / 1000, conf.get(ClusterOptions.EVENLY_SPREAD_OUT_SLOTS))
         self._peers: dict[str, Peer] = {}
         self._listeners: dict[str, SlotListener] = {}
         self.task_manager_lost_listeners: list[Callable[[str, str], None]] = []
@@ -191,10 +192,10 @@ class ResourceManager:
         if provider is not None:
             self.active = ActiveResourceState(
                 slots_per_task_manager=conf["taskmanager.numberOfTaskSlots"],
-                max_slots=conf["slotmanager.number-of-slots.max"],
-                min_slots=conf["slotmanager.number-of-slots.min"],
-                idle_timeout_s=conf["resourcemanager.taskmanager-timeout"] / 1000,
-                registration_timeout_s=conf["resourcemanager.taskmanager-registration.timeout"] / 1000)
+                max_slots=conf.get(ResourceManagerOptions.MAX_SLOT_NUM),
+                min_slots=conf.get(ResourceManagerOptions.MIN_SLOT_NUM),
+                idle_timeout_s=conf.get(ResourceManagerOptions.TASK_MANAGER_TIMEOUT) / 1000,
+                registration_timeout_s=conf.get(ResourceManagerOptions.TASK_MANAGER_REGISTRATION_TIMEOUT) / 1000)
             self._execute |= {
                 StartTaskManager: self._start_task_manager,
                 StopTaskManager: self._stop_task_manager,

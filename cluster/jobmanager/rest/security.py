@@ -28,6 +28,7 @@ import tornado.web
 
 from cluster.checkpoint.storage import local_path
 from cluster.conf import Configuration
+from cluster.conf.options import RestOptions
 
 MUTATING_METHODS = frozenset({"POST", "PATCH", "PUT", "DELETE"})
 # Every body a route here reads is a small JSON object (a savepoint request is a few hundred bytes);
@@ -51,12 +52,13 @@ class RequestGuard:
 
     def __init__(self, conf: Configuration, token: str):
         self.token = token
-        self.auth = conf["rest.auth"]
-        self.max_content_length = min(conf["rest.server.max-content-length"], MAX_JSON_BODY)
-        allowed = list(conf["rest.allowed-hosts"])
+        self.auth = conf.get(RestOptions.AUTH)
+        self.max_content_length = min(conf.get(RestOptions.SERVER_MAX_CONTENT_LENGTH), MAX_JSON_BODY)
+        hosts: list[str] = conf.get(RestOptions.ALLOWED_HOSTS)
+        allowed = list(hosts)
         self.any_host = "*" in allowed
-        self.names = _LOCAL_NAMES | {h.lower() for h in allowed} | {conf["rest.address"].lower()}
-        bind = _ip(conf["rest.bind-address"] or conf["rest.address"])
+        self.names = _LOCAL_NAMES | {h.lower() for h in allowed} | {conf.get(RestOptions.ADDRESS).lower()}
+        bind = _ip(conf.get(RestOptions.BIND_ADDRESS) or conf.get(RestOptions.ADDRESS))
         self.bind_ip = bind
         # bound to every interface: any of the machine's addresses reaches it
         self.any_ip = bind is not None and bind.is_unspecified

@@ -26,6 +26,7 @@ from cluster.conf import Configuration, port_candidates
 from cluster.jobmanager.rest.handlers import NotFoundHandler, route_table
 from cluster.jobmanager.rest.security import RequestGuard
 from cluster.jobmanager.rest.views import JobManagerState, job_master
+from cluster.conf.options import CheckpointingOptions, RestOptions
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +41,9 @@ def _log_request(handler: tornado.web.RequestHandler) -> None:
 def bind_rest_sockets(conf: Configuration) -> list[socket.socket]:
     """Listening sockets at rest.bind-address on the first free port of rest.bind-port (Flink's
     port list and ranges; not set: rest.port), so JobManagers of one host share one config.yaml."""
-    host = conf["rest.bind-address"] or conf["rest.address"]
-    spec = conf["rest.bind-port"] or str(conf["rest.port"])
-    key = "rest.bind-port" if conf["rest.bind-port"] else "rest.port"
+    host = conf.get(RestOptions.BIND_ADDRESS) or conf.get(RestOptions.ADDRESS)
+    spec = conf.get(RestOptions.BIND_PORT) or str(conf.get(RestOptions.PORT))
+    key = "rest.bind-port" if conf.get(RestOptions.BIND_PORT) else "rest.port"
     last_error: Optional[OSError] = None
     for port in port_candidates(spec):
         try:
@@ -117,7 +118,7 @@ class RestServer(HttpServerThread):
     def savepoint_folders(self, job_id: str) -> tuple[str, list[str]]:
         """Where REST may write this job's savepoints (the job's configuration may widen it)."""
         conf = job_master(self.dispatcher, job_id).conf
-        return conf["state.savepoints.dir"], conf["state.savepoints.allowed-dirs"]
+        return conf.get(CheckpointingOptions.SAVEPOINT_DIRECTORY), conf.get(CheckpointingOptions.ALLOWED_SAVEPOINT_DIRECTORIES)
 
     def trigger_savepoint(self, job_id: str, target: Optional[str], stop: bool, client_trigger: Optional[str]) -> str:
         job = job_master(self.dispatcher, job_id)

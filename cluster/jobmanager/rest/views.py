@@ -19,6 +19,7 @@ from cluster.protocol.metrics import CURRENT_INPUT_WATERMARK, EVENT_TIME_METRICS
 
 from cluster.jobmanager.jobmaster.job_master import JobMaster
 from cluster.jobmanager.resourcemanager.resource_manager import ResourceManager
+from cluster.conf.options import CheckpointingOptions, StateBackendOptions
 
 VERSION = "streamlab-0.1.0"
 
@@ -364,11 +365,11 @@ def checkpoint_details_json(d: JobManagerState, job_id: str, checkpoint_id: int)
 
 def checkpoint_config_json(d: JobManagerState, job_id: str) -> dict:
     conf = job_master(d, job_id).conf
-    return {"mode": conf["execution.checkpointing.mode"].lower(), "interval": conf["execution.checkpointing.interval"],
-            "timeout": conf["execution.checkpointing.timeout"], "min_pause": conf["execution.checkpointing.min-pause"],
-            "max_concurrent": conf["execution.checkpointing.max-concurrent-checkpoints"],
+    return {"mode": conf.get(CheckpointingOptions.MODE).lower(), "interval": conf.get(CheckpointingOptions.INTERVAL),
+            "timeout": conf.get(CheckpointingOptions.TIMEOUT), "min_pause": conf.get(CheckpointingOptions.MIN_PAUSE),
+            "max_concurrent": conf.get(CheckpointingOptions.MAX_CONCURRENT_CHECKPOINTS),
             "externalization": {"enabled": True, "delete_on_cancellation": False},
-            "state_backend": {"rocksdb": "EmbeddedRocksDBStateBackend"}.get(conf["state.backend.type"],
+            "state_backend": {"rocksdb": "EmbeddedRocksDBStateBackend"}.get(conf.get(StateBackendOptions.STATE_BACKEND),
                                                                             "HashMapStateBackend"),
             "checkpoint_storage": "FileSystemCheckpointStorage", "unaligned_checkpoints": False,
             "tolerable_failed_checkpoints": 0, "aligned_checkpoint_timeout": 0,
