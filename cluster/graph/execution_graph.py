@@ -5,35 +5,11 @@ back what follows. Job and task states are Flink's names.
 """
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
-from typing import Callable, ClassVar, Optional
+from typing import Callable, Optional
 
 from cluster.graph.job_graph import JobGraph, JobVertex, new_id
-
-
-class JobState(enum.StrEnum):
-    """A StrEnum so that members equal their names as plain strings (wire format, JSON)."""
-    CREATED = "CREATED"
-    RUNNING = "RUNNING"
-    FAILING = "FAILING"
-    FAILED = "FAILED"
-    CANCELLING = "CANCELLING"
-    CANCELED = "CANCELED"
-    FINISHED = "FINISHED"
-    RESTARTING = "RESTARTING"
-
-    # Not members: set after the class body (an assignment inside it would make a member).
-    ALL: ClassVar[tuple[JobState, ...]]
-    GLOBALLY_TERMINAL: ClassVar[tuple[JobState, ...]]
-    FAILURE: ClassVar[tuple[JobState, ...]]
-
-
-# Tuples rather than sets: views list the states in this order (REST "timestamps", "status-counts").
-JobState.ALL = tuple(JobState)
-JobState.GLOBALLY_TERMINAL = (JobState.FAILED, JobState.CANCELED, JobState.FINISHED)
-# the states a job's failure is the news of; afterwards (a recovered job running) it is history
-JobState.FAILURE = (JobState.FAILING, JobState.RESTARTING, JobState.FAILED)
+from cluster.protocol.states import ExecutionState, JobState
 
 
 # Keyed by str: states also arrive as plain strings from the wire.
@@ -45,25 +21,6 @@ _JOB_TRANSITIONS: dict[str, set[str]] = {
     JobState.RESTARTING: {JobState.CREATED, JobState.CANCELLING, JobState.CANCELED, JobState.FAILED},
     JobState.CANCELLING: {JobState.CANCELED},
 }
-
-
-class ExecutionState(enum.StrEnum):
-    CREATED = "CREATED"
-    SCHEDULED = "SCHEDULED"
-    DEPLOYING = "DEPLOYING"
-    INITIALIZING = "INITIALIZING"
-    RUNNING = "RUNNING"
-    FINISHED = "FINISHED"
-    CANCELING = "CANCELING"
-    CANCELED = "CANCELED"
-    FAILED = "FAILED"
-
-    ALL: ClassVar[tuple[ExecutionState, ...]]
-    TERMINAL: ClassVar[tuple[ExecutionState, ...]]
-
-
-ExecutionState.ALL = tuple(ExecutionState)
-ExecutionState.TERMINAL = (ExecutionState.FINISHED, ExecutionState.CANCELED, ExecutionState.FAILED)
 
 
 # What a task's reported state may follow (Flink's Execution): a report that does not fit is
@@ -95,7 +52,7 @@ class Execution:
     vertex: JobVertex
     subtask: int
     attempt: int
-    state: str = ExecutionState.CREATED
+    state: ExecutionState = ExecutionState.CREATED
     task_manager_id: Optional[str] = None
     allocation_id: Optional[str] = None
     error: Optional[str] = None
@@ -121,7 +78,7 @@ class ExecutionGraph:
     def __init__(self, job_graph: JobGraph, now_ms: int, clock=lambda: 0):
         self.job_graph = job_graph
         self._clock = clock  # ms; only for the times shown, never for decisions
-        self.state: str = JobState.CREATED
+        self.state: JobState = JobState.CREATED
         self.attempt = 0
         self.timestamps: dict[str, int] = {s: 0 for s in JobState.ALL}
         self.timestamps[JobState.CREATED] = now_ms
@@ -132,11 +89,11 @@ class ExecutionGraph:
         self.executions: dict[str, Execution] = {}
         # called after every job state change with (graph, old state, new state, now_ms), on the
         # caller's thread: the JobManager's event publisher listens here
-        self.listeners: list[Callable[["ExecutionGraph", str, str, int], None]] = []
+        self.listeners: list[Callable[["ExecutionGraph", JobState, JobState, int], None]] = []
         self.reset_executions()
 
     # ------------------------------------------------------------------ job state
-    def transition(self, new_state: str, now_ms: int) -> None:
+    def transition(self, new_state: JobState, now_ms: int) -> None:
         if new_state not in _JOB_TRANSITIONS.get(self.state, ()):
             raise IllegalStateTransition(f"job {self.job_graph.job_id}: {self.state} -> {new_state}")
         old, self.state = self.state, new_state
@@ -144,7 +101,7 @@ class ExecutionGraph:
         for listener in self.listeners:
             listener(self, old, new_state, now_ms)
 
-    def failure_in(self, state: str) -> Optional[str]:
+    def failure_in(self, state: JobState) -> Optional[str]:
         """The failure a job in ``state`` is in: while it fails, restarts or has failed. A job that
         recovered and runs or finished is not failing (the cause stays in ``failure``, the
         exception history)."""
@@ -174,7 +131,7 @@ class ExecutionGraph:
         return max(v.parallelism for v in self.job_graph.vertices)
 
     # ------------------------------------------------------------------ tasks
-    def update_execution(self, execution_id: str, state: str, error: Optional[str] = None) -> Optional[Execution]:
+    def update_execution(self, execution_id: str, state: ExecutionState, error: Optional[str] = None) -> Optional[Execution]:
         """Apply a task's reported state; None for a report about an unknown or stale execution, or
         one that the transition table refuses (it then changes nothing)."""
         execution = self.executions.get(execution_id)
@@ -189,7 +146,7 @@ class ExecutionGraph:
             execution.error = error
         return execution
 
-    def set_state(self, execution: Execution, state: str) -> None:
+    def set_state(self, execution: Execution, state: ExecutionState) -> None:
         execution.state = state
         execution.entered.setdefault(state, self._clock())
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Optional, Protocol
 
 from cluster.common import launch
-from cluster.graph.execution_graph import JobState
+from cluster.protocol.states import JobState
 from cluster.protocol.endpoint import RpcEndpoint
 from cluster.protocol.job_context import CONTEXT_CLUSTER_DIR, CONTEXT_DETACHED, CONTEXT_VERBOSE
 

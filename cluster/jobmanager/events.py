@@ -35,6 +35,7 @@ from cluster.protocol.codec import Codec
 from cluster.protocol.endpoint import Peer, RpcEndpoint
 from cluster.protocol.metrics import EVENT_TIME_METRICS
 from cluster.protocol.sockets import advertised_address, bind_socket, bound_address, make_socket
+from cluster.protocol.states import JobState
 
 from cluster.jobmanager.rest.views import job_json, overview_json, plan_json, subtasks_json, taskmanagers_json
 from cluster.conf.options import JobManagerOptions, MetricOptions
@@ -132,7 +133,7 @@ class JobEventPublisher:
         self.sequences: dict[str, int] = {}  # job id -> sequence of its latest event
         self.cluster_sequence = 0
         self.summaries_built = 0  # how often a watched job's summary was read (tests, benches)
-        self._pending: list[tuple[str, str, int, int]] = []  # status changes not yet published
+        self._pending: list[tuple[str, JobState, int, int]] = []  # status changes not yet published
         self._last_status: dict[str, tuple] = {}
         self._last_summary: dict[str, dict] = {}
         self._settled: set[str] = set()  # ended jobs whose final status and summary went out
@@ -184,7 +185,7 @@ class JobEventPublisher:
         self._publish_status(master, master.state, master.graph.attempt, master.status_reason,
                              master.graph.timestamps[master.state])
 
-    def _state_changed(self, graph: ExecutionGraph, old: str, new: str, now_ms: int) -> None:
+    def _state_changed(self, graph: ExecutionGraph, old: JobState, new: JobState, now_ms: int) -> None:
         # in the middle of a JobMaster's handler: publish once it has finished (its reason and
         # failure are then settled), every state in the order taken
         if not self._pending:
@@ -201,7 +202,7 @@ class JobEventPublisher:
             latest = state == master.state and not any(p[0] == job_id for p in pending[i + 1:])
             self._publish_status(master, state, attempt, master.status_reason if latest else None, timestamp)
 
-    def _publish_status(self, master: "JobMaster", state: str, attempt: int, reason: Optional[str],
+    def _publish_status(self, master: "JobMaster", state: JobState, attempt: int, reason: Optional[str],
                         timestamp: int) -> None:
         job_id = master.job_id
         failure = master.graph.failure_in(state)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from cluster.protocol.message_base import Message
+from cluster.protocol.states import JobState
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,7 @@ class RequestJobStatus(Message, op="request-job-status"):
 class JobStatus(Message, op="job-status"):
     job_id: str
     name: str
-    state: str
+    state: JobState
     attempt: int
     reason: Optional[str]      # why a job waits (e.g. for slots)
     failure: Optional[str]     # the root cause, with the user's traceback, once FAILED

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from cluster.protocol.message_base import Message
+from cluster.protocol.states import JobState
 
 
 # Published on the JobManager's events socket (PUB/SUB), each frame set preceded by its topic:
@@ -19,7 +20,7 @@ class JobStatusChanged(Message, op="job-status-changed"):
     job_id: str
     sequence: int
     name: str
-    state: str
+    state: JobState
     attempt: int
     reason: Optional[str]
     failure: Optional[str]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from cluster.protocol.endpoint import Peer, RpcEndpoint
 from cluster.protocol import messages as m
+from cluster.protocol.states import ExecutionState
 
 
 class TaskExecutorGateway:
@@ -65,7 +66,7 @@ class JobManagerGateway:
     def offer_slots(self, tm_id: str, job_id: str, allocation_ids: list[str]) -> None:
         self._send(m.OfferSlots(tm_id, job_id, allocation_ids))
 
-    def update_task_execution_state(self, job_id: str, execution_id: str, state: str,
+    def update_task_execution_state(self, job_id: str, execution_id: str, state: ExecutionState,
                                     error=None, metrics=None) -> None:
         self._send(m.UpdateTaskExecutionState(job_id, execution_id, state, error, metrics or {}))
 

@@ -9,6 +9,7 @@ all), one module per conversation.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import typing
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -51,7 +52,7 @@ class Message:
         for name, annotation in types.items():
             if not _conforms(wire[name], annotation):
                 raise MalformedMessage(f"{op}: field {name!r} is not {annotation}")
-        return cls(**{name: wire[name] for name in types})
+        return cls(**{name: _decoded(wire[name], annotation) for name, annotation in types.items()})
 
 
 def _field_types(cls) -> dict[str, Any]:
@@ -63,10 +64,22 @@ def _field_types(cls) -> dict[str, Any]:
     return cached
 
 
+def _is_enum(annotation: Any) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, enum.Enum)
+
+
+def _decoded(value: Any, annotation: Any) -> Any:
+    """A field's value as its type says: an enum's member from its value (a state travels as its
+    name); anything else as it came."""
+    return annotation(value) if _is_enum(annotation) else value
+
+
 def _conforms(value: Any, annotation: Any) -> bool:
     origin = typing.get_origin(annotation)
     if annotation is Any:
         return True
+    if _is_enum(annotation):
+        return isinstance(value, str) and value in annotation._value2member_map_
     if origin is typing.Union:
         return any(_conforms(value, arg) for arg in typing.get_args(annotation))
     if annotation is type(None):

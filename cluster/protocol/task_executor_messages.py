@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from cluster.protocol.message_base import Message
+from cluster.protocol.states import ExecutionState
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,6 @@ class CancelTask(Message, op="cancel-task"):
 class UpdateTaskExecutionState(Message, op="update-task-execution-state"):
     job_id: str
     execution_id: str
-    state: str
+    state: ExecutionState
     error: Optional[str]
     metrics: dict  # the task's counters at this moment (final ones on a terminal state)

@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from cluster.protocol.states import ExecutionState
+
 
 @dataclass(frozen=True)
 class SlotOwner:
@@ -67,7 +69,7 @@ class CancelTaskThread:
 class ReportTaskState:
     job_id: str
     execution_id: str
-    state: str
+    state: ExecutionState
     error: Optional[str]
 
 
@@ -86,7 +88,7 @@ class ForgetTask:
 class TaskEntry:
     job_id: str
     allocation_id: str
-    state: str
+    state: ExecutionState
     orphaned: bool = False  # its JobManager was lost: its end is reported to no one
 
 
@@ -94,7 +96,7 @@ class TaskSlotTable:
     """Flink's TaskSlotTable: the TaskExecutor's slots and the tasks in them, as a pure class
     (a method per event, instructions out). For the TaskManager's loop thread only."""
 
-    TERMINAL = ("FINISHED", "CANCELED", "FAILED")
+    TERMINAL = ExecutionState.TERMINAL
 
     def __init__(self, number_of_slots: int):
         self.slots = SlotTable(number_of_slots)
@@ -108,11 +110,11 @@ class TaskSlotTable:
 
     def submit_task(self, job_id: str, execution_id: str, allocation_id: str) -> list:
         if not self.slots.holds(allocation_id, job_id):
-            return [ReportTaskState(job_id, execution_id, "FAILED",
+            return [ReportTaskState(job_id, execution_id, ExecutionState.FAILED,
                                     f"this TaskManager has no slot {allocation_id} for job {job_id}")]
         if execution_id in self.tasks:
             return []  # a duplicate deployment
-        self.tasks[execution_id] = TaskEntry(job_id, allocation_id, "DEPLOYING")
+        self.tasks[execution_id] = TaskEntry(job_id, allocation_id, ExecutionState.DEPLOYING)
         return [StartTask(execution_id)]
 
     def cancel_task(self, execution_id: str) -> list:
@@ -138,7 +140,7 @@ class TaskSlotTable:
             out.append(ReleaseJobNetwork(job_id))
         return out
 
-    def task_state_changed(self, execution_id: str, state: str, error: Optional[str]) -> list:
+    def task_state_changed(self, execution_id: str, state: ExecutionState, error: Optional[str]) -> list:
         entry = self.tasks.get(execution_id)
         if entry is None or entry.state in self.TERMINAL:
             return []

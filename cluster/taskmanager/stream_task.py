@@ -37,7 +37,7 @@ from cluster.common import failures
 from cluster.conf import TaskConfig
 from cluster.graph.deployment import TaskDeploymentDescriptor
 from cluster.graph.event_time import MAX_WATERMARK
-from cluster.graph.execution_graph import ExecutionState
+from cluster.protocol.states import ExecutionState
 from cluster.operators.base import Operator, SourceOperator, TaskCancelled
 from cluster.protocol.messages import AddCredit
 from cluster.protocol.metrics import CURRENT_INPUT_WATERMARK, CURRENT_OUTPUT_WATERMARK
@@ -65,7 +65,7 @@ class StreamTask:
     config: TaskConfig  # parsed first thing on the task thread, so a bad value fails the task
 
     def __init__(self, tdd: TaskDeploymentDescriptor, network: NetworkEnvironment,
-                 report: Callable[["StreamTask", str, Optional[str]], None], responder: CheckpointResponder,
+                 report: Callable[["StreamTask", ExecutionState, Optional[str]], None], responder: CheckpointResponder,
                  snapshot_executor: Executor):
         self.tdd = tdd
         self.execution_id = tdd.execution_id
@@ -75,7 +75,7 @@ class StreamTask:
         self._control: queue.SimpleQueue = queue.SimpleQueue()  # triggers and notifications, from the TM
         self.cancelled = threading.Event()
         self.metrics = TaskMetrics()
-        self.state: str = ExecutionState.DEPLOYING
+        self.state: ExecutionState = ExecutionState.DEPLOYING
         self.detail = ""  # what an INITIALIZING task waits for, shown in the job's status
         self.name = f"{tdd.vertex['name']} ({tdd.subtask + 1}/{tdd.vertex['parallelism']})"
         self._thread = threading.Thread(target=self._run, name=f"task {self.name}", daemon=True)
@@ -136,7 +136,7 @@ class StreamTask:
             | time_metrics | operator_metrics
 
     # ------------------------------------------------------------------ the thread
-    def _set_state(self, state: str, error: Optional[str] = None) -> None:
+    def _set_state(self, state: ExecutionState, error: Optional[str] = None) -> None:
         self.metrics.publish()  # the report carries the task's counters as of now
         self.state = state
         self.report(self, state, error)

@@ -37,7 +37,7 @@ from cluster.conf import Configuration, TaskConfig
 from cluster.ha.services import ha_enabled
 from cluster.common.process_logging import configure_process_logging
 from cluster.graph.deployment import TaskDeploymentDescriptor
-from cluster.graph.execution_graph import ExecutionState
+from cluster.protocol.states import ExecutionState
 from cluster.protocol import messages as m
 from cluster.protocol.auth import load_secret
 from cluster.protocol.curve import cluster_codec
@@ -324,7 +324,7 @@ class TaskExecutor:
     def shutdown_task_manager(self, msg: m.ShutdownTaskManager, peer: Peer) -> None:
         threading.Thread(target=self.stop, args=("the cluster is shutting down",), daemon=True).start()
 
-    def _report_from_task(self, task: StreamTask, state: str, error: Optional[str]) -> None:
+    def _report_from_task(self, task: StreamTask, state: ExecutionState, error: Optional[str]) -> None:
         # Called on the task's thread: hand over to the loop thread, which owns the table and socket.
         self.endpoint.call_soon(lambda: self._run(self.slot_table.task_state_changed(task.execution_id, state,
                                                                                      error)))

@@ -22,7 +22,7 @@ import yaml
 
 from cluster.common import launch
 from cluster.conf import ConfigError, Configuration, check_slot_bounds
-from cluster.graph.execution_graph import JobState
+from cluster.protocol.states import JobState
 from cluster.protocol.auth import create_secret
 from cluster.protocol.endpoint import RpcError
 from cluster.conf.options import ResourceManagerOptions

@@ -26,7 +26,7 @@ from typing import Callable, Optional
 
 import zmq
 
-from cluster.graph.execution_graph import JobState
+from cluster.protocol.states import JobState
 from cluster.protocol import messages as m
 from cluster.protocol.curve import cluster_codec
 from cluster.protocol.endpoint import RpcClient, RpcError
@@ -64,7 +64,7 @@ class JobView:
     version: int = 0
 
     @property
-    def state(self) -> Optional[str]:
+    def state(self) -> Optional[JobState]:
         return self.status.state if self.status else None
 
     @property

@@ -22,7 +22,7 @@ import pyarrow as pa
 import zmq
 
 from cluster.common.failures import Failure
-from cluster.graph.execution_graph import JobState
+from cluster.protocol.states import JobState
 from cluster.graph.job_graph import JobGraph
 from cluster.protocol import messages as m
 from cluster.protocol.codec import Codec
@@ -209,7 +209,7 @@ class ResultReceiver:
 class JobExecutionResult:
     job_id: str
     name: str
-    state: str
+    state: JobState
     duration_ms: int
     results: dict[str, pd.DataFrame] = field(default_factory=dict)
 

@@ -15,7 +15,7 @@ from typing import Optional
 
 from cluster.checkpoint.savepoint_fit import SavepointFit, saved_operator, savepoint_fit
 from cluster.checkpoint.storage import local_path, read_metadata
-from cluster.graph.execution_graph import JobState
+from cluster.protocol.states import JobState
 from cluster.graph.job_graph import JobGraph, OperatorSpec
 from cluster.protocol.endpoint import RpcError
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.graph.execution_graph import JobState
+from cluster.protocol.states import JobState
 from kernel_runtime import JobCancelledError, JobClient, StreamEnvironment
 from tests.conftest import assert_at_rest, rest, start_cluster, wait_for
 

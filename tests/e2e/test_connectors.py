@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 import redis
 
-from cluster.graph.execution_graph import JobState
+from cluster.protocol.states import JobState
 from kernel_runtime import JobCancelledError, JobExecutionError, StreamEnvironment
 from kernel_runtime.api.connectors import FileSink, FileSource, RedisStreamSink, RedisStreamSource
 from tests.conftest import wait_for

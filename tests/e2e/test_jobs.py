@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from cluster.graph.execution_graph import JobState
+from cluster.protocol.states import JobState
 from kernel_runtime import JobCancelledError, JobExecutionError, StreamEnvironment
 from tests.conftest import rest, wait_for
 

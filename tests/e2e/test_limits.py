@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from cluster.conf import MAX_JOB_GRAPH_BYTES
-from cluster.graph.execution_graph import JobState
+from cluster.protocol.states import JobState
 from cluster.graph.job_graph import JobGraphTooLarge
 from cluster.protocol import messages as m
 from cluster.protocol.endpoint import RpcError

@@ -1,6 +1,7 @@
 import pytest
 
-from cluster.graph.execution_graph import ExecutionGraph, ExecutionState, IllegalStateTransition, JobState
+from cluster.graph.execution_graph import ExecutionGraph, IllegalStateTransition
+from cluster.protocol.states import ExecutionState, JobState
 from kernel_runtime import StreamEnvironment
 
 

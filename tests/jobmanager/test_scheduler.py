@@ -9,7 +9,7 @@ import pytest
 
 from cluster.checkpoint.savepoint_fit import savepoint_fit
 from cluster.conf import Configuration
-from cluster.graph.execution_graph import ExecutionState, JobState
+from cluster.protocol.states import ExecutionState, JobState
 from cluster.jobmanager.jobmaster import checkpointing, instructions as ins, scheduler as s, scheduler_events as ev
 from cluster.jobmanager.resourcemanager.slot_manager import SlotAllocation
 from kernel_runtime import StreamEnvironment

@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from cluster.graph.execution_graph import JobState
+from cluster.protocol.states import JobState
 from kernel_runtime.client.job_handle import JobHandle
 
 from ..conftest import wait_for

@@ -1,3 +1,4 @@
+import enum
 import itertools
 import threading
 import time
@@ -43,6 +44,8 @@ def _sample(annotation, name: str):
         return f"{name}-\u00e9"
     if annotation is bytes:
         return name.encode() + b"\x00\xff"
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        return list(annotation)[-1]
     raise AssertionError(f"no sample for a field of type {annotation}")
 
 
@@ -55,6 +58,7 @@ def test_every_message_type_round_trips_through_its_registry():
         msg = cls(**{name: _sample(annotation, name) for name, annotation in _field_types(cls).items()})
         decoded, got_cid, payload = codec.decode(codec.encode(msg, cid, [op.encode()]))
         assert type(decoded) is cls and decoded == msg, (op, msg, decoded)
+        assert all(type(getattr(decoded, name)) is type(getattr(msg, name)) for name in _field_types(cls)), op
         assert got_cid == cid and [bytes(p) for p in payload] == [op.encode()], op
 
 
@@ -224,3 +228,15 @@ def test_one_codec_encoding_on_many_threads_never_repeats_a_sequence():
     assert len(set(seqs)) == 2000
     for f in sorted(frames, key=lambda f: msgpack.unpackb(f[1])["seq"]):
         receiver.decode(f)
+
+
+def test_a_state_travels_as_its_name_and_arrives_as_the_enum_and_an_unknown_one_is_malformed():
+    from cluster.protocol.states import ExecutionState, JobState
+    codec = Codec(SECRET)
+    status = m.JobStatus("job", "name", JobState.RESTARTING, 2, None, None)
+    assert status.to_wire()["state"] == "RESTARTING"
+    decoded, _, _ = codec.decode(codec.encode(status, 1))
+    assert decoded.state is JobState.RESTARTING
+    wire = m.UpdateTaskExecutionState("job", "exec", ExecutionState.RUNNING, None, {}).to_wire()
+    with pytest.raises(MalformedMessage, match="'state'"):
+        Message.from_wire(dict(wire, state="SLEEPING"))

@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from cluster.graph.deployment import TaskDeploymentDescriptor
-from cluster.graph.execution_graph import ExecutionState
+from cluster.protocol.states import ExecutionState
 from cluster.protocol.codec import Codec
 from cluster.taskmanager.network import NetworkEnvironment
 from cluster.taskmanager.stream_task import StreamTask

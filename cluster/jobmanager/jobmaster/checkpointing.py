@@ -21,7 +21,8 @@ from cluster.checkpoint.coordinator import (CheckpointCoordinator, CheckpointKin
                                             PendingCheckpoint)
 from cluster.checkpoint.savepoint_fit import restore_plan
 from cluster.checkpoint.storage import CheckpointStorage
-from cluster.graph.execution_graph import Execution, ExecutionState, JobState
+from cluster.graph.execution_graph import Execution
+from cluster.protocol.states import ExecutionState, JobState
 from cluster.graph.job_graph import JobGraph
 from cluster.protocol.metrics import CHECKPOINTED_COUNTERS
 

@@ -13,6 +13,7 @@ from typing import Optional
 from cluster.checkpoint.coordinator import CompletedCheckpoint
 from cluster.graph.execution_graph import Execution
 from cluster.jobmanager.resourcemanager.slot_manager import SlotAllocation
+from cluster.protocol.states import JobState
 
 # timer names
 SLOT_REQUEST_TIMER = "slot-request"
@@ -125,5 +126,5 @@ class CheckpointFinished(Instruction):
 
 @dataclass(frozen=True)
 class JobTerminated(Instruction):
-    state: str
+    state: JobState
 

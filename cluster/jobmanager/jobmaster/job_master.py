@@ -23,7 +23,8 @@ from cluster.checkpoint.storage import CheckpointFormatError, completed_on_disk,
 from cluster.common.clock import now_ms
 from cluster.graph.deployment import (InputGateDescriptor, OutputDescriptor,
                                       TaskDeploymentDescriptor, channel_id)
-from cluster.graph.execution_graph import Execution, ExecutionState
+from cluster.graph.execution_graph import Execution
+from cluster.protocol.states import ExecutionState, JobState
 from cluster.graph.job_graph import JobGraph, ShipStrategy
 from cluster.protocol import messages as m
 from cluster.protocol.endpoint import DeferredReply, Peer, RpcEndpoint, RpcError
@@ -122,7 +123,7 @@ class JobMaster:
         return self.scheduler.checkpointing
 
     @property
-    def state(self) -> str:
+    def state(self) -> JobState:
         return self.scheduler.state
 
     @property

@@ -18,7 +18,8 @@ from typing import Callable, Optional
 
 from cluster.common import failures
 from cluster.checkpoint.savepoint_fit import savepoint_fit
-from cluster.graph.execution_graph import Execution, ExecutionGraph, ExecutionState, JobState
+from cluster.graph.execution_graph import Execution, ExecutionGraph
+from cluster.protocol.states import ExecutionState, JobState
 from cluster.graph.job_graph import JobGraph
 from cluster.protocol.metrics import restored_counters
 
@@ -85,7 +86,7 @@ class DefaultScheduler:
         }
 
     @property
-    def state(self) -> str:
+    def state(self) -> JobState:
         return self.graph.state
 
     def emit(self, instruction: Instruction) -> None:
@@ -303,7 +304,7 @@ class DefaultScheduler:
             self.graph.update_execution(execution.execution_id, ExecutionState.CANCELED)
         self._terminate(JobState.FAILED)
 
-    def _terminate(self, state: str) -> None:
+    def _terminate(self, state: JobState) -> None:
         self.graph.transition(state, self.now())
         self.reason = None
         self._allocations = []

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from cluster.jobmanager.resourcemanager.slot_manager import SlotAllocation
+from cluster.protocol.states import ExecutionState
 
 
 class SchedulerError(Exception):
@@ -39,7 +40,7 @@ class SlotsOffered(Event):
 @dataclass(frozen=True)
 class TaskStateReported(Event):
     execution_id: str
-    state: str
+    state: ExecutionState
     error: Optional[str] = None
     metrics: Optional[dict] = None
 

@@ -13,7 +13,7 @@ import time
 from typing import Callable, Mapping, Optional, Protocol
 
 from cluster.common.clock import now_ms
-from cluster.graph.execution_graph import ExecutionState, JobState
+from cluster.protocol.states import ExecutionState, JobState
 from cluster.protocol.endpoint import RpcEndpoint
 from cluster.protocol.metrics import CURRENT_INPUT_WATERMARK, EVENT_TIME_METRICS, backpressure_level
 

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from cluster.graph.execution_graph import JobState
+from cluster.protocol.states import JobState
 
 from kernel_runtime.client.events import ClusterEvents, JobView, JobWatch
 from kernel_runtime.client.cluster_info import ClusterInfo

@@ -13,7 +13,7 @@ from typing import Optional
 import ipywidgets as widgets
 
 from cluster.common.failures import Failure
-from cluster.graph.execution_graph import JobState
+from cluster.protocol.states import JobState
 
 from kernel_runtime.notebook.widgets.base import FONT, Component, Update, esc, state_color
 
