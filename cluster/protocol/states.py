@@ -7,7 +7,15 @@ import enum
 from typing import ClassVar
 
 
-class JobState(enum.StrEnum):
+class _State(enum.StrEnum):
+    """A state shows as its name, as Flink's do (``'FINISHED'``, not ``<JobState.FINISHED: ...>``):
+    users meet them in notebooks (``handle.status``) as they always have, as plain strings."""
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+class JobState(_State):
     """A StrEnum so that members equal their names as plain strings (wire format, JSON)."""
     CREATED = "CREATED"
     RUNNING = "RUNNING"
@@ -31,7 +39,7 @@ JobState.GLOBALLY_TERMINAL = (JobState.FAILED, JobState.CANCELED, JobState.FINIS
 JobState.FAILURE = (JobState.FAILING, JobState.RESTARTING, JobState.FAILED)
 
 
-class ExecutionState(enum.StrEnum):
+class ExecutionState(_State):
     CREATED = "CREATED"
     SCHEDULED = "SCHEDULED"
     DEPLOYING = "DEPLOYING"

@@ -182,6 +182,19 @@ def arrow_reader(session) -> tuple[Callable[[str], Any], Callable[[Any, str, Any
     return utils.readArrowStreamFromFile, utils.toDataFrame
 
 
+def register_view(jdf, view: str) -> None:
+    """A Java DataFrame as the temp view of its session that a SQL step reads."""
+    jdf.createOrReplaceTempView(view)
+
+
+def columns(jdf) -> list[str]:
+    return list(jdf.columns())
+
+
+def with_column(jdf, name: str, column) -> Any:
+    return jdf.withColumn(name, column)
+
+
 def public_frame(session, table: pa.Table) -> Any:
     """PySpark's public way in: ``createDataFrame``, as a Java DataFrame."""
     return session.createDataFrame(table)._jdf

@@ -171,7 +171,7 @@ class SparkChain(Operator, kind="spark"):
                 if not fusion.check_plan(jdf, refs):
                     return None, ranges
                 tag = refs.add(catalyst.partition_tag(session))
-                jdf = self.paths.keep(session, refs.add(jdf.withColumn(PARTITION_COLUMN, tag)), columns,
+                jdf = self.paths.keep(session, refs.add(catalyst.with_column(jdf, PARTITION_COLUMN, tag)), columns,
                                       tables[0].schema, True, refs)
             ran = time.perf_counter()
             out = self._run(session, jdf, refs, False)

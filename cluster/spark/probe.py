@@ -39,7 +39,7 @@ def working_paths(session, local_batches: Optional[LocalBatches], batch_jobs: Op
     with JvmRefs(probing) as refs:
         def arrow_bridge() -> pa.Table:
             jdf = bridge.to_jvm(probing, SAMPLE, refs)
-            jdf.createOrReplaceTempView(INPUT_VIEW)
+            catalyst.register_view(jdf, INPUT_VIEW)
             planned.append(refs.add(catalyst.sql(probing, QUERY)))
             return bridge.from_jvm(probing, planned[0], refs)
 

@@ -43,7 +43,7 @@ class ChainSteps:
         for spec, step in self.pairs:
             try:
                 if isinstance(step, str):
-                    jdf.createOrReplaceTempView(INPUT_VIEW)
+                    catalyst.register_view(jdf, INPUT_VIEW)
                     # parsed and analysed here
                     jdf = refs.add(catalyst.public_sql(session, step) if public else catalyst.sql(session, step))
                 else:
@@ -53,7 +53,7 @@ class ChainSteps:
                     # not released: the function may keep its DataFrame for later batches
                     jdf = catalyst.java_frame(df)
                 if not self.outputs_checked or columns is not None:
-                    output = list(jdf.columns())
+                    output = catalyst.columns(jdf)
                     if not self.outputs_checked:
                         check_consumers(spec, output)
                     if columns is not None:
