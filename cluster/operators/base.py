@@ -15,7 +15,6 @@ import pyarrow as pa
 
 from cluster.conf import TaskConfig
 from cluster.common.failures import UserFunctionError as UserFunctionError  # where operators have always found it
-from cluster.common.frames import frame_to_table as frame_to_table, to_table as to_table  # the operators' too
 from cluster.graph.job_graph import OperatorSpec
 from cluster.graph.operator_kinds import operator_kind, source_ends
 

@@ -37,7 +37,8 @@ import numpy as np
 import pyarrow as pa
 
 from cluster.graph.event_time import NO_WATERMARK
-from cluster.operators.base import OperatorSnapshot, to_table
+from cluster.common.frames import to_table
+from cluster.operators.base import OperatorSnapshot
 from cluster.operators.join_state import Chunks, by_key_group
 from cluster.operators.keyed import KeyedOperator
 from cluster.operators.timers import TimerService

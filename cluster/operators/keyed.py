@@ -27,8 +27,8 @@ from cluster.graph.event_time import NO_WATERMARK
 from cluster.state.loader import create_backend
 from cluster.state.key_groups import key_group_range, key_groups_of_frame
 
-from cluster.operators.base import Operator, OperatorSnapshot, UserFunctionError, frame_to_table
-from cluster.operators.base import to_table
+from cluster.common.frames import frame_to_table, to_table
+from cluster.operators.base import Operator, OperatorSnapshot, UserFunctionError
 from cluster.operators.timers import EVENT_TIME, PROCESSING_TIME, TimerService
 
 # partial aggregates: how each function is computed from a batch and merged into state

@@ -6,7 +6,7 @@ import pandas as pd
 import pyarrow as pa
 
 from cluster.operators.base import Operator, UserFunctionError
-from cluster.operators.base import to_table
+from cluster.common.frames import to_table
 
 
 class MapBatches(Operator, kind="map-batches"):

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import click
 
-from kernel_runtime.export.package import ExportError, export_notebook
+from kernel_runtime.export.package import export_notebook
+from kernel_runtime.export.slicing import ExportError
 
 
 @click.command("export")

@@ -136,7 +136,8 @@ class StreamMagics(Magics):
     # ------------------------------------------------------------------ %stream_export
     @line_magic
     def stream_export(self, line: str) -> None:
-        from kernel_runtime.export.package import ExportError, export_notebook
+        from kernel_runtime.export.package import export_notebook
+        from kernel_runtime.export.slicing import ExportError
         args = parse_export_args(line)
         notebook = args.notebook or self._notebook_path()
         if notebook is None:

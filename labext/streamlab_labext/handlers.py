@@ -139,7 +139,8 @@ class KernelClusterHandler(StreamlabHandler):
 class ExportHandler(StreamlabHandler):
     @web.authenticated
     async def post(self) -> None:
-        from kernel_runtime.export.package import ExportError, export_notebook
+        from kernel_runtime.export.package import export_notebook
+        from kernel_runtime.export.slicing import ExportError
         body = self.body(("path", "cell", "output"))
         path = self.optional_str(body, "path")
         if not path:

@@ -20,7 +20,8 @@ import yaml
 from click.testing import CliRunner
 
 from kernel_runtime.cli.main import main as cli
-from kernel_runtime.export.package import ExportError, export_notebook
+from kernel_runtime.export.package import export_notebook
+from kernel_runtime.export.slicing import ExportError
 
 from .conftest import run
 

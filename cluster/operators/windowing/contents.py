@@ -31,7 +31,7 @@ import pandas as pd
 import pyarrow as pa
 
 from cluster.graph.windows import TimeWindow
-from cluster.operators.base import frame_to_table, to_table
+from cluster.common.frames import frame_to_table, to_table
 from cluster.operators.keyed import MERGE, PARTIALS, fold_rows, partial_columns
 from cluster.operators.windowing.pre_aggregation import ROWS, window_partials
 

@@ -20,7 +20,8 @@ import pandas as pd
 import pyarrow as pa
 
 from cluster.graph.windows import SessionWindows, SlidingWindows, TumblingWindows, assigner_of
-from cluster.operators.base import Operator, frame_to_table
+from cluster.common.frames import frame_to_table
+from cluster.operators.base import Operator
 from cluster.operators.keyed import MERGE_IN_BATCH, partial_columns
 from cluster.operators.windowing.watermarks import rowtime_ms
 
