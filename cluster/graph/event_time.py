@@ -40,3 +40,10 @@ def timestamps_from(result, rows: int, where: str) -> pa.Array:
         return pa.array(values.to_numpy(dtype=np.int64), pa.int64()).cast(pa.timestamp("ms"))
     raise UserFunctionError(f"{where}: the timestamp assigner must return datetimes or integer epoch "
                             f"milliseconds, got values of type {values.dtype}")
+
+
+# A source that reads several splits at once (Kafka partitions) says, in a batch's schema
+# metadata, which splits it reads now and how many of the batch's rows (in order) came from each,
+# so that the timestamps-watermarks operator chained after it keeps a watermark per split
+# (Flink's per-split watermarks): JSON {"assigned": [split, ...], "rows": [[split, count], ...]}.
+SPLIT_ROWS_METADATA = b"streamlab.split_rows"

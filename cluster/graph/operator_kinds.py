@@ -51,6 +51,11 @@ def _bounded_stream(params: dict) -> bool:
     return bool(params.get("bounded")) or params.get("count") is not None
 
 
+def _bounded(params: dict) -> bool:
+    """A Kafka source that stops at the offsets that were the latest when it started."""
+    return bool(params.get("bounded"))
+
+
 @dataclass(frozen=True)
 class OperatorKind:
     name: str
@@ -92,6 +97,7 @@ KINDS: dict[str, OperatorKind] = declare([
     OperatorKind("testing-source", _SOURCE, Output.SEQUENCE, stateful=True, ends=_counted),
     OperatorKind("file-source", _SOURCE, Output.DECLARED, stateful=True, ends=_unwatched),
     OperatorKind("redis-stream-source", _SOURCE, Output.DECLARED, stateful=True, ends=_bounded_stream),
+    OperatorKind("kafka-source", _SOURCE, Output.DECLARED, stateful=True, ends=_bounded),
     OperatorKind("map-batches", _TRANSFORM, Output.FUNCTION),
     OperatorKind("filter", _TRANSFORM, Output.INPUT),
     OperatorKind("spark", _TRANSFORM, spark=True),
@@ -115,6 +121,8 @@ KINDS: dict[str, OperatorKind] = declare([
     OperatorKind("file-sink", _SINK, stateful=True),
     OperatorKind("redis-stream-sink", _SINK),
     OperatorKind("discarding-sink", _SINK),
+    # exactly-once: the records since the last barrier are written ahead into the checkpoint
+    OperatorKind("kafka-sink", _SINK, stateful=True),
 ])
 
 

@@ -116,7 +116,10 @@ class StreamEnvironment:
             raise GraphValidationError(f"from_source ({site}): {source!r} is not a source connector")
         if isinstance(watermark_strategy, str) and name is None:  # from_source(source, "name"), as before
             watermark_strategy, name = None, watermark_strategy
-        stream = self._source(source.kind, name or source.name, site, dict(source.params), source.fn, parallelism)
+        params = dict(source.params)
+        if watermark_strategy is not None and "split_watermarks" in params:
+            params["split_watermarks"] = True  # a source of several splits at once: a watermark per split
+        stream = self._source(source.kind, name or source.name, site, params, source.fn, parallelism)
         return stream if watermark_strategy is None else stream.assign_timestamps_and_watermarks(watermark_strategy)
 
     def _operator_uid(self, kind: str, name: str, inputs: list[StreamEdge]) -> str:

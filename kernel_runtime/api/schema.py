@@ -31,41 +31,17 @@ from cluster.graph.chaining import StreamNode
 from cluster.graph.job_graph import GraphValidationError, OperatorSpec, ShipStrategy, missing_column
 from cluster.graph.operator_kinds import KINDS, Output
 from cluster.common.frames import to_table
-from cluster.graph.schema import parse_schema
+from cluster.graph.schema import ACCEPTED, KAFKA_METADATA_TYPES, parse_schema, parse_type, split_top_level, type_name
 
 SAMPLE_ROWS = 16
 
 # dict of column -> type name, DDL string, pyarrow Schema, pyspark StructType (not imported here)
 SchemaLike = Optional[Union[dict, str, pa.Schema, Any]]
 
-# Spark's simple type names (DataType.simpleString and their SQL synonyms) as Arrow alias names.
-SPARK_TYPES = {
-    "boolean": "bool", "tinyint": "int8", "byte": "int8", "smallint": "int16", "short": "int16",
-    "int": "int32", "integer": "int32", "bigint": "int64", "long": "int64", "float": "float", "real": "float",
-    "double": "double", "string": "string", "binary": "binary", "date": "date32",
-    # Spark keeps microseconds; the session time zone is UTC on the TaskManagers
-    "timestamp": "timestamp[us]", "timestamp_ntz": "timestamp[us]", "timestamp_ltz": "timestamp[us]",
-}
-_TEXT = re.compile(r"^(var)?char\(\s*\d+\s*\)$")  # Spark's varchar(n)/char(n) are strings
-ACCEPTED = ("Spark: " + ", ".join(SPARK_TYPES) + ", varchar(n); Arrow: int8..int64, uint8..uint64, float, "
-            "double, string, bool, binary, date32, timestamp[s|ms|us|ns], ...")
-
-
-def arrow_type_name(type_name) -> str:
-    """The Arrow alias name of a Spark or Arrow type name; ValueError if it is neither."""
-    if not isinstance(type_name, str):
-        raise ValueError(f"a type name must be a string, got {type_name!r}")
-    name = type_name.strip()
-    lower = name.lower()
-    if lower in SPARK_TYPES:
-        return SPARK_TYPES[lower]
-    if _TEXT.match(lower):
-        return "string"
-    try:
-        pa.type_for_alias(name)
-    except (ValueError, TypeError, KeyError):
-        raise ValueError(f"unknown type {type_name!r}") from None
-    return name
+def arrow_type_name(name) -> str:
+    """The Arrow alias name of a Spark or Arrow type name (nested: Spark's form, as parse_type
+    reads it back); ValueError if it is neither."""
+    return type_name(parse_type(name))
 
 
 _DDL_COLUMN = re.compile(r"^(`[^`]+`|[^\s:`]+)\s*(?::\s*|\s+)(.+)$")
@@ -73,18 +49,7 @@ _DDL_COLUMN = re.compile(r"^(`[^`]+`|[^\s:`]+)\s*(?::\s*|\s+)(.+)$")
 
 def _ddl_columns(ddl: str) -> list[tuple[str, str]]:
     """Spark's DDL column list, "city string, amount bigint" (also "amount: bigint", `odd name`)."""
-    columns, depth, part = [], 0, ""
-    for char in ddl + ",":
-        if char == "," and depth == 0:
-            if part.strip():
-                columns.append(part.strip())
-            part = ""
-            continue
-        if char in "(<":
-            depth += 1
-        elif char in ")>":
-            depth -= 1
-        part += char
+    columns = [part for part in split_top_level(ddl) if part]
     out = []
     for column in columns:
         match = _DDL_COLUMN.match(column)
@@ -140,6 +105,10 @@ def declared_schema(params: dict) -> Optional[pa.Schema]:
     schema = parse_schema(params.get("schema") or None, "the declared schema")  # as the source parses it
     if schema is not None and params.get("id_field"):
         schema = schema.insert(0, pa.field(params["id_field"], pa.string()))
+    if schema is None:
+        return None
+    for column in params.get("metadata") or []:  # a Kafka record's key, offset, ...
+        schema = schema.append(pa.field(column, parse_type(KAFKA_METADATA_TYPES[column])))
     return schema
 
 

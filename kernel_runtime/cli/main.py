@@ -218,10 +218,12 @@ def stop(job_id, target_directory, timeout, cluster_dir) -> None:
 # each command module registers here (issue 11's design: one line per part, no merge knots)
 from kernel_runtime.cli.application import run_application  # noqa: E402
 from kernel_runtime.cli.export import export  # noqa: E402
+from kernel_runtime.cli.kafka import kafka  # noqa: E402
 from kernel_runtime.cli.standalone import add_standalone_commands  # noqa: E402
 
 main.add_command(export)
 main.add_command(run_application)
+main.add_command(kafka)
 add_standalone_commands(main)
 
 if __name__ == "__main__":

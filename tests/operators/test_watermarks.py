@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from cluster.graph.event_time import NO_WATERMARK
-from cluster.operators.windowing.watermarks import BoundedOutOfOrderness, WatermarkValve
+from cluster.operators.windowing.watermarks import BoundedOutOfOrderness, SplitWatermarks, WatermarkValve
 
 
 class Clock:
@@ -24,6 +24,27 @@ def test_the_watermark_trails_the_largest_timestamp_by_the_bound_and_one_ms():
     monotonous = BoundedOutOfOrderness(0)
     monotonous.on_batch(5_000)
     assert monotonous.on_periodic_emit() == (4_999, False)
+
+
+def test_per_split_watermarks_take_the_slowest_split_that_is_not_idle():
+    clock = Clock()
+    splits = SplitWatermarks(100, idle_timeout=5.0, clock=clock)
+    assert splits.on_periodic_emit() is None  # no split yet
+    splits.assigned(["t-0", "t-1"])
+    splits.on_batch("t-0", 10_000)
+    # t-1 has had no row: it holds the watermark back (its records may be older)
+    assert splits.on_periodic_emit()[0] < 0
+    splits.on_batch("t-1", 2_000)
+    assert splits.on_periodic_emit() == (1_899, False)
+    clock.now = 3.0
+    splits.on_batch("t-0", 12_000)
+    clock.now = 6.0  # t-1 idle, t-0 not: t-0 alone decides
+    assert splits.on_periodic_emit() == (11_899, False)
+    clock.now = 9.0  # both idle: idle, at the smallest
+    assert splits.on_periodic_emit() == (1_899, True)
+    splits.assigned(["t-0"])  # t-1 read to its end: it counts no more
+    splits.on_batch("t-0", 13_000)
+    assert splits.on_periodic_emit() == (12_899, False)
 
 
 def test_a_split_without_rows_for_the_idle_timeout_is_idle_until_its_next_row():

@@ -12,14 +12,15 @@ parallelism: the smallest of the old subtasks', which holds no row back).
 """
 from __future__ import annotations
 
+import json
 import time
 from typing import Optional
 
 import pyarrow as pa
 
-from cluster.graph.event_time import MAX_WATERMARK, NO_WATERMARK, timestamps_from
+from cluster.graph.event_time import MAX_WATERMARK, NO_WATERMARK, SPLIT_ROWS_METADATA, timestamps_from
 from cluster.operators.base import Operator, OperatorSnapshot
-from cluster.operators.windowing.watermarks import BoundedOutOfOrderness, rowtime_ms
+from cluster.operators.windowing.watermarks import BoundedOutOfOrderness, SplitWatermarks, rowtime_ms
 
 
 class TimestampsAndWatermarks(Operator, kind="timestamps-watermarks"):
@@ -35,6 +36,9 @@ class TimestampsAndWatermarks(Operator, kind="timestamps-watermarks"):
         idle = self.params.get("idle_ms")
         self.generator = BoundedOutOfOrderness(self.bound or 0, None if idle is None else idle / 1000,
                                                clock=time.monotonic)
+        # a source that reads several splits at once says which rows came from which (Kafka)
+        self.splits = SplitWatermarks(self.bound or 0, None if idle is None else idle / 1000, clock=time.monotonic)
+        self.by_split = False
         self.newest = NO_WATERMARK
 
     def process(self, table: pa.Table) -> list[pa.Table]:
@@ -46,15 +50,29 @@ class TimestampsAndWatermarks(Operator, kind="timestamps-watermarks"):
                 table = table.set_column(table.column_names.index(self.column), self.column, stamps)
             else:
                 table = table.append_column(self.column, stamps)
-        newest = int(rowtime_ms(table, self.column, self.spec.where()).max())
+        stamps = rowtime_ms(table, self.column, self.spec.where())
+        newest = int(stamps.max())
         self.generator.on_batch(newest)
         self.newest = max(self.newest, newest)
+        split_rows = (table.schema.metadata or {}).get(SPLIT_ROWS_METADATA)
+        if split_rows is not None:
+            self._on_splits(json.loads(split_rows), stamps)
+            table = table.replace_schema_metadata(None)
         return [table]
+
+    def _on_splits(self, split_rows: dict, stamps) -> None:
+        self.by_split = True
+        self.splits.assigned(split_rows["assigned"])
+        start = 0
+        for split, count in split_rows["rows"]:
+            if count:
+                self.splits.on_batch(split, int(stamps[start:start + count].max()))
+            start += count
 
     def periodic_watermark(self) -> Optional[tuple[int, bool]]:
         if self.bound is None:
             return None  # no_watermarks(): timestamps only
-        return self.generator.on_periodic_emit()
+        return self.splits.on_periodic_emit() if self.by_split else self.generator.on_periodic_emit()
 
     def process_watermark(self, watermark: int) -> tuple[list[pa.Table], Optional[int]]:
         return [], (MAX_WATERMARK if watermark == MAX_WATERMARK else None)

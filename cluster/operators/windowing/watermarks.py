@@ -75,6 +75,33 @@ class BoundedOutOfOrderness:
         return self.max_timestamp - self.bound - 1, self.idle
 
 
+class SplitWatermarks:
+    """Flink's per-split watermarks: a BoundedOutOfOrderness per split, and the source's watermark
+    the smallest of the splits that are not idle (idle when all are). A split announced before its
+    first row holds the watermark back until it has rows or goes idle; a split no longer announced
+    (read to its end) stops counting. Thread use: the source's task thread only."""
+
+    def __init__(self, max_out_of_orderness: int, idle_timeout: Optional[float] = None,
+                 clock: Callable[[], float] = lambda: 0.0):
+        self._make = lambda: BoundedOutOfOrderness(max_out_of_orderness, idle_timeout, clock)
+        self.splits: dict[str, BoundedOutOfOrderness] = {}
+
+    def assigned(self, splits: list[str]) -> None:
+        self.splits = {split: self.splits.get(split) or self._make() for split in splits}
+
+    def on_batch(self, split: str, max_timestamp: int) -> None:
+        self.splits.setdefault(split, self._make()).on_batch(max_timestamp)
+
+    def on_periodic_emit(self) -> Optional[tuple[int, bool]]:
+        if not self.splits:
+            return None
+        emitted = [generator.on_periodic_emit() for generator in self.splits.values()]
+        active = [watermark for watermark, idle in emitted if not idle]
+        if not active:
+            return min(watermark for watermark, _ in emitted), True
+        return min(active), False
+
+
 class WatermarkValve:
     """Combines the watermarks of a task's input channels. Thread use: the task thread only.
 

@@ -1,0 +1,1 @@
+"""Apache Kafka connectors: KafkaSource and KafkaSink (issue 34), on confluent-kafka."""
