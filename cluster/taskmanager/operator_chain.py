@@ -51,6 +51,8 @@ class OperatorChain:
         self.tdd, self.task_name, self.config = tdd, task_name, config
         self.sender, self.cancelled = sender, cancelled
         self.operators: list[Operator] = []
+        # those whose open() returned, closed or not (the task appends; any thread reads their metrics)
+        self.opened: list[Operator] = []
         self.writers: list[RecordWriter] = []        # the chain's main output
         self.side_writers: dict[tuple[str, str], list[RecordWriter]] = {}  # (operator uid, tag)
         self.stage: Optional[SparkStage] = None  # the chain's (first) Spark chain, run on threads of its own
@@ -234,7 +236,7 @@ class OperatorChain:
     # ------------------------------------------------------------------ any thread
     def operator_metrics(self) -> dict:
         metrics: dict = {}
-        for op in self.operators:
+        for op in list(self.opened):  # an operator not yet open has nothing to tell
             for name, value in op.metrics().items():
                 # several operators of a chain may report one of these: the task's is their max / sum
                 if name == NEWEST_EVENT_TIMESTAMP and name in metrics:

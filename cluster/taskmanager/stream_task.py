@@ -155,6 +155,7 @@ class StreamTask:
             for op in chain.operators:
                 op.open()
                 opened.append(op)
+                chain.opened.append(op)
             self._checkpoints.restore(chain)
             chain.start_time(list(self._producer_address))
             chain.start_stage(self._gate.wake if self._gate is not None else (lambda: None))  # a source task looks often

@@ -77,16 +77,17 @@ def kill_a_busy_taskmanager(local, job_id: str, client) -> None:
     local.start_taskmanager()  # the replacement
 
 
-def kill_repeatedly(local, handle, client, kills: int, longest_pause: float = 1.5) -> None:
+def kill_repeatedly(local, handle, client, kills: int, longest_pause: float = 1.5, running_within: float = 60) -> None:
     """SIGKILL a busy TaskManager ``kills`` times, each at a random moment of a running attempt,
-    once a first checkpoint completed (so that every restart restores, and the job progresses)."""
-    wait_for(lambda: rest(local, f"/jobs/{handle.job_id}/checkpoints")[1]["counts"]["completed"] >= 1, 60,
+    once a first checkpoint completed (so that every restart restores, and the job progresses).
+    ``running_within``: how long an attempt may take to run (a replacement starting Spark: longer)."""
+    wait_for(lambda: rest(local, f"/jobs/{handle.job_id}/checkpoints")[1]["counts"]["completed"] >= 1, running_within,
              "a first completed checkpoint")
     for killed in range(kills):
         # the attempt after the last kill, restored and running (the kill itself is noticed only
         # after heartbeat.timeout)
         wait_for(lambda: (s := handle.job_status()).state == "RUNNING" and s.attempt == killed + 1 and all(
-            t["status"] == "RUNNING" for t in client.job_details(handle.job_id)["subtasks"]), 60,
+            t["status"] == "RUNNING" for t in client.job_details(handle.job_id)["subtasks"]), running_within,
             f"attempt {killed + 1} running")
         time.sleep(random.uniform(0.3, longest_pause))  # a random moment of processing
         assert handle.status == "RUNNING", f"the job ended after only {killed} kills; make it longer"
