@@ -13,6 +13,7 @@ from kernel_runtime import JobCancelledError, JobExecutionError, StreamEnvironme
 from kernel_runtime.api import (Duration, GraphValidationError, KafkaSink, KafkaSource, Time,
                                 TumblingEventTimeWindows, WatermarkStrategy)
 from kernel_runtime.api.schema import schema_type_names
+from tests.conftest import wait_for
 from tests.connectors.kafka_topics import add_partitions, new_topic, produce, produce_rows, read_frame
 
 SCHEMA = "user string, amount bigint, price double, ts bigint"
@@ -92,6 +93,10 @@ def test_a_partition_added_while_the_job_runs_is_read_from_its_start(cluster, cl
         produce(kafka_bootstrap, topic, (json.dumps({"i": i}).encode() for i in range(100, 150)), partition=2)
         handle.wait_for_rows(150, timeout=120, sink="rows")
         rows = handle.results_of("rows")
+        # what the dashboard's source view shows: each partition's offset and lag, the new one's too
+        offset = f"KafkaSourceReader.topic.{topic}.partition.2.currentOffset"
+        wait_for(lambda: any((s.get("metrics") or {}).get(offset) == 50
+                             for s in client.job_details(handle.job_id)["subtasks"]), 60, "partition 2's offset")
     finally:
         handle.cancel()
         with pytest.raises(JobCancelledError):

@@ -236,3 +236,21 @@ def test_lags_read_as_durations(ms, text):
 def test_times_read_as_utc_or_as_what_they_stand_for():
     assert time_text(T + 7) == "2023-11-14 22:13:20.007" and time_text(0) == "1970-01-01 00:00:00.000"
     assert (time_text(NO_WATERMARK), time_text(MAX_WATERMARK)) == ("no watermark", "end of input")
+
+
+def test_the_source_view_shows_each_kafka_partition_with_its_offset_lag_and_watermark():
+    from kernel_runtime.notebook.widgets.sources import SourcesView, partitions
+    reader = "KafkaSourceReader.topic.orders.partition"
+    snapshot = details(subtask("src", 0, **{f"{reader}.0.currentOffset": 1200, f"{reader}.0.pendingRecords": 35,
+                                            f"{reader}.2.currentOffset": 7, f"{reader}.2.pendingRecords": 0,
+                                            "split.orders-0.currentWatermark": T + 7}),
+                       subtask("src", 1, **{f"{reader}.1.currentOffset": 900, f"{reader}.1.pendingRecords": 4}),
+                       subtask("cnt", 0, **{"numLateRecordsDropped": 0}))
+    rows = partitions(snapshot)
+    assert [(r.subtask, r.split, r.offset, r.lag, r.watermark) for r in rows] == [
+        (0, "orders-0", 1200, 35, T + 7), (1, "orders-1", 900, 4, None), (0, "orders-2", 7, 0, None)]
+    view = SourcesView()
+    view.update(Update(Snapshot(1.0, snapshot | {"state": "RUNNING"}, {}), [], 1.0))
+    assert 'data-pending="35">35<' in view.root.value and "2023-11-14 22:13:20.007" in view.root.value
+    view.update(Update(Snapshot(2.0, details(subtask("src", 0)) | {"state": "RUNNING"}, {}), [], 2.0))
+    assert view.root.value == ""  # no Kafka source: no view

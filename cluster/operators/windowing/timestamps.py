@@ -86,4 +86,8 @@ class TimestampsAndWatermarks(Operator, kind="timestamps-watermarks"):
             self.generator.max_timestamp = max(self.generator.max_timestamp, min(seen))
 
     def metrics(self) -> dict:
-        return {"newestEventTimestamp": self.newest}
+        """Any thread. With per-split watermarks, each split's too (the dashboard's source view)."""
+        figures = {"newestEventTimestamp": self.newest}
+        for split, generator in list(self.splits.splits.items()):
+            figures[f"split.{split}.currentWatermark"] = generator.max_timestamp - generator.bound - 1
+        return figures

@@ -19,6 +19,7 @@ from kernel_runtime.notebook.widgets.metrics import JobMetrics
 from kernel_runtime.notebook.widgets.progress import ProgressView
 from kernel_runtime.notebook.widgets.result_table import ResultTableView
 from kernel_runtime.notebook.widgets.slots import SlotsView
+from kernel_runtime.notebook.widgets.sources import SourcesView
 from kernel_runtime.notebook.widgets.status import StatusView
 from kernel_runtime.notebook.widgets.watermarks import WatermarksView
 
@@ -35,11 +36,12 @@ class Dashboard:
         self.backpressure = BackpressureView(vertices)
         self.throughput = ThroughputView(vertices)
         self.watermarks = WatermarksView()
+        self.sources = SourcesView()
         self.checkpoints = CheckpointsView()
         self.results = None if handle.detached or not handle.sinks else ResultTableView(handle, rows)
         self.components: list[Component] = [c for c in (
             self.status, self.progress, self.slots, self.graph, self.backpressure, self.throughput,
-            self.watermarks, self.checkpoints, self.results) if c is not None]
+            self.watermarks, self.sources, self.checkpoints, self.results) if c is not None]
         # each view of a row is a column of its own, however little it shows (after a cancel the
         # slots and the graph are small): their headings never run together on one line
         for view in (self.slots, self.graph):
@@ -47,7 +49,8 @@ class Dashboard:
         row = lambda *children: widgets.HBox(list(children), layout=widgets.Layout(flex_flow="row wrap"))
         self.root = widgets.VBox([
             self.status.root, self.progress.root, row(self.slots.root, self.graph.root),
-            row(self.backpressure.root, self.throughput.root), self.watermarks.root, self.checkpoints.root,
+            row(self.backpressure.root, self.throughput.root), self.watermarks.root, self.sources.root,
+            self.checkpoints.root,
             *([self.results.root] if self.results else [])])
         self.root.add_class("streamlab-dashboard")
         self.metrics = JobMetrics()
