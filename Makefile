@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 LABEXT_STAMP := $(VENV)/.labext-installed
 LABEXT_SRC   := labext/package.json labext/tsconfig.json $(wildcard labext/src/*.ts labext/style/*.css labext/style/*.js)
 
-.PHONY: setup system-deps system-packages kafka-jars quickstart lab test test-fast typecheck bench bench-peers bench-windows bench-dashboards bench-first-spark-cell bench-spark-batch bench-lab-panel cluster-start cluster-stop clean check-python check-java
+.PHONY: setup system-deps system-packages kafka-jars quickstart lab test test-fast typecheck bench bench-peers bench-kafka bench-windows bench-dashboards bench-first-spark-cell bench-spark-batch bench-lab-panel cluster-start cluster-stop clean check-python check-java
 
 setup: $(STAMP) $(LABEXT_STAMP)
 
@@ -126,6 +126,12 @@ bench-lab-panel: setup system-deps
 
 bench-peers: setup
 	$(PY) bench/peers.py $(ARGS)
+
+# Kafka -> filter/project -> Kafka on a broker of its own: streamlab, PyFlink 2.3 (its own venv) and
+# Spark SS (micro-batch and Real-Time Mode), one after the other; connectors fetched with Maven
+# (bench/kafka/pom.xml); ARGS="--records 500000 --latency-seconds 10" for a shorter run
+bench-kafka: setup system-deps
+	$(PY) bench/kafka.py $(ARGS)
 
 # event-time windows (tumbling, sliding, Nexmark-style) on streamlab beside the same Flink SQL in
 # PyFlink; the latency of window results at half the throughput; ARGS=--quick for a smoke run
