@@ -287,17 +287,18 @@ def sample_values(servers: str, topics: list[str], limit: int, timeout_s: float,
         if not parts:
             return []
         consumer.assign(parts)
-        values: list[bytes] = []
+        found: list[tuple[tuple[int, int, int], bytes]] = []
         deadline = time.monotonic() + timeout_s
         while wanted and time.monotonic() < deadline:
             for message in consumer.consume(1000, timeout=0.2):
                 key = (message.topic(), message.partition())
                 value, offset = message.value(), message.offset() or 0
                 if message.error() is None and isinstance(value, bytes):
-                    values.append(value)
+                    found.append(((message.timestamp()[1], message.partition() or 0, offset), value))
                 if key in wanted and (message.error() is not None or offset + 1 >= wanted[key]):
                     del wanted[key]  # at the end (or past transaction markers to it)
-        return values
+        # in the order they were written, as far as Kafka knows it (the inferred columns' order is first seen)
+        return [value for _, value in sorted(found, key=lambda item: item[0])]
     finally:
         consumer.close()
 
