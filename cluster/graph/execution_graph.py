@@ -86,6 +86,10 @@ class ExecutionGraph:
         # (Flink's) counts from here across all its attempts
         self.start_ms = now_ms
         self.failure: Optional[str] = None
+        # the task whose failure ``failure`` is, and its TaskManager (None: a failure of the whole
+        # job): Flink's exception history names them
+        self.failed_task: Optional[str] = None
+        self.failed_on: Optional[str] = None
         self.executions: dict[str, Execution] = {}
         # called after every job state change with (graph, old state, new state, now_ms), on the
         # caller's thread: the JobManager's event publisher listens here

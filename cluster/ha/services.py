@@ -142,7 +142,18 @@ def storage_dir(conf, cluster_dir: Optional[Path]) -> Path:
     return Path(cluster_dir) / "ha"
 
 
-def make_client(conf):
+class QuietZooKeeperLog(logging.LoggerAdapter):
+    """kazoo's log for a client process (a notebook, the CLI): every line at DEBUG. A client has no
+    log file, so Python prints warnings to its stderr, and a ZooKeeper that stalls made kazoo's
+    reconnection lines fill a cell; what a client needs to know, that no leader answers, its own
+    calls say."""
+
+    def log(self, level, msg, *args, **kwargs):
+        kwargs.pop("stacklevel", None)
+        super().log(logging.DEBUG, msg, *args, **kwargs)
+
+
+def make_client(conf, quiet: bool = False):
     quorum = conf.get(HighAvailabilityOptions.HA_ZOOKEEPER_QUORUM)
     if not quorum:
         raise HaConfigError("high-availability.zookeeper.quorum: required when high-availability.type is "
@@ -150,7 +161,8 @@ def make_client(conf):
     from kazoo.client import KazooClient
     from kazoo.retry import KazooRetry
     timeout_s = conf.get(HighAvailabilityOptions.ZOOKEEPER_SESSION_TIMEOUT) / 1000
-    return KazooClient(hosts=quorum, timeout=timeout_s,
+    logger = QuietZooKeeperLog(logging.getLogger("streamlab.zookeeper"), {}) if quiet else None
+    return KazooClient(hosts=quorum, timeout=timeout_s, logger=logger,
                        connection_retry=KazooRetry(max_tries=-1, delay=0.1, max_delay=1.0),
                        command_retry=KazooRetry(max_tries=3, delay=0.1, max_delay=1.0))
 
@@ -310,10 +322,10 @@ class LeaderRetriever:
     handler, which joins the thread, held the process at exit (a script or test that ended
     without closing its client, after the server had stopped)."""
 
-    def __init__(self, conf, on_change: Callable[[dict], None] = lambda info: None):
+    def __init__(self, conf, on_change: Callable[[dict], None] = lambda info: None, quiet: bool = False):
         self.root = cluster_root(conf)
         self.path = f"{self.root}/leader"
-        self.client = make_client(conf)
+        self.client = make_client(conf, quiet)
         _connect(self.client, conf)
         self._current: Optional[dict] = None
         self._known = threading.Condition()

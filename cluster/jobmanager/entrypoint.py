@@ -23,6 +23,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+import psutil
+
 from cluster.conf import Configuration
 from cluster.common.process_logging import configure_process_logging
 from cluster.protocol.auth import load_secret, rest_token
@@ -110,6 +112,27 @@ def write_json(path: Path, info: dict) -> None:
 
 
 LEADER_FIRST_S = 5.0
+STANDBY_FILES = "jobmanager-standby-*.json"
+
+
+def sweep_standby_files(cluster_dir: Path) -> list[Path]:
+    """Remove the standby files of JobManagers that are gone (a SIGKILLed standby cannot remove
+    its own): each would name a REST address nobody serves. A file is kept while its pid is a
+    live JobManager process (a reused pid is not). Returns the removed paths."""
+    removed = []
+    for path in sorted(cluster_dir.glob(STANDBY_FILES)):
+        try:
+            pid = json.loads(path.read_text())["pid"]
+            proc = psutil.Process(pid)
+            if proc.status() != psutil.STATUS_ZOMBIE and "cluster.jobmanager" in proc.cmdline():
+                continue
+        except (ValueError, KeyError, TypeError, OSError, psutil.Error):
+            pass  # unreadable, or its process gone: stale either way
+        path.unlink(missing_ok=True)
+        removed.append(path)
+    if removed:
+        log.info("removed the files of standby JobManagers that are gone: %s", ", ".join(p.name for p in removed))
+    return removed
 
 
 def stand_by(conf: Configuration, ha: ZooKeeperHaServices, standby_file: Path) -> Optional[list[socket.socket]]:
@@ -188,10 +211,12 @@ def main(argv=None) -> None:
         def leave(reason: str) -> None:
             standby_file.unlink(missing_ok=True)
             exit_on_revocation(reason)
+        sweep_standby_files(args.cluster_dir)
         ha.contend(on_revoked=leave)
         if not ha.wait_for_leadership(0):
             rest_sockets = stand_by(conf, ha, standby_file)
         log.info("leadership granted")
+        sweep_standby_files(args.cluster_dir)  # a failover: the standbys that died meanwhile
     jm = JobManager(conf, load_secret(args.cluster_dir / "secret"), args.cluster_dir.resolve(), rest_sockets)
     jm.dispatcher.ha = ha
     jm.start()

@@ -34,7 +34,7 @@ from cluster.protocol import messages as m
 from cluster.protocol.codec import Codec
 from cluster.protocol.endpoint import Peer, RpcEndpoint
 from cluster.protocol.metrics import EVENT_TIME_METRICS
-from cluster.protocol.sockets import advertised_address, bind_socket, bound_address, make_socket
+from cluster.protocol.sockets import advertised_address, bind_broadcast, bound_address, make_socket
 from cluster.protocol.states import JobState
 
 from cluster.jobmanager.rest.views import job_json, overview_json, plan_json, subtasks_json, taskmanagers_json
@@ -91,7 +91,7 @@ class EventSocket:
         self.codec = codec.for_socket()  # its own sending stream (see codec.py)
         self._sock = make_socket(ctx, zmq.XPUB)
         self._sock.setsockopt(zmq.SNDHWM, SEND_HIGH_WATER_MARK)
-        bind_socket(self._sock, address, codec)
+        bind_broadcast(self._sock, address, codec)
         self.address = advertised_address(self._sock, advertised_host) if advertised_host else bound_address(self._sock)
         self.dropped = 0
 

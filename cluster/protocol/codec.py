@@ -12,7 +12,10 @@ fresh. So each signed header also carries ``sid`` (16 random bytes naming one se
 signed). A receiver drops a frame whose sequence is not above the last one it accepted from that
 stream, or whose time is outside ``REPLAY_WINDOW_S``. The per-stream state is bounded (least
 recently heard streams are forgotten); the time window, and a horizon raised on every
-forgetting, make a forgotten stream's frames useless.
+forgetting, make a forgotten stream's frames useless. A window starts with a floor at its own
+creation: a frame signed before the receiver existed is refused, so bytes captured on their way
+to a JobManager cannot be resent to the leader that replaces it (whose window never saw them),
+nor to a TaskManager that restarted.
 
 ZeroMQ keeps order per connection only, so one stream must be one socket: every socket that
 sends gets its own ``Codec.for_socket()``, which shares the key and the receiving window.
@@ -57,6 +60,9 @@ class ReplayWindow:
         self.clock = clock
         self._last: OrderedDict[bytes, tuple[int, int]] = OrderedDict()  # sid -> (seq, ts)
         self._horizon_ms = 0  # newest time of any forgotten stream: an unknown stream must be newer
+        # this receiver's birth: a frame signed before it was made for another receiver (a failed
+        # leader, this process's previous life) and is refused, as a forgotten stream's would be
+        self.floor_ms = int(clock() * 1000)
         self._lock = threading.Lock()
 
     def admit(self, sid: bytes, seq: int, ts: int) -> None:
@@ -72,6 +78,9 @@ class ReplayWindow:
             if last is None:
                 if ts <= self._horizon_ms:
                     raise ReplayedMessage("frame from a forgotten sender, older than its last accepted frame")
+                if ts < self.floor_ms:
+                    raise ReplayedMessage(f"frame signed {(self.floor_ms - ts) / 1000:.1f} s before this receiver "
+                                          "started: made for another (a failed leader?)")
             elif seq <= last[0]:
                 raise ReplayedMessage(f"replayed or reordered frame: sequence {seq} after {last[0]}")
             else:
@@ -98,6 +107,11 @@ class Codec:
         self.window = window if window is not None else ReplayWindow(clock=clock)
         self._clock = clock
         self._new_stream()
+
+    @property
+    def secret(self) -> bytes:
+        """The cluster secret: what keys derived from it (curve.py) are made from."""
+        return self._key
 
     def _new_stream(self) -> None:
         self.sender_id = os.urandom(SENDER_ID_BYTES)

@@ -189,6 +189,13 @@ def _guard_for(ctx: zmq.Context) -> _Guard:
         return guard
 
 
+def broadcast_keys(codec: Codec) -> CurveKeys:
+    """The keys of a socket that broadcasts (the JobManager's events): CURVE whether or not
+    the cluster turns it on. A signature decides what a receiver accepts, not who may read, and a
+    publisher sends to whoever connects; with the handshake only holders of the secret subscribe."""
+    return codec.curve if codec.curve is not None else CurveKeys.from_secret(codec.secret)
+
+
 def cluster_codec(conf, secret: bytes) -> Codec:
     """The codec of a cluster process or client: signs with the secret, and carries the CURVE keys
     when ``conf`` turns CurveZMQ on."""

@@ -42,6 +42,11 @@ class RpcError(Exception):
     """An expected failure of a request (unknown job, bad argument): answered, not logged as a bug."""
 
 
+class RpcBusy(RpcError):
+    """A request refused for now because a limit is reached: the same request may succeed later
+    (REST answers 429 Too Many Requests)."""
+
+
 class DeferredReply:
     """Returned by a handler whose answer comes later (e.g. when a savepoint completes)."""
 

@@ -41,6 +41,19 @@ def connect_socket(sock: zmq.Socket, address: str, codec: Codec) -> None:
     sock.connect(address)
 
 
+def bind_broadcast(sock: zmq.Socket, address: str, codec: Codec) -> str:
+    """Bind a publishing socket: always a CURVE server (curve.broadcast_keys says why)."""
+    curve.serve(sock, curve.broadcast_keys(codec))
+    sock.bind(address)
+    return bound_address(sock)
+
+
+def subscribe_to(sock: zmq.Socket, address: str, codec: Codec) -> None:
+    """Connect a subscribing socket to a publisher bound by ``bind_broadcast``."""
+    curve.dial(sock, curve.broadcast_keys(codec))
+    sock.connect(address)
+
+
 _inproc_numbers = itertools.count()  # inproc names must be unique while an old one is still closing
 
 

@@ -37,6 +37,7 @@ from cluster.spark.fusion import FusionGroup
 from cluster.spark.stage import SparkStage
 from cluster.taskmanager.network import ChannelSender, NetworkEnvironment
 from cluster.taskmanager.operator_registry import OPERATORS
+from cluster.taskmanager.output_types import OutputTypes
 from cluster.taskmanager.record_writer import RecordWriter, concat
 from cluster.taskmanager.task_metrics import TaskMetrics
 from cluster.taskmanager.task_time import TaskTime
@@ -51,6 +52,7 @@ class OperatorChain:
         self.tdd, self.task_name, self.config = tdd, task_name, config
         self.sender, self.cancelled = sender, cancelled
         self.operators: list[Operator] = []
+        self.output_types: list[OutputTypes] = []  # one per operator: its output's column types
         # those whose open() returned, closed or not (the task appends; any thread reads their metrics)
         self.opened: list[Operator] = []
         self.writers: list[RecordWriter] = []        # the chain's main output
@@ -94,6 +96,7 @@ class OperatorChain:
                 raise UserFunctionError(f"{members[0].where()} could not be loaded on the TaskManager: "
                                         f"{type(exc).__name__}: {exc}") from exc
         self.operators = operators
+        self.output_types = [OutputTypes(op.spec.where()) for op in operators]
         self.two_inputs = KINDS[operators[0].spec.kind].two_inputs
 
     def start_time(self, inputs: list[str]) -> None:
@@ -144,7 +147,11 @@ class OperatorChain:
         self.push(0, batches)
 
     def push(self, start: int, tables: list[pa.Table]) -> None:
-        """``tables`` through the operators from index ``start`` on, then out."""
+        """``tables`` (the output of operator ``start - 1``: a source's poll, Spark's results, a
+        timer's firing) through the operators from index ``start`` on, then out."""
+        if start > 0:
+            for table in tables:
+                self.output_types[start - 1].check(table)
         for index in range(start, len(self.operators)):
             if index == self.stage_at and self.stage is not None:
                 self.stage.submit(tables)  # on to the rest of the chain once Spark is done (hand_on)
@@ -154,6 +161,8 @@ class OperatorChain:
             out = []
             for table in tables:
                 out.extend(op.process(table))
+            for table in out:
+                self.output_types[index].check(table)
             tables = out
             if not tables:
                 return

@@ -30,7 +30,7 @@ from cluster.protocol.states import JobState
 from cluster.protocol import messages as m
 from cluster.protocol.curve import cluster_codec
 from cluster.protocol.endpoint import RpcClient, RpcError
-from cluster.protocol.sockets import connect_socket, inproc_pair, make_socket
+from cluster.protocol.sockets import inproc_pair, make_socket, subscribe_to
 
 from kernel_runtime.client.leader import LeaderWatch
 from kernel_runtime.client.cluster_info import ClusterInfo
@@ -226,7 +226,7 @@ class ClusterEvents:
             self._rpc.close()
         self.cluster = cluster
         self._sub = sub = make_socket(self.ctx, zmq.SUB)
-        connect_socket(sub, cluster.events_address, self.codec)
+        subscribe_to(sub, cluster.events_address, self.codec)
         sub.setsockopt(zmq.SUBSCRIBE, CLUSTER_TOPIC)
         self._rpc = RpcClient(cluster.rpc_address, self.codec, FETCH_TIMEOUT_S, self.ctx)
         self._poller.register(sub, zmq.POLLIN)

@@ -49,7 +49,7 @@ class LeaderWatch:
         self._listeners: list[Listener] = []
         self._lock = threading.Lock()
         try:
-            self._retriever = LeaderRetriever(conf, on_change=self._changed)
+            self._retriever = LeaderRetriever(conf, on_change=self._changed, quiet=True)
         except Exception as exc:  # kazoo's timeout says nothing of where it looked
             raise ConnectionError(f"ZooKeeper at {key[0]} (high-availability.zookeeper.quorum) did not "
                                   f"answer: {exc}") from None

@@ -27,6 +27,7 @@ from kernel_runtime.deploy.ha import LocalZooKeeper
 
 PROJECT_ROOT = launch.PROJECT_ROOT
 STANDING_BY = "waiting for leadership"  # what an HA JobManager logs once its latch node exists
+HA_SESSION_TIMEOUT = "5 s"  # a local HA cluster's ZooKeeper session unless configured (see __init__)
 
 
 class LocalCluster:
@@ -51,6 +52,11 @@ class LocalCluster:
             ha_keys: dict[str, Any] = {"high-availability.type": "zookeeper"}
             if not self.conf.is_set("high-availability.cluster-id"):
                 ha_keys["high-availability.cluster-id"] = self.cluster_dir.resolve().name
+            if not self.conf.is_set("high-availability.zookeeper.client.session-timeout"):
+                # Flink's 60 s keeps a dead leader's jobs down for a minute; 5 s fails over in
+                # about 7, and a leader whose ZooKeeper stalls longer than that steps down (its
+                # jobs restart from their last checkpoint): docs/deployment.md
+                ha_keys["high-availability.zookeeper.client.session-timeout"] = HA_SESSION_TIMEOUT
             port = self.conf.get(RestOptions.PORT)
             if port and not self.conf.is_set("rest.bind-port") and jobmanagers > 1:
                 # JobManagers of one host: each standby's REST (answering for the leader) on a port of its own

@@ -47,3 +47,25 @@ def test_a_key_by_column_a_spark_step_does_not_output_fails_before_a_row_is_read
     assert "operator 'per city' (test_column_checks.py:" in text, text
     assert "key_by column `city` does not exist; the input (the output of operator 'rename'" in text
     assert read == 0
+
+
+def _drifting(seq):
+    values = seq if seq[0] < 1_000 else seq.astype(str)  # numbers, then strings from row 1,000 on
+    return pd.DataFrame({"k": seq % 3, "v": values})
+
+
+def test_a_column_that_changes_type_fails_naming_the_users_column_operator_and_line(cluster, client):
+    from tests.conftest import rest
+    env = StreamEnvironment(parallelism=2, cluster=cluster.cluster_dir)
+    env.from_generator(_drifting, count=3_000, batch_size=500).key_by("k").aggregate(t=("v", "sum")).collect()
+    handle = env.execute_async("a drifting column", client=client)
+    with pytest.raises(JobExecutionError) as info:
+        handle.wait(120)
+    text = str(info.value)
+    assert "operator 'generator' (test_column_checks.py:" in text, text
+    assert "column 'v' is string in this batch but was int64" in text, text
+    assert "__t__" not in text and "Unable to merge" not in text, text  # no internal column, no Arrow wording
+    (entry,) = rest(cluster, f"/jobs/{handle.job_id}/exceptions")[1]["exceptionHistory"]["entries"]
+    assert entry["taskName"].startswith("Source: generator -> aggregate (partial) ("), entry
+    assert entry["taskManagerId"] in {tm["id"] for tm in rest(cluster, "/taskmanagers")[1]["taskmanagers"]}
+    assert entry["endpoint"] and ":" in entry["endpoint"], entry

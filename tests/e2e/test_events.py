@@ -10,6 +10,7 @@ import zmq
 
 from cluster.protocol import messages as m
 from cluster.protocol.codec import Codec
+from cluster.protocol.sockets import subscribe_to
 from kernel_runtime import JobExecutionError, StreamEnvironment
 from kernel_runtime.notebook.widgets.feed import JobFeed, _direct
 
@@ -20,7 +21,7 @@ CLIENT_OPS = ("request-job-status", "request-job-details", "request-cluster-over
 
 
 class Subscriber:
-    """A bare SUB socket on the events address, as any client could open one."""
+    """A bare SUB socket on the events address, as any holder of the cluster secret could open one."""
 
     def __init__(self, cluster, job_id: str):
         self.codec = Codec(cluster.info.secret)
@@ -29,7 +30,7 @@ class Subscriber:
         self.sock.setsockopt(zmq.LINGER, 0)
         for topic in (f"job/{job_id}/".encode(), b"cluster/"):
             self.sock.setsockopt(zmq.SUBSCRIBE, topic)
-        self.sock.connect(cluster.info.events_address)
+        subscribe_to(self.sock, cluster.info.events_address, self.codec)
         self.received: list[m.Message] = []
         # subscribed to both before connecting, so the first heartbeat says both are in place
         self.until(lambda msg: isinstance(msg, m.EventsHeartbeat), 10)

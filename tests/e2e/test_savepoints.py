@@ -157,3 +157,45 @@ def test_savepoint_and_stop_of_an_attached_job_with_a_collect_sink(cluster):
         assert len(counts) > 0 and counts["count"].max() > 0
     finally:
         client.close()
+
+
+def test_savepoints_in_flight_are_bounded_and_one_past_the_bound_is_told_to_wait(cluster, client, tmp_path):
+    from cluster.jobmanager.jobmaster.checkpointing import MAX_PENDING_SAVEPOINTS
+    from tests.e2e.test_rest_security import post_json
+    hold = tmp_path / "hold"
+    hold.touch()
+
+    def held(df):  # no barrier passes this operator while the file is there: savepoints stay pending
+        import os
+        import time
+        while os.path.exists(hold):
+            time.sleep(0.01)
+        return df
+    env = StreamEnvironment(parallelism=1, cluster=cluster.cluster_dir)
+    env.from_generator(rate=200, batch_size=20).map_batches(held, name="held").print()
+    handle = env.execute_async("bounded savepoints", client=client)
+    try:
+        wait_for(lambda: all(v["status"] == "RUNNING" for v in rest(cluster, f"/jobs/{handle.job_id}")[1]["vertices"]),
+                 30, "every task running")
+        path = f"/jobs/{handle.job_id}/savepoints"
+        target = {"target-directory": str(cluster.cluster_dir / "savepoints" / f"bounded-{handle.job_id[:8]}")}
+        triggers = []
+        for _ in range(MAX_PENDING_SAVEPOINTS):
+            status, answer = post_json(cluster, path, target)
+            assert status == 202, answer
+            triggers.append(answer["request-id"])
+        status, answer = post_json(cluster, path, target)
+        assert status == 429, answer
+        assert f"already takes {MAX_PENDING_SAVEPOINTS} savepoints" in answer["errors"][0], answer
+        assert all(rest(cluster, f"{path}/{t}")[1]["status"]["id"] == "IN_PROGRESS" for t in triggers)
+        hold.unlink()
+        for trigger in triggers:
+            wait_for(lambda: rest(cluster, f"{path}/{trigger}")[1]["status"]["id"] == "COMPLETED", 60,
+                     f"savepoint {trigger} completed")
+        status, answer = post_json(cluster, path, target)  # places are free again
+        assert status == 202, answer
+        assert rest(cluster, f"/jobs/{handle.job_id}")[1]["state"] == "RUNNING"
+    finally:
+        hold.unlink(missing_ok=True)
+        handle.cancel()
+        wait_for(lambda: handle.status == "CANCELED", 30, "cancelled")

@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from cluster.conf import Configuration
 from cluster.jobmanager.dispatcher import Dispatcher
@@ -17,6 +18,7 @@ from cluster.jobmanager.resourcemanager.resource_manager import ResourceManager
 from cluster.protocol import messages as m
 from cluster.protocol.codec import Codec
 from cluster.protocol.endpoint import Peer, RpcEndpoint
+from cluster.protocol.sockets import subscribe_to
 from kernel_runtime import StreamEnvironment
 from tests.conftest import wait_for
 
@@ -180,14 +182,16 @@ def test_one_message_per_update_for_every_subscriber_however_many(tmp_path):
     socket = EventSocket(ctx, codec, "tcp://127.0.0.1:0")
     harness = Harness(tmp_path, publisher_send=socket.send)
     subscribers = []
+    receivers = {}
     try:
         job_id = harness.submit()
         harness.deploy(job_id)
         harness.report(job_id, "RUNNING")
         for _ in range(5):
             sub = ctx.socket(zmq.SUB)
+            receivers[sub] = Codec(b"s" * 32)  # a process of its own each: its own replay window, from before it subscribed
             sub.setsockopt(zmq.SUBSCRIBE, job_topic(job_id))
-            sub.connect(socket.address)
+            subscribe_to(sub, socket.address, codec)
             subscribers.append(sub)
         changes = []
         deadline = time.monotonic() + 10
@@ -219,7 +223,7 @@ def test_one_message_per_update_for_every_subscriber_however_many(tmp_path):
         socket.send(job_topic(job_id), m.ErrorResponse("end of the test"))  # the last on the topic
         for sub in subscribers:
             got = []
-            receiver = Codec(b"s" * 32)  # each subscriber is a process of its own, with its own replay window
+            receiver = receivers[sub]
             while not (got and isinstance(got[-1], m.ErrorResponse)) and sub.poll(10_000):
                 topic, *frames = sub.recv_multipart()
                 msg, _, _ = receiver.decode(frames)
@@ -238,3 +242,54 @@ def test_one_message_per_update_for_every_subscriber_however_many(tmp_path):
 
 def test_the_cluster_topic_is_no_job_topic():
     assert not job_topic("c").startswith(CLUSTER_TOPIC) and not job_topic("ab").startswith(job_topic("a"))
+
+
+def _handshake_of(sock: zmq.Socket, monitor: zmq.Socket, timeout_s: float = 10.0) -> int:
+    """The first handshake outcome ``sock``'s monitor (made before it connected) reports."""
+    outcomes = (zmq.EVENT_HANDSHAKE_SUCCEEDED, zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL,
+                zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_DISCONNECTED)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if monitor.poll(100):
+                event = recv_monitor_message(monitor)["event"]
+                if event in outcomes:
+                    return event
+        raise AssertionError("no handshake outcome reported")
+    finally:
+        sock.disable_monitor()
+        monitor.close(0)
+
+
+def test_only_holders_of_the_cluster_secret_can_read_the_events():
+    # the events leave signed but a publisher sends to whoever subscribes: without the handshake
+    # anyone on the host read job names, state changes and the TaskManager table
+    ctx = zmq.Context.instance()
+    codec = Codec(b"s" * 32)
+    socket = EventSocket(ctx, codec, "tcp://127.0.0.1:0")
+    receiver = Codec(b"s" * 32)
+    plain, stranger, member = (ctx.socket(zmq.SUB) for _ in range(3))
+    try:
+        monitors = {}
+        for sub in (plain, stranger, member):
+            sub.setsockopt(zmq.LINGER, 0)
+            sub.setsockopt(zmq.SUBSCRIBE, b"")
+            monitors[sub] = sub.get_monitor_socket()
+        plain.connect(socket.address)  # as any process could
+        subscribe_to(stranger, socket.address, Codec(b"o" * 32))  # another cluster's secret
+        subscribe_to(member, socket.address, codec)
+        assert _handshake_of(member, monitors[member]) == zmq.EVENT_HANDSHAKE_SUCCEEDED
+        assert _handshake_of(plain, monitors[plain]) != zmq.EVENT_HANDSHAKE_SUCCEEDED
+        assert _handshake_of(stranger, monitors[stranger]) != zmq.EVENT_HANDSHAKE_SUCCEEDED
+
+        def member_heard() -> bool:
+            socket.send(CLUSTER_TOPIC, m.Acknowledge())
+            return member.poll(50) != 0
+        wait_for(member_heard, 10, "the member to hear the events")
+        topic, *frames = member.recv_multipart()
+        assert topic == CLUSTER_TOPIC and receiver.decode(frames)[0] == m.Acknowledge()
+        assert not plain.poll(0) and not stranger.poll(0)
+    finally:
+        for sub in (plain, stranger, member):
+            sub.close(0)
+        socket.close()

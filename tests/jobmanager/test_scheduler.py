@@ -254,6 +254,21 @@ def test_savepoint_answers_its_request_and_stop_ends_the_sources():
     assert sched.checkpointing.savepoint_requests["r1"]["location"] == trigger.directory
 
 
+def test_savepoints_in_flight_are_bounded_and_a_completed_one_frees_its_place():
+    sched, _, _ = running()
+    triggers = [of(sched.handle(ev.SavepointRequested(f"r{i}", None, False)), ins.TriggerCheckpoint)[0]
+                for i in range(checkpointing.MAX_PENDING_SAVEPOINTS)]
+    with pytest.raises(ev.TooManySavepoints, match=f"already takes {checkpointing.MAX_PENDING_SAVEPOINTS} savepoints"):
+        sched.handle(ev.SavepointRequested("one too many", None, False))
+    assert "one too many" not in sched.checkpointing.savepoint_requests
+    assert ev.TooManySavepoints.__mro__[1] is ev.SchedulerError  # refused as any request the job cannot serve
+    for eid in sched.graph.executions:
+        sched.handle(ev.CheckpointAcknowledged(triggers[0].checkpoint_id, eid, {}))
+    sched.handle(ev.MetadataWritten(triggers[0].checkpoint_id))
+    (again,) = of(sched.handle(ev.SavepointRequested("after one completed", None, False)), ins.TriggerCheckpoint)
+    assert again.kind == "savepoint"
+
+
 def test_a_declined_savepoint_fails_its_request():
     sched, _, _ = running()
     (trigger,) = of(sched.handle(ev.SavepointRequested("r1", None, False)), ins.TriggerCheckpoint)

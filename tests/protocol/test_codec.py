@@ -196,6 +196,19 @@ def test_a_forgotten_sender_cannot_replay_within_the_window():
     receiver.decode(first.encode(m.ListJobs()))  # its fresh frames still pass
 
 
+def test_a_frame_signed_before_the_receiver_existed_is_refused():
+    # a leader that replaces a failed one never saw the frames sent to it: its floor refuses them
+    clock = Clock()
+    sender = Codec(SECRET, clock=clock)
+    captured = sender.encode(m.TriggerSavepoint("j", None, False))
+    clock.t += 7.5
+    new_leader = Codec(SECRET, window=ReplayWindow(60, clock=clock))
+    with pytest.raises(ReplayedMessage, match="signed 7.5 s before this receiver started"):
+        new_leader.decode(captured)
+    assert new_leader.decode(sender.encode(m.ListJobs()))[0] == m.ListJobs()  # its fresh frames pass
+    assert new_leader.decode(Codec(SECRET, clock=clock).encode(m.ListJobs()))[0] == m.ListJobs()
+
+
 @pytest.mark.parametrize("guard", [
     {}, {"sid": b"short", "seq": 1, "ts": 1}, {"sid": b"s" * 16, "seq": "1", "ts": 1},
     {"sid": b"s" * 16, "seq": 1, "ts": 1.5}])

@@ -32,10 +32,16 @@ from cluster.jobmanager.jobmaster.instructions import (CHECKPOINT_TIMER, FINAL_C
                                                        NotifyCheckpointComplete, SavepointFinished, StartTimer,
                                                        TriggerCheckpoint, WriteMetadata)
 from cluster.jobmanager.jobmaster.scheduler_events import (CheckpointAcknowledged, CheckpointDeclined,
-                                                           MetadataWritten, SchedulerError)
+                                                           MetadataWritten, SchedulerError, TooManySavepoints)
 from cluster.conf.options import CheckpointingOptions
 
 FINAL_RETRY_MS = 200
+# Flink bounds the savepoint and checkpoint requests a job queues (CheckpointRequestDecider, 1000)
+# and triggers them one at a time; here a requested savepoint starts at once, so the bound is on
+# those in flight. Each holds barriers, acknowledgements and state handles until it completes:
+# unbounded, a token holder's loop of triggers starved the periodic checkpoints and grew the
+# JobManager for good.
+MAX_PENDING_SAVEPOINTS = 10
 
 
 @dataclass(frozen=True)
@@ -112,6 +118,11 @@ class JobCheckpointing:
     def trigger_savepoint(self, job: JobFacts, request_id: str, target: Optional[str],
                           stop: bool) -> list[Instruction]:
         self._require_running(job, "a savepoint")
+        pending_savepoints = sum(p.is_savepoint for p in self.coordinator.pending.values())
+        if pending_savepoints >= MAX_PENDING_SAVEPOINTS:
+            raise TooManySavepoints(
+                f"job {self.job_id} already takes {pending_savepoints} savepoints (at most "
+                f"{MAX_PENDING_SAVEPOINTS} at once): wait for one to complete and ask again")
         out: list[Instruction] = []
         pending = self.trigger(job, CheckpointKind.STOP if stop else CheckpointKind.SAVEPOINT, out,
                                str(self.storage.new_savepoint_dir(target)))

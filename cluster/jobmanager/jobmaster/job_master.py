@@ -27,7 +27,7 @@ from cluster.graph.execution_graph import Execution
 from cluster.protocol.states import ExecutionState, JobState
 from cluster.graph.job_graph import JobGraph, ShipStrategy
 from cluster.protocol import messages as m
-from cluster.protocol.endpoint import DeferredReply, Peer, RpcEndpoint, RpcError
+from cluster.protocol.endpoint import DeferredReply, Peer, RpcBusy, RpcEndpoint, RpcError
 from cluster.checkpoint.inspection import StateQueryError, find_operator, operator_info, read_checkpoint_state
 
 from cluster.jobmanager.jobmaster import instructions as ins, scheduler as s, scheduler_events as ev
@@ -183,6 +183,8 @@ class JobMaster:
         request_id = uuid.uuid4().hex
         try:
             self._feed(ev.SavepointRequested(request_id, target, stop))
+        except ev.TooManySavepoints as exc:
+            raise RpcBusy(str(exc)) from None
         except ev.SchedulerError as exc:
             raise RpcError(str(exc)) from None
         return request_id

@@ -213,6 +213,7 @@ class DefaultScheduler:
             self.graph.update_execution(execution.execution_id, ExecutionState.FAILED, error)
         if self.state in (JobState.RUNNING, JobState.CREATED):
             self.graph.failure = failures.task_failed(error, execution.name, execution.task_manager_id)
+            self.graph.failed_task, self.graph.failed_on = execution.name, execution.task_manager_id
             self.graph.transition(JobState.FAILING, self.now())
             self.emit(CancelTimer(SLOT_REQUEST_TIMER))
             self._checkpointing(self.checkpointing.on_stopped, "the job is failing")
@@ -300,6 +301,7 @@ class DefaultScheduler:
 
     def _fail_globally(self, reason: str) -> None:
         self.graph.failure = reason
+        self.graph.failed_task = self.graph.failed_on = None
         for execution in self.graph.non_terminal():
             self.graph.update_execution(execution.execution_id, ExecutionState.CANCELED)
         self._terminate(JobState.FAILED)

@@ -18,6 +18,11 @@ class SchedulerError(Exception):
     """A request the job cannot serve in its current state (answered to the caller, not a bug)."""
 
 
+class TooManySavepoints(SchedulerError):
+    """A savepoint asked for while the job already takes as many as it may: try again later
+    (REST answers 429)."""
+
+
 class Event:
     """Something that happened to the job; the only input of DefaultScheduler.handle."""
 

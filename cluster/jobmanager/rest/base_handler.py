@@ -21,7 +21,7 @@ import tornado.web
 from tornado.http1connection import HTTP1Connection
 from tornado.ioloop import IOLoop
 
-from cluster.protocol.endpoint import RpcError
+from cluster.protocol.endpoint import RpcBusy, RpcError
 
 from cluster.jobmanager.rest.security import RequestGuard, RestError
 from cluster.jobmanager.rest.views import JobManagerState, NotFound
@@ -142,6 +142,8 @@ class FlinkHandler(tornado.web.RequestHandler):
         exc = kwargs.get("exc_info", (None, None, None))[1]
         if isinstance(exc, NotFound):
             exc = RestError(HTTPStatus.NOT_FOUND, str(exc))
+        elif isinstance(exc, RpcBusy):  # a limit reached: the same request may pass later
+            exc = RestError(HTTPStatus.TOO_MANY_REQUESTS, str(exc), headers={"Retry-After": "1"})
         elif isinstance(exc, RpcError):  # the JobMaster refused, e.g. a savepoint of a job that is not running
             exc = RestError(HTTPStatus.CONFLICT, str(exc))
         if isinstance(exc, RestError):

@@ -134,7 +134,7 @@ class JobExceptionsHandler(FlinkHandler):
         limit = None if given is None else self.int_id(given, "maxExceptions", bits=32)
 
         def exceptions(d, jid):
-            body = exceptions_json(job_master(d, jid))
+            body = exceptions_json(job_master(d, jid), d)
             history = body["exceptionHistory"]
             if limit is not None and len(history["entries"]) > max(limit, 0):
                 history["entries"], history["truncated"] = history["entries"][:max(limit, 0)], True

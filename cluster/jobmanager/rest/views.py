@@ -282,13 +282,19 @@ def subtasks_json(d: JobManagerState, job_id: str) -> list[dict]:
             for e in sorted(job.graph.executions.values(), key=lambda e: (e.vertex.id, e.subtask))]
 
 
-def exceptions_json(job) -> dict:
+def exceptions_json(job, d: Optional[JobManagerState] = None) -> dict:
+    """Flink's exception history: the job's failure, with the task that failed, its TaskManager and
+    that TaskManager's address while it is registered (``d``)."""
     entries = []
-    if job.graph.failure:
-        entries.append({"exceptionName": job.graph.failure.splitlines()[0][:200],
-                        "stacktrace": job.graph.failure,
-                        "timestamp": job.graph.timestamps[JobState.FAILING] or now_ms(),
-                        "failureLabels": {}, "taskName": None, "endpoint": None, "taskManagerId": None})
+    graph = job.graph
+    if graph.failure:
+        registered = d.rm.slot_manager.task_managers.get(graph.failed_on) if d is not None and graph.failed_on else None
+        entries.append({"exceptionName": graph.failure.splitlines()[0][:200],
+                        "stacktrace": graph.failure,
+                        "timestamp": graph.timestamps[JobState.FAILING] or now_ms(),
+                        "failureLabels": {}, "taskName": graph.failed_task,
+                        "endpoint": registered.data_address.removeprefix("tcp://") if registered else None,
+                        "taskManagerId": graph.failed_on})
     return {"exceptionHistory": {"entries": entries, "truncated": False}}
 
 
