@@ -185,7 +185,9 @@ class KafkaBroker:
         self.properties_file.write_text(SERVER_PROPERTIES.format(port=self.port, controller=controller, data=data))
         log_config.write_text(LOG4J2.format(log=self.log_file))
         formatted = subprocess.run(_java(libs, log_config, "kafka.tools.StorageTool", "format",
-                                         "--cluster-id", random_cluster_id(), "--config", str(self.properties_file)),
+                                         # one argument: an id may begin with "-" (1 in 64),
+                                         # which argparse would take for an option
+                                         f"--cluster-id={random_cluster_id()}", "--config", str(self.properties_file)),
                                    capture_output=True, text=True, stdin=subprocess.DEVNULL)
         if formatted.returncode != 0:
             raise KafkaSetupError(f"Kafka's StorageTool could not format {data} ({self.properties_file}):\n"

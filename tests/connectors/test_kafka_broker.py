@@ -91,3 +91,16 @@ def test_the_cli_starts_a_broker_that_answers_and_stops_it(tmp_path):
     finally:
         if (directory / BROKER_FILE).exists():
             KafkaBroker.from_dir(directory).stop()
+
+
+def test_a_cluster_id_that_begins_with_a_dash_formats_and_starts(tmp_path, monkeypatch):
+    # a random id begins with "-" one time in 64 (URL-safe base64); StorageTool's parser took it
+    # for an option, and the broker of a whole test worker failed to start (CI)
+    from kernel_runtime.deploy import kafka_broker
+    random_id = kafka_broker.random_cluster_id
+    monkeypatch.setattr(kafka_broker, "random_cluster_id", lambda: "-" + random_id()[1:])
+    broker = KafkaBroker(tmp_path / "dash").start()
+    try:
+        assert broker.answers()
+    finally:
+        broker.stop()
