@@ -1,0 +1,113 @@
+"""Checkpoint storage that fills up: checkpoints fail with the reason, the job goes on, a restart
+while the disk is full restores the last complete checkpoint (never a half-written one), and
+checkpoints complete again once space returns; the committed output is exactly once.
+
+The checkpoint folder is a tmpfs of 4 MB of the test's own (the test runs as root, as CI does),
+filled by a file of zeros until the kernel says ENOSPC, then emptied.
+"""
+from __future__ import annotations
+
+import errno
+import random
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kernel_runtime import JobClient, StreamEnvironment
+from kernel_runtime.api import FileSink
+from tests.conftest import rest, start_cluster, wait_for
+from tests.e2e.test_exactly_once import FAULTS, committed, events, kill_a_busy_taskmanager, running_total
+
+pytestmark = pytest.mark.slow
+
+N, RATE, BATCH = 40_000, 2_000, 200
+
+
+@pytest.fixture(scope="module")
+def disk_cluster(tmp_path_factory):
+    local = start_cluster(tmp_path_factory.mktemp("full-disk"), **FAULTS)
+    yield local
+    local.stop()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    mount = tmp_path / "checkpoints"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def fill(mount: Path) -> Path:
+    """Write zeros into ``mount`` until it is full; the filler's path."""
+    filler = mount / "filler"
+    chunk = b"\0" * 65536
+    with open(filler, "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(chunk)
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC, exc
+    return filler
+
+
+def history(local, job_id: str) -> list[dict]:
+    return rest(local, f"/jobs/{job_id}/checkpoints")[1]["history"]
+
+
+def sink_rows(client, job_id: str) -> int:
+    details = client.job_details(job_id)
+    last = details["vertices"][-1]["id"]
+    return sum(s["metrics"].get("records-in", 0) or 0 for s in details["subtasks"] if s["vertex_id"] == last)
+
+
+@pytest.mark.parametrize("backend", ["hashmap", "rocksdb"])
+def test_a_full_checkpoint_disk_fails_checkpoints_and_loses_nothing(disk_cluster, small_disk, backend, tmp_path):
+    random.seed(f"full-disk-{backend}")
+    out = str(tmp_path / "out")
+    env = StreamEnvironment(parallelism=2, cluster=disk_cluster.cluster_dir, config={
+        "execution.checkpointing.interval": "300 ms", "execution.checkpointing.dir": str(small_disk),
+        "state.backend.type": backend, "restart-strategy.type": "fixed-delay",
+        "restart-strategy.fixed-delay.attempts": 100, "restart-strategy.fixed-delay.delay": "200 ms"})
+    (env.from_generator(events, count=N, rate=RATE, batch_size=BATCH, split_size=16 * BATCH)
+        .key_by("k").process(running_total, name="running total")
+        .sink_to(FileSink.parquet(out, rows_per_file=2_000)))
+    client = JobClient(disk_cluster.info)
+    try:
+        handle = env.execute_async(f"full disk ({backend})", client=client)
+        wait_for(lambda: any(c["status"] == "COMPLETED" for c in history(disk_cluster, handle.job_id)), 60,
+                 "a completed checkpoint")
+        filler = fill(small_disk)
+
+        def failed_for_space():
+            return next((c for c in history(disk_cluster, handle.job_id) if c["status"] == "FAILED"
+                         and "No space left on device" in c["failure_message"]), None)
+        failed = wait_for(failed_for_space, 60, "a checkpoint failed for want of space")
+        assert handle.job_status().state == "RUNNING"  # a failed checkpoint does not fail the job
+        before = sink_rows(client, handle.job_id)
+        wait_for(lambda: sink_rows(client, handle.job_id) > before, 60, "rows going on while the disk is full")
+
+        # a restart now: the newest complete checkpoint is restored, not the half-written ones after it
+        kill_a_busy_taskmanager(disk_cluster, handle.job_id, client)
+        wait_for(lambda: (s := handle.job_status()).state == "RUNNING" and s.attempt == 2 and all(
+            t["status"] == "RUNNING" for t in client.job_details(handle.job_id)["subtasks"]), 90,
+            "the job running again while the disk is full")
+        restored = rest(disk_cluster, f"/jobs/{handle.job_id}/checkpoints")[1]["latest"]["restored"]
+        failed_ids = {c["id"] for c in history(disk_cluster, handle.job_id) if c["status"] == "FAILED"}
+        assert restored is not None and restored["id"] not in failed_ids | {failed["id"]}, (restored, failed_ids)
+
+        filler.unlink()  # space returns
+        wait_for(lambda: any(c["status"] == "COMPLETED" and c["id"] > failed["id"]
+                             for c in history(disk_cluster, handle.job_id)), 60, "a checkpoint completed again")
+        assert handle.wait(180).state.name == "FINISHED"
+    finally:
+        client.close()
+    df = events(np.arange(N, dtype=np.int64))
+    want = pd.DataFrame({"k": df.k, "seq": df.seq, "total": df.groupby("k")["v"].cumsum()})
+    pd.testing.assert_frame_equal(committed(out), want, check_dtype=False)
