@@ -1,9 +1,10 @@
-"""Checkpoint storage that fills up: checkpoints fail with the reason, the job goes on, a restart
-while the disk is full restores the last complete checkpoint (never a half-written one), and
-checkpoints complete again once space returns; the committed output is exactly once.
+"""Checkpoint storage that fills up or turns read-only: checkpoints fail with the reason, the job
+goes on, a restart meanwhile restores the last complete checkpoint (never a half-written one), and
+checkpoints complete again once the storage is back; the committed output is exactly once.
 
 The checkpoint folder is a tmpfs of 4 MB of the test's own (the test runs as root, as CI does),
-filled by a file of zeros until the kernel says ENOSPC, then emptied.
+filled by a file of zeros until the kernel says ENOSPC, then emptied; or remounted read-only,
+then read-write.
 """
 from __future__ import annotations
 
@@ -57,6 +58,29 @@ def fill(mount: Path) -> Path:
     return filler
 
 
+class Full:
+    reason = "No space left on device"
+
+    def __init__(self, mount: Path):
+        self.mount = mount
+
+    def begin(self) -> None:
+        self.filler = fill(self.mount)
+
+    def end(self) -> None:
+        self.filler.unlink()
+
+
+class ReadOnly(Full):
+    reason = "Read-only file system"
+
+    def begin(self) -> None:
+        subprocess.run(["mount", "-o", "remount,ro", str(self.mount)], check=True)
+
+    def end(self) -> None:
+        subprocess.run(["mount", "-o", "remount,rw", str(self.mount)], check=True)
+
+
 def history(local, job_id: str) -> list[dict]:
     return rest(local, f"/jobs/{job_id}/checkpoints")[1]["history"]
 
@@ -68,8 +92,11 @@ def sink_rows(client, job_id: str) -> int:
 
 
 @pytest.mark.parametrize("backend", ["hashmap", "rocksdb"])
-def test_a_full_checkpoint_disk_fails_checkpoints_and_loses_nothing(disk_cluster, small_disk, backend, tmp_path):
-    random.seed(f"full-disk-{backend}")
+@pytest.mark.parametrize("fault", [Full, ReadOnly], ids=["full", "read-only"])
+def test_checkpoint_storage_that_fails_fails_checkpoints_and_loses_nothing(disk_cluster, small_disk, fault, backend,
+                                                                           tmp_path):
+    random.seed(f"{fault.__name__}-{backend}")
+    storage = fault(small_disk)
     out = str(tmp_path / "out")
     env = StreamEnvironment(parallelism=2, cluster=disk_cluster.cluster_dir, config={
         "execution.checkpointing.interval": "300 ms", "execution.checkpointing.dir": str(small_disk),
@@ -83,26 +110,26 @@ def test_a_full_checkpoint_disk_fails_checkpoints_and_loses_nothing(disk_cluster
         handle = env.execute_async(f"full disk ({backend})", client=client)
         wait_for(lambda: any(c["status"] == "COMPLETED" for c in history(disk_cluster, handle.job_id)), 60,
                  "a completed checkpoint")
-        filler = fill(small_disk)
+        storage.begin()
 
-        def failed_for_space():
+        def failed_for_it():
             return next((c for c in history(disk_cluster, handle.job_id) if c["status"] == "FAILED"
-                         and "No space left on device" in c["failure_message"]), None)
-        failed = wait_for(failed_for_space, 60, "a checkpoint failed for want of space")
+                         and storage.reason in c["failure_message"]), None)
+        failed = wait_for(failed_for_it, 60, f"a checkpoint failed: {storage.reason}")
         assert handle.job_status().state == "RUNNING"  # a failed checkpoint does not fail the job
         before = sink_rows(client, handle.job_id)
-        wait_for(lambda: sink_rows(client, handle.job_id) > before, 60, "rows going on while the disk is full")
+        wait_for(lambda: sink_rows(client, handle.job_id) > before, 60, "rows going on while the storage fails")
 
-        # a restart now: the newest complete checkpoint is restored, not the half-written ones after it
+        # a restart now: the newest complete checkpoint is restored, not the failed ones after it
         kill_a_busy_taskmanager(disk_cluster, handle.job_id, client)
         wait_for(lambda: (s := handle.job_status()).state == "RUNNING" and s.attempt == 2 and all(
             t["status"] == "RUNNING" for t in client.job_details(handle.job_id)["subtasks"]), 90,
-            "the job running again while the disk is full")
+            "the job running again while the storage fails")
         restored = rest(disk_cluster, f"/jobs/{handle.job_id}/checkpoints")[1]["latest"]["restored"]
         failed_ids = {c["id"] for c in history(disk_cluster, handle.job_id) if c["status"] == "FAILED"}
         assert restored is not None and restored["id"] not in failed_ids | {failed["id"]}, (restored, failed_ids)
 
-        filler.unlink()  # space returns
+        storage.end()
         wait_for(lambda: any(c["status"] == "COMPLETED" and c["id"] > failed["id"]
                              for c in history(disk_cluster, handle.job_id)), 60, "a checkpoint completed again")
         assert handle.wait(180).state.name == "FINISHED"
