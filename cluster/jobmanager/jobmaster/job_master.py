@@ -102,8 +102,7 @@ class JobMaster:
             ins.CancelTimer: lambda i: self.endpoint.cancel_timer(self._timers.pop(i.name, None)),
             ins.TriggerCheckpoint: self._trigger_checkpoint,
             ins.WriteMetadata: self._write_metadata,
-            ins.NotifyCheckpointComplete: lambda i: self._each_gateway(
-                i.task_managers, lambda g: g.notify_checkpoint_complete(self.job_id, i.checkpoint_id)),
+            ins.NotifyCheckpointComplete: self._notify_complete,
             ins.NotifyCheckpointAborted: lambda i: self._each_gateway(
                 i.task_managers, lambda g: g.notify_checkpoint_aborted(self.job_id, i.checkpoint_id)),
             ins.DisposeCheckpoint: lambda i: self._dispose(i.directory),
@@ -112,6 +111,11 @@ class JobMaster:
             ins.CheckpointFinished: lambda i: self._checkpoint_requests.pop(i.request_id)(i.completed, i.failure),
             ins.JobTerminated: self._terminated,
         }
+
+    def _notify_complete(self, i: ins.NotifyCheckpointComplete) -> None:
+        # Flink's line: the act that lets sinks commit, so a log says which leader did it and when
+        log.info("Completed checkpoint %d for job %s (%s)", i.checkpoint_id, self.job_id, self.job_graph.name)
+        self._each_gateway(i.task_managers, lambda g: g.notify_checkpoint_complete(self.job_id, i.checkpoint_id))
 
     # ------------------------------------------------------------------ views (loop thread)
     @property
