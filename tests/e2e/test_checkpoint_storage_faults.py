@@ -9,7 +9,6 @@ then read-write.
 from __future__ import annotations
 
 import errno
-import random
 import subprocess
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import pytest
 from kernel_runtime import JobClient, StreamEnvironment
 from kernel_runtime.api import FileSink
 from tests.conftest import rest, start_cluster, wait_for
+from tests.faults import Stopwatch, check_exactly_once, seed
 from tests.e2e.test_exactly_once import FAULTS, committed, events, kill_a_busy_taskmanager, running_total
 
 pytestmark = pytest.mark.slow
@@ -95,8 +95,9 @@ def sink_rows(client, job_id: str) -> int:
 @pytest.mark.parametrize("fault", [Full, ReadOnly], ids=["full", "read-only"])
 def test_checkpoint_storage_that_fails_fails_checkpoints_and_loses_nothing(disk_cluster, small_disk, fault, backend,
                                                                            tmp_path):
-    random.seed(f"{fault.__name__}-{backend}")
+    seed(f"{fault.__name__}-{backend}")
     storage = fault(small_disk)
+    watch = None
     out = str(tmp_path / "out")
     env = StreamEnvironment(parallelism=2, cluster=disk_cluster.cluster_dir, config={
         "execution.checkpointing.interval": "300 ms", "execution.checkpointing.dir": str(small_disk),
@@ -111,6 +112,7 @@ def test_checkpoint_storage_that_fails_fails_checkpoints_and_loses_nothing(disk_
         wait_for(lambda: any(c["status"] == "COMPLETED" for c in history(disk_cluster, handle.job_id)), 60,
                  "a completed checkpoint")
         storage.begin()
+        watch = Stopwatch()  # to the job running again, restored, while the storage still fails
 
         def failed_for_it():
             return next((c for c in history(disk_cluster, handle.job_id) if c["status"] == "FAILED"
@@ -125,6 +127,7 @@ def test_checkpoint_storage_that_fails_fails_checkpoints_and_loses_nothing(disk_
         wait_for(lambda: (s := handle.job_status()).state == "RUNNING" and s.attempt == 2 and all(
             t["status"] == "RUNNING" for t in client.job_details(handle.job_id)["subtasks"]), 90,
             "the job running again while the storage fails")
+        watch.recovered()
         restored = rest(disk_cluster, f"/jobs/{handle.job_id}/checkpoints")[1]["latest"]["restored"]
         failed_ids = {c["id"] for c in history(disk_cluster, handle.job_id) if c["status"] == "FAILED"}
         assert restored is not None and restored["id"] not in failed_ids | {failed["id"]}, (restored, failed_ids)
@@ -137,4 +140,4 @@ def test_checkpoint_storage_that_fails_fails_checkpoints_and_loses_nothing(disk_
         client.close()
     df = events(np.arange(N, dtype=np.int64))
     want = pd.DataFrame({"k": df.k, "seq": df.seq, "total": df.groupby("k")["v"].cumsum()})
-    pd.testing.assert_frame_equal(committed(out), want, check_dtype=False)
+    check_exactly_once(f"checkpoint storage {fault.__name__} ({backend})", committed(out), want, watch)

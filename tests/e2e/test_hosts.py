@@ -128,19 +128,10 @@ def test_a_taskmanager_on_another_host(tmp_path, encrypted):
     pids: list[int] = []
     with second_host() as (ns, host_if, host_ip, ns_ip):
         try:
-            sh("jobmanager", "start", "--cluster-dir", str(jm_dir), "-D", f"jobmanager.rpc.address={host_ip}",
-               "-D", "jobmanager.rpc.port=0", "-D", "rest.port=0", *common)
-            info = ClusterInfo.load(jm_dir)
-            pids.append(info_pid(jm_dir))
+            info = start_on_two_hosts(jm_dir, tm_dir, ns_dir, ns, host_ip, ns_ip, common, pids)
             host_port = info.rpc_address.removeprefix("tcp://")
             assert host_port.startswith(f"{host_ip}:") and info.events_address.startswith(f"tcp://{host_ip}:")
             secret = str(jm_dir / "secret")
-            sh("taskmanager", "start", "--jobmanager", host_port, "--cluster-dir", str(tm_dir), "--secret-file", secret,
-               "-D", f"taskmanager.host={host_ip}", *common)
-            # the other host: only the veth reaches the JobManager from there
-            sh("taskmanager", "start", "--jobmanager", host_port, "--cluster-dir", str(ns_dir), "--secret-file", secret,
-               "-D", f"taskmanager.host={ns_ip}", *common, ns=ns)
-            pids += [p for d in (tm_dir, ns_dir) for p in recorded_taskmanagers(d)]
 
             if encrypted:
                 create_secret(tmp_path / "other-secret")
@@ -183,14 +174,37 @@ def test_a_taskmanager_on_another_host(tmp_path, encrypted):
             else:  # the same check finds the rows when they go in clear: it can fail
                 assert b"NULL" in wire and MARKER.encode() in wire
         finally:
-            for directory in (intruder_dir, ns_dir, tm_dir):
-                if directory.exists():
-                    sh("taskmanager", "stop", "--cluster-dir", str(directory), check=False)
-            if jm_dir.exists():
-                sh("jobmanager", "stop", "--cluster-dir", str(jm_dir), check=False)
-            for pid in pids:
-                if pid and psutil.pid_exists(pid):
-                    psutil.Process(pid).kill()
+            stop_everything([intruder_dir, ns_dir, tm_dir], jm_dir, pids)
+
+
+def start_on_two_hosts(jm_dir: Path, tm_dir: Path, ns_dir: Path, ns: str, host_ip: str, ns_ip: str,
+                       common: list[str], pids: list[int], jobmanager: tuple[str, ...] = ()) -> ClusterInfo:
+    """A JobManager and a TaskManager on this host, a TaskManager in namespace ``ns`` (only the veth
+    reaches the JobManager from there); their pids appended to ``pids``."""
+    sh("jobmanager", "start", "--cluster-dir", str(jm_dir), "-D", f"jobmanager.rpc.address={host_ip}",
+       "-D", "jobmanager.rpc.port=0", "-D", "rest.port=0", *jobmanager, *common)
+    info = ClusterInfo.load(jm_dir)
+    pids.append(info_pid(jm_dir))
+    host_port = info.rpc_address.removeprefix("tcp://")
+    secret = str(jm_dir / "secret")
+    sh("taskmanager", "start", "--jobmanager", host_port, "--cluster-dir", str(tm_dir), "--secret-file", secret,
+       "-D", f"taskmanager.host={host_ip}", *common)
+    sh("taskmanager", "start", "--jobmanager", host_port, "--cluster-dir", str(ns_dir), "--secret-file", secret,
+       "-D", f"taskmanager.host={ns_ip}", *common, ns=ns)
+    pids += [p for d in (tm_dir, ns_dir) for p in recorded_taskmanagers(d)]
+    return info
+
+
+def stop_everything(taskmanager_dirs: list[Path], jm_dir: Path, pids: list[int]) -> None:
+    """Stop the TaskManagers started from these directories, then the JobManager; kill what is left."""
+    for directory in taskmanager_dirs:
+        if directory.exists():
+            sh("taskmanager", "stop", "--cluster-dir", str(directory), check=False)
+    if jm_dir.exists():
+        sh("jobmanager", "stop", "--cluster-dir", str(jm_dir), check=False)
+    for pid in pids:
+        if pid and psutil.pid_exists(pid):
+            psutil.Process(pid).kill()
 
 
 def info_pid(directory: Path) -> int:

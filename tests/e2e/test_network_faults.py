@@ -20,14 +20,12 @@ import subprocess
 import time
 from types import SimpleNamespace
 
-import pandas as pd
-import psutil
 import pytest
 
-from kernel_runtime.client.cluster_info import ClusterInfo
 from tests.conftest import rest, wait_for
+from tests.faults import Stopwatch, check_exactly_once, seed
 from tests.e2e.test_exactly_once import committed, expected, run_job
-from tests.e2e.test_hosts import info_pid, namespaces_unavailable, recorded_taskmanagers, second_host, sh
+from tests.e2e.test_hosts import namespaces_unavailable, second_host, start_on_two_hosts, stop_everything
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300),
               pytest.mark.skipif(bool(namespaces_unavailable()), reason=namespaces_unavailable() or "-")]
@@ -96,7 +94,7 @@ CASES = [("loss", "hashmap"), ("partition-heals", "rocksdb"), ("cut-from-jobmana
 
 @pytest.mark.parametrize("fault,backend", CASES, ids=[f"{f}-{b}" for f, b in CASES])
 def test_a_network_fault_loses_nothing_and_doubles_nothing(tmp_path, fault, backend):
-    random.seed(f"{fault}-{backend}")
+    seed(f"{fault}-{backend}")
     jm_dir, tm_dir, ns_dir = (tmp_path / d for d in ("jm", "tm", "ns-tm"))
     common = ["-D", "heartbeat.interval=200 ms", "-D", f"heartbeat.timeout={HEARTBEAT_TIMEOUT_S} s",
               "-D", "taskmanager.spark.startup=lazy", "-D", "taskmanager.numberOfTaskSlots=2"]
@@ -104,18 +102,8 @@ def test_a_network_fault_loses_nothing_and_doubles_nothing(tmp_path, fault, back
     with second_host() as (ns, host_if, host_ip, ns_ip):
         try:
             # spread: each TaskManager runs one subtask of each task, so the exchange crosses the veth
-            sh("jobmanager", "start", "--cluster-dir", str(jm_dir), "-D", f"jobmanager.rpc.address={host_ip}",
-               "-D", "jobmanager.rpc.port=0", "-D", "rest.port=0", "-D", "cluster.evenly-spread-out-slots=true",
-               *common)
-            info = ClusterInfo.load(jm_dir)
-            pids.append(info_pid(jm_dir))
-            host_port = info.rpc_address.removeprefix("tcp://")
-            secret = str(jm_dir / "secret")
-            sh("taskmanager", "start", "--jobmanager", host_port, "--cluster-dir", str(tm_dir), "--secret-file", secret,
-               "-D", f"taskmanager.host={host_ip}", *common)
-            sh("taskmanager", "start", "--jobmanager", host_port, "--cluster-dir", str(ns_dir), "--secret-file", secret,
-               "-D", f"taskmanager.host={ns_ip}", *common, ns=ns)
-            pids += [p for d in (tm_dir, ns_dir) for p in recorded_taskmanagers(d)]
+            info = start_on_two_hosts(jm_dir, tm_dir, ns_dir, ns, host_ip, ns_ip, common, pids,
+                                      jobmanager=("-D", "cluster.evenly-spread-out-slots=true"))
             local = SimpleNamespace(cluster_dir=jm_dir, info=info)
             wait_for(lambda: rest(local, "/overview")[1]["taskmanagers"] == 2, 60, "both TaskManagers registered")
 
@@ -131,20 +119,18 @@ def test_a_network_fault_loses_nothing_and_doubles_nothing(tmp_path, fault, back
                          "a first completed checkpoint")
                 time.sleep(random.uniform(0.2, 1.5))  # a random moment of processing
                 injected.begin()
+                watch = Stopwatch()
                 try:
                     injected.hold()
                 finally:
                     injected.end()
+                wait_for(lambda: (s := handle.job_status()).state in ("RUNNING", "FINISHED") and all(
+                    t["status"] in ("RUNNING", "FINISHED") for t in client.job_details(handle.job_id)["subtasks"]),
+                    120, "the job running after the fault")
+                watch.recovered()
                 assert handle.wait(240).state.name == "FINISHED"
             finally:
                 client.close()
-            pd.testing.assert_frame_equal(committed(out), expected(), check_dtype=False)
+            check_exactly_once(f"network {fault} ({backend})", committed(out), expected(), watch)
         finally:
-            for directory in (ns_dir, tm_dir):
-                if directory.exists():
-                    sh("taskmanager", "stop", "--cluster-dir", str(directory), check=False)
-            if jm_dir.exists():
-                sh("jobmanager", "stop", "--cluster-dir", str(jm_dir), check=False)
-            for pid in pids:
-                if pid and psutil.pid_exists(pid):
-                    psutil.Process(pid).kill()
+            stop_everything([ns_dir, tm_dir], jm_dir, pids)
