@@ -1,7 +1,7 @@
 """The fault tests, run again and again with other random moments: the table of issue 35.
 
 Each round runs the fault tests (tests/e2e/test_checkpoint_storage_faults.py,
-test_frozen_taskmanager.py, test_network_faults.py, tests/ha/test_frozen_leader.py) in one pytest
+test_frozen_taskmanager.py, test_network_faults.py, tests/ha/test_leader_faults.py) in one pytest
 with STREAMLAB_FAULT_SEED=<round> (tests/faults.py folds it into each fault's seed), and reads the
 line each test prints: rows committed, lost, duplicated, and seconds from the fault to the job
 running again. A failed test counts as a failed run (its line, if it printed one, still counts).
@@ -23,7 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = ["tests/e2e/test_checkpoint_storage_faults.py", "tests/e2e/test_frozen_taskmanager.py",
-         "tests/e2e/test_network_faults.py", "tests/ha/test_frozen_leader.py"]
+         "tests/e2e/test_network_faults.py", "tests/ha/test_leader_faults.py"]
 LINE = re.compile(r"FAULT-RESULT fault=(?P<fault>.+?) rows=(?P<rows>\d+) lost=(?P<lost>\d+) "
                   r"duplicated=(?P<dup>\d+) recover_s=(?P<recover>[\d.]+|-)")
 

@@ -22,6 +22,7 @@ from typing import Any, Optional
 from cluster.common import launch
 from cluster.conf import Configuration
 from cluster.protocol.auth import create_secret
+from cluster.ha.services import EXIT_LEADERSHIP_REVOKED
 
 from kernel_runtime.client.cluster_info import ClusterInfo
 
@@ -126,7 +127,8 @@ class HaLocalCluster:
                 except (ValueError, KeyError):
                     pass  # being replaced
             for name, proc in self.jobmanagers.items():
-                if proc.poll() not in (None, -signal.SIGKILL):
+                # killed, or a leader that lost its session and stepped down, are what a test does
+                if proc.poll() not in (None, -signal.SIGKILL, EXIT_LEADERSHIP_REVOKED):
                     raise RuntimeError(launch.exit_report(proc, self.cluster_dir, name))
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no new leader within {timeout:g} s")
