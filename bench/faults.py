@@ -45,6 +45,9 @@ def main() -> None:
         failed_tests += int(failed.group(1)) if failed else 0
         for line in lines:
             results[line["fault"]].append(line)
+        for line in done.stdout.splitlines():  # what failed, and pytest's first line of why
+            if line.startswith(("FAILED ", "E   ")) and "Error" in line or line.startswith("FAILED "):
+                print(f"  {line[:300]}")
         print(f"round {round_}: {len(lines)} faults reported, {failed.group(1) if failed else 0} tests failed",
               flush=True)
     print()
