@@ -162,12 +162,13 @@ def test_savepoint_and_stop_of_an_attached_job_with_a_collect_sink(cluster):
 def test_savepoints_in_flight_are_bounded_and_one_past_the_bound_is_told_to_wait(cluster, client, tmp_path):
     from cluster.jobmanager.jobmaster.checkpointing import MAX_PENDING_SAVEPOINTS
     from tests.e2e.test_rest_security import post_json
-    hold = tmp_path / "hold"
+    hold, entered = tmp_path / "hold", tmp_path / "entered"
     hold.touch()
 
     def held(df):  # no barrier passes this operator while the file is there: savepoints stay pending
         import os
         import time
+        open(entered, "w").close()
         while os.path.exists(hold):
             time.sleep(0.01)
         return df
@@ -175,8 +176,8 @@ def test_savepoints_in_flight_are_bounded_and_one_past_the_bound_is_told_to_wait
     env.from_generator(rate=200, batch_size=20).map_batches(held, name="held").print()
     handle = env.execute_async("bounded savepoints", client=client)
     try:
-        wait_for(lambda: all(v["status"] == "RUNNING" for v in rest(cluster, f"/jobs/{handle.job_id}")[1]["vertices"]),
-                 30, "every task running")
+        # a batch inside the function: barriers come after it (before one, they would pass at once)
+        wait_for(entered.exists, 30, "the first batch held")
         path = f"/jobs/{handle.job_id}/savepoints"
         target = {"target-directory": str(cluster.cluster_dir / "savepoints" / f"bounded-{handle.job_id[:8]}")}
         triggers = []
