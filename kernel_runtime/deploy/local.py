@@ -54,7 +54,7 @@ class LocalCluster:
                 ha_keys["high-availability.cluster-id"] = self.cluster_dir.resolve().name
             if not self.conf.is_set("high-availability.zookeeper.client.session-timeout"):
                 # Flink's 60 s keeps a dead leader's jobs down for a minute; 5 s fails over in
-                # about 7, and a leader whose ZooKeeper stalls longer than that steps down (its
+                # about 6 (bench/ha_failover.py), and a leader whose ZooKeeper stalls longer than that steps down (its
                 # jobs restart from their last checkpoint): docs/deployment.md
                 ha_keys["high-availability.zookeeper.client.session-timeout"] = HA_SESSION_TIMEOUT
             port = self.conf.get(RestOptions.PORT)

@@ -132,3 +132,14 @@ def test_jobmanager_start_twice_in_ha_mode_gives_a_leader_and_a_standby(zookeepe
         sh("jobmanager", "stop", "--cluster-dir", str(directory), check=False)
         for proc in gone(pids, 0):
             proc.kill()
+
+
+def test_cluster_start_ha_fails_over_in_seconds_unless_the_session_is_configured(tmp_path):
+    # Flink's 60 s session kept a dead leader's jobs down for a minute under `cluster start --ha`
+    from cluster.conf.options import HighAvailabilityOptions
+    from kernel_runtime.deploy.local import LocalCluster
+    timeout = HighAvailabilityOptions.ZOOKEEPER_SESSION_TIMEOUT
+    assert LocalCluster(tmp_path / "default", ha=True).conf.get(timeout) == 5_000
+    configured = {"high-availability.zookeeper.client.session-timeout": "30 s"}
+    assert LocalCluster(tmp_path / "configured", ha=True, config=configured).conf.get(timeout) == 30_000
+    assert LocalCluster(tmp_path / "no-ha").conf.get(timeout) == 60_000  # Flink's, where no HA is asked for

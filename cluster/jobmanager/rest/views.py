@@ -282,13 +282,13 @@ def subtasks_json(d: JobManagerState, job_id: str) -> list[dict]:
             for e in sorted(job.graph.executions.values(), key=lambda e: (e.vertex.id, e.subtask))]
 
 
-def exceptions_json(job, d: Optional[JobManagerState] = None) -> dict:
+def exceptions_json(job, d: JobManagerState) -> dict:
     """Flink's exception history: the job's failure, with the task that failed, its TaskManager and
-    that TaskManager's address while it is registered (``d``)."""
+    that TaskManager's address while it is registered."""
     entries = []
     graph = job.graph
     if graph.failure:
-        registered = d.rm.slot_manager.task_managers.get(graph.failed_on) if d is not None and graph.failed_on else None
+        registered = d.rm.slot_manager.task_managers.get(graph.failed_on) if graph.failed_on else None
         entries.append({"exceptionName": graph.failure.splitlines()[0][:200],
                         "stacktrace": graph.failure,
                         "timestamp": graph.timestamps[JobState.FAILING] or now_ms(),
