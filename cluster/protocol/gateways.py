@@ -57,8 +57,9 @@ class JobManagerGateway:
     def _send(self, msg: m.Message) -> None:
         self._endpoint.send(self._peer, msg)
 
-    def register_task_manager(self, tm_id: str, data_address: str, slots: int, pid: int, hardware: dict) -> None:
-        self._send(m.RegisterTaskManager(tm_id, data_address, slots, pid, hardware))
+    def register_task_manager(self, tm_id: str, data_address: str, slots: int, pid: int, hardware: dict,
+                              registration_id: str) -> None:
+        self._send(m.RegisterTaskManager(tm_id, data_address, slots, pid, hardware, registration_id))
 
     def heartbeat_from_task_manager(self, tm_id: str, tasks: list[dict]) -> None:
         self._send(m.HeartbeatFromTaskManager(tm_id, tasks))

@@ -19,6 +19,9 @@ class RegisterTaskManager(Message, op="register-task-manager"):
     number_of_slots: int
     pid: int
     hardware: dict  # cpuCores, physicalMemory, freeMemory: shown in GET /taskmanagers
+    # one per registration round: the retries of a round repeat it; a TaskManager that gave its
+    # JobManager up (and cancelled its tasks) registers with a new one
+    registration_id: str
 
 
 @dataclass(frozen=True)

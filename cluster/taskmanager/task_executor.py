@@ -84,6 +84,7 @@ class TaskExecutor:
         self.registered = False
         self._heartbeating = False
         self._last_heard_from_rm = time.monotonic()  # registration or the last heartbeat answer
+        self._registration_id = uuid.uuid4().hex  # this round of registration (RegisterTaskManager)
         self.heartbeat_timeout_s = conf.get(HeartbeatManagerOptions.HEARTBEAT_TIMEOUT) / 1000
         self.cancellation_interval_s = conf.get(TaskManagerOptions.TASK_CANCELLATION_INTERVAL) / 1000
         self.cancellation_timeout_s = conf.get(TaskManagerOptions.TASK_CANCELLATION_TIMEOUT) / 1000
@@ -134,7 +135,8 @@ class TaskExecutor:
         if self.registered or self.stopped.is_set():
             return
         self.jobmanager.register_task_manager(self.task_manager_id, self.network.data_address,
-                                              len(self.slot_table), os.getpid(), hardware_info())
+                                              len(self.slot_table), os.getpid(), hardware_info(),
+                                              self._registration_id)
         self.endpoint.call_later(REGISTRATION_RETRY_S, self._register)
 
     def registration_success(self, msg: m.RegistrationSuccess, peer: Peer) -> None:
@@ -176,6 +178,7 @@ class TaskExecutor:
         """Cancel every task, free every slot, and register again."""
         self._run(self.slot_table.job_manager_lost())
         self.registered = False
+        self._registration_id = uuid.uuid4().hex  # a new round: the ResourceManager drops our old slots
         self._register()
 
     def follow_leader(self, address: str) -> None:

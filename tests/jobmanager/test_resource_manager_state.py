@@ -6,8 +6,8 @@ from cluster.jobmanager.resourcemanager.resource_manager import (AcceptRegistrat
 from cluster.jobmanager.resourcemanager.slot_manager import TaskManagerRegistration
 
 
-def register(rm, tm_id, slots=2, now=0.0, connection=None):
-    reg = TaskManagerRegistration(tm_id, f"tcp://127.0.0.1:{len(tm_id)}", slots, 1, now, now)
+def register(rm, tm_id, slots=2, now=0.0, connection=None, round="r1"):
+    reg = TaskManagerRegistration(tm_id, f"tcp://127.0.0.1:{len(tm_id)}", slots, 1, now, now, registration_id=round)
     return rm.register_task_manager(reg, (connection or tm_id).encode())
 
 
@@ -22,6 +22,21 @@ def test_registration_must_come_from_the_connection_it_names():
     assert rm.slot_manager.task_managers == {}
     assert register(rm, "tm-a") == [AcceptRegistration("tm-a", True)]
     assert register(rm, "tm-a") == [AcceptRegistration("tm-a", False)]  # again: known, slots kept
+
+
+def test_a_taskmanager_registering_in_a_new_round_is_lost_first_and_a_repeat_of_its_round_is_not():
+    # it gave the JobManager up (no heartbeat answer) and cancelled its tasks, while its own
+    # heartbeats and registrations kept reaching us: its slots must not go on holding the job
+    rm = ResourceManagerState(heartbeat_timeout_s=2)
+    register(rm, "tm-a", round="r1")
+    (grant,) = of(rm.request_slots("job", 2), GrantSlots)
+    assert register(rm, "tm-a", round="r1") == [AcceptRegistration("tm-a", False)]  # a retry of the round
+    assert len(rm.slot_manager.allocations_of("job")) == 2
+    out = register(rm, "tm-a", round="r2")
+    (lost,) = of(out, DeclareLost)
+    assert lost.task_manager_id == "tm-a" and "registered again" in lost.reason
+    assert of(out, AcceptRegistration) == [AcceptRegistration("tm-a", True)]
+    assert rm.slot_manager.allocations_of("job") == [] and rm.slot_manager.free_slots == 2
 
 
 def test_a_silent_taskmanager_is_lost_after_the_timeout_and_a_heartbeat_keeps_it():

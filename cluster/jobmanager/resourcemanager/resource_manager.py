@@ -102,8 +102,15 @@ class ResourceManagerState:
             return [RejectRegistration(reg.task_manager_id, "a TaskManager needs at least one slot")]
         if reg.task_manager_id in self.released:
             return [RejectRegistration(reg.task_manager_id, "released by the ResourceManager, which stops it")]
+        out: list = []
+        known = self.slot_manager.task_managers.get(reg.task_manager_id)
+        if known is not None and known.registration_id != reg.registration_id:
+            # Flink's "Replacing old registration of TaskExecutor": a new round means it gave us up
+            # and cancelled its tasks, which its slots here would otherwise go on holding forever
+            out += self.lose(reg.task_manager_id, f"TaskManager {reg.task_manager_id} registered again: it had "
+                                                  "lost the JobManager and cancelled its tasks")
         new = self.slot_manager.register(reg)
-        return [AcceptRegistration(reg.task_manager_id, new), *self._allocate()]
+        return [*out, AcceptRegistration(reg.task_manager_id, new), *self._allocate()]
 
     def heartbeat_from_task_manager(self, tm_id: str, tasks: list, now: float) -> list:
         if not self.slot_manager.heartbeat(tm_id, now, tasks):
@@ -242,7 +249,7 @@ class ResourceManager:
     def register_task_manager(self, msg: m.RegisterTaskManager, peer: Peer) -> None:
         now = self.clock()
         reg = TaskManagerRegistration(msg.task_manager_id, msg.data_address, msg.number_of_slots, msg.pid, now,
-                                      now, dict(msg.hardware))
+                                      now, dict(msg.hardware), registration_id=msg.registration_id)
         self._run(self.state.register_task_manager(reg, peer.identity or b""), (msg.task_manager_id, peer))
 
     def sent_by(self, tm_id: str, peer: Peer, msg: m.Message) -> bool:

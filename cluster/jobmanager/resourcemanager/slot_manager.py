@@ -22,6 +22,7 @@ class TaskManagerRegistration:
     last_heartbeat: float
     hardware: dict = field(default_factory=dict)
     tasks: list = field(default_factory=list)  # latest per-task metrics from its heartbeat
+    registration_id: str = ""  # the TaskManager's registration round (RegisterTaskManager)
 
 
 @dataclass(frozen=True)
