@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TESTS = ["tests/e2e/test_checkpoint_storage_faults.py", "tests/e2e/test_frozen_taskmanager.py",
          "tests/e2e/test_network_faults.py", "tests/ha/test_leader_faults.py"]
 LINE = re.compile(r"FAULT-RESULT fault=(?P<fault>.+?) rows=(?P<rows>\d+) lost=(?P<lost>\d+) "
-                  r"duplicated=(?P<dup>\d+) recover_s=(?P<recover>[\d.]+|-)")
+                  r"duplicated=(?P<dup>\d+) recover_s=(?P<recover>[\d.]+|-)(?: injected=(?P<injected>\d+))?")
 
 
 def main() -> None:
@@ -51,12 +51,13 @@ def main() -> None:
         print(f"round {round_}: {len(lines)} faults reported, {failed.group(1) if failed else 0} tests failed",
               flush=True)
     print()
-    print("| fault | runs | rows | lost | duplicated | time to recover (s, median / max) |")
+    print("| fault | runs (faults injected) | rows | lost | duplicated | time to recover (s, median / max) |")
     print("|---|---|---|---|---|---|")
     for fault, runs in sorted(results.items()):
         recover = [float(r["recover"]) for r in runs if r["recover"] != "-"]
         timing = f"{statistics.median(recover):.1f} / {max(recover):.1f}" if recover else "-"
-        print(f"| {fault} | {len(runs)} | {sum(int(r['rows']) for r in runs):,} | "
+        injected = sum(int(r["injected"] or 1) for r in runs)
+        print(f"| {fault} | {len(runs)} ({injected}) | {sum(int(r['rows']) for r in runs):,} | "
               f"{sum(int(r['lost']) for r in runs)} | {sum(int(r['dup']) for r in runs)} | {timing} |")
     print(f"\ntests failed over all rounds: {failed_tests}")
 

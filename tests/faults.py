@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import random
 import time
-from typing import Optional
+from typing import Optional, Sequence, Union
 
 import pandas as pd
 
@@ -34,11 +34,16 @@ class Stopwatch:
             self.seconds = time.monotonic() - self.started
 
 
-def check_exactly_once(fault: str, got: pd.DataFrame, want: pd.DataFrame, watch: Optional[Stopwatch],
-                       key: str = "seq") -> None:
-    """Print the fault's line, then assert the committed output equals the reference row for row."""
+def check_exactly_once(fault: str, got: pd.DataFrame, want: pd.DataFrame,
+                       watch: Union[Stopwatch, Sequence[Stopwatch], None], key: str = "seq") -> None:
+    """Print the fault's line, then assert the committed output equals the reference row for row.
+    ``watch``: the fault's, or one per fault of a test that injects it several times (the line says
+    how many, and the longest recovery)."""
     lost = len(set(want[key]) - set(got[key]))
     doubled = int(got.duplicated(key).sum())
-    recover = "-" if watch is None or watch.seconds is None else f"{watch.seconds:.2f}"
-    print(f"{PREFIX} fault={fault} rows={len(got)} lost={lost} duplicated={doubled} recover_s={recover}")
+    watches = [] if watch is None else [watch] if isinstance(watch, Stopwatch) else list(watch)
+    times = [w.seconds for w in watches if w.seconds is not None]
+    recover = f"{max(times):.2f}" if times else "-"
+    print(f"{PREFIX} fault={fault} rows={len(got)} lost={lost} duplicated={doubled} recover_s={recover} "
+          f"injected={max(len(watches), 1)}")
     pd.testing.assert_frame_equal(got.reset_index(drop=True), want.reset_index(drop=True), check_dtype=False)

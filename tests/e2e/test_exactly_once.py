@@ -48,12 +48,12 @@ def expected(rows=events, n: int = N) -> pd.DataFrame:
     return pd.DataFrame({"k": df.k, "seq": df.seq, "total": df.groupby("k")["v"].cumsum()})
 
 
-def run_job(local, backend: str, out: str, **config):
+def run_job(local, backend: str, out: str, rate: int = RATE, **config):
     env = StreamEnvironment(parallelism=2, cluster=local.cluster_dir, config={
         "execution.checkpointing.interval": "500 ms", "state.backend.type": backend,
         "restart-strategy.type": "fixed-delay", "restart-strategy.fixed-delay.attempts": 100,
         "restart-strategy.fixed-delay.delay": "200 ms"} | config)
-    (env.from_generator(events, count=N, rate=RATE, batch_size=BATCH, split_size=SPLIT)
+    (env.from_generator(events, count=N, rate=rate, batch_size=BATCH, split_size=SPLIT)
         .key_by("k").process(running_total, name="running total")
         .sink_to(FileSink.parquet(out, rows_per_file=2_000)))
     client = JobClient(local.info)

@@ -14,7 +14,8 @@ the veth, while the job runs:
   it (what random loss made of the loss case in 2 of 6 runs: the job RUNNING without progress).
 
 After each, the committed output (the transactional Parquet sink) equals pandas' row for row:
-nothing lost, nothing twice. The random moment of each fault comes from a seed the test id names.
+nothing lost, nothing twice. Each test runs a job on each state backend side by side and injects
+its fault ROUNDS times, each at a random moment from a seed the test id names.
 """
 from __future__ import annotations
 
@@ -52,6 +53,11 @@ def drop(ns: str, incoming: str = "", outgoing: str = "") -> None:
     nft(ns, *rules)
 
 
+def logged(cluster_dir, text: str) -> int:
+    """How often the logs of a process directory say ``text``."""
+    return sum(p.read_text(errors="replace").count(text) for p in cluster_dir.glob("log/*.log"))
+
+
 def undrop(ns: str) -> None:
     nft(ns, "delete table inet slfault")
 
@@ -79,11 +85,18 @@ class PartitionHeals:
         self.net = net
 
     def begin(self) -> None:
+        self.declared = self._declared_lost()
+        self.cut()
+
+    def cut(self) -> None:
         subprocess.run(["ip", "link", "set", self.net.host_if, "down"], check=True)
 
+    def _declared_lost(self) -> int:
+        return logged(self.net.jm_dir, "lost: no heartbeat")
+
     def hold(self) -> None:
-        # until the JobManager has declared the other host's TaskManager lost and restarted the job
-        wait_for(lambda: self.net.handle.job_status().attempt >= 2, 60, "the job restarted without the other host")
+        # until the JobManager has declared the other host's TaskManager lost (its jobs restart)
+        wait_for(lambda: self._declared_lost() > self.declared, 60, "the other host's TaskManager declared lost")
         time.sleep(HEARTBEAT_TIMEOUT_S)  # and a while longer cut off
 
     def end(self) -> None:
@@ -93,7 +106,7 @@ class PartitionHeals:
 class CutFromJobManager(PartitionHeals):
     """The JobManager's ports dropped, both ways; the data channels to the other TaskManager pass."""
 
-    def begin(self) -> None:
+    def cut(self) -> None:
         ports = ", ".join(str(p) for p in self.net.jobmanager_ports)
         drop(self.net.ns, incoming=f"tcp sport {{ {ports} }}", outgoing=f"tcp dport {{ {ports} }}")
 
@@ -108,62 +121,85 @@ class CutJobManagerToTaskManager(CutFromJobManager):
     it out. The JobManager's bare TCP acknowledgements pass (a packet of 60 bytes or less: IP and
     TCP headers with timestamps), or TCP would stop sending the other way as well."""
 
-    def begin(self) -> None:
+    def cut(self) -> None:
         ports = ", ".join(str(p) for p in self.net.jobmanager_ports)
         drop(self.net.ns, incoming=f"tcp sport {{ {ports} }} ip length > 60")
 
+    def begin(self) -> None:
+        self.gave_up = self._gave_up()
+        self.cut()
+
+    def _gave_up(self) -> int:
+        return logged(self.net.ns_dir, "JobManager lost")
+
     def hold(self) -> None:
-        wait_for(lambda: any("JobManager lost" in p.read_text(errors="replace")
-                             for p in self.net.ns_dir.glob("log/*.log")), 60,
-                 "the second host's TaskManager to give its JobManager up")
+        wait_for(lambda: self._gave_up() > self.gave_up, 60, "the second host's TaskManager to give its JobManager up")
         time.sleep(HEARTBEAT_TIMEOUT_S)  # its registration again, unanswered, for a while
 
 
 FAULTS = {"loss": Loss, "partition-heals": PartitionHeals, "cut-from-jobmanager": CutFromJobManager,
           "cut-jobmanager-to-taskmanager": CutJobManagerToTaskManager}
-CASES = [("loss", "hashmap"), ("partition-heals", "rocksdb"), ("cut-from-jobmanager", "hashmap"),
-         ("cut-jobmanager-to-taskmanager", "rocksdb")]
+BACKENDS = ("hashmap", "rocksdb")  # a job of each, side by side: both run through every fault
+ROUNDS = 3  # faults per test, each at a random moment
+RATE = 1_500  # rows/s per job: long enough for the rounds (each waits for a checkpoint after the last)
 
 
-@pytest.mark.parametrize("fault,backend", CASES, ids=[f"{f}-{b}" for f, b in CASES])
-def test_a_network_fault_loses_nothing_and_doubles_nothing(tmp_path, fault, backend):
-    seed(f"{fault}-{backend}")
+@pytest.mark.parametrize("fault", FAULTS)
+def test_a_network_fault_loses_nothing_and_doubles_nothing(tmp_path, fault):
+    seed(fault)
     jm_dir, tm_dir, ns_dir = (tmp_path / d for d in ("jm", "tm", "ns-tm"))
     common = ["-D", "heartbeat.interval=200 ms", "-D", f"heartbeat.timeout={HEARTBEAT_TIMEOUT_S} s",
               "-D", "taskmanager.spark.startup=lazy", "-D", "taskmanager.numberOfTaskSlots=2"]
     pids: list[int] = []
     with second_host() as (ns, host_if, host_ip, ns_ip):
         try:
-            # spread: each TaskManager runs one subtask of each task, so the exchange crosses the veth
+            # spread: each TaskManager runs one subtask of each job's task, so the exchanges cross the veth
             info = start_on_two_hosts(jm_dir, tm_dir, ns_dir, ns, host_ip, ns_ip, common, pids,
                                       jobmanager=("-D", "cluster.evenly-spread-out-slots=true"))
             local = SimpleNamespace(cluster_dir=jm_dir, info=info)
             wait_for(lambda: rest(local, "/overview")[1]["taskmanagers"] == 2, 60, "both TaskManagers registered")
 
-            out = str(tmp_path / "out")
-            client, handle = run_job(local, backend, out)
+            outs = {backend: str(tmp_path / f"out-{backend}") for backend in BACKENDS}
+            jobs = {backend: run_job(local, backend, out, rate=RATE) for backend, out in outs.items()}
+            handles = [handle for _, handle in jobs.values()]
+            client = jobs["hashmap"][0]
             ports = [int(a.rsplit(":", 1)[1]) for a in (info.rpc_address, info.events_address)]
             # the pair's other end, in the namespace (second_host names the two slh<tag> and sln<tag>)
-            net = SimpleNamespace(ns=ns, host_if=host_if, ns_if="sln" + host_if[3:], handle=handle,
-                                  jobmanager_ports=ports, ns_dir=ns_dir)
+            net = SimpleNamespace(ns=ns, host_if=host_if, ns_if="sln" + host_if[3:], handles=handles,
+                                  jobmanager_ports=ports, ns_dir=ns_dir, jm_dir=jm_dir)
             injected = FAULTS[fault](net)
+
+            def checkpoints(handle) -> int:
+                return rest(local, f"/jobs/{handle.job_id}/checkpoints")[1]["counts"]["completed"]
+
+            def running() -> bool:
+                return all(h.job_status().state == "RUNNING" and all(
+                    t["status"] == "RUNNING" for t in client.job_details(h.job_id)["subtasks"]) for h in handles)
+
+            watches: list[Stopwatch] = []
             try:
-                wait_for(lambda: rest(local, f"/jobs/{handle.job_id}/checkpoints")[1]["counts"]["completed"] >= 1, 60,
-                         "a first completed checkpoint")
-                time.sleep(random.uniform(0.2, 1.5))  # a random moment of processing
-                injected.begin()
-                watch = Stopwatch()
-                try:
-                    injected.hold()
-                finally:
-                    injected.end()
-                wait_for(lambda: (s := handle.job_status()).state in ("RUNNING", "FINISHED") and all(
-                    t["status"] in ("RUNNING", "FINISHED") for t in client.job_details(handle.job_id)["subtasks"]),
-                    120, "the job running after the fault")
-                watch.recovered()
-                assert handle.wait(240).state.name == "FINISHED"
+                for round in range(1, ROUNDS + 1):
+                    # both jobs running, each with a checkpoint completed since the last fault
+                    done = [checkpoints(h) for h in handles]
+                    wait_for(lambda: running() and all(checkpoints(h) > n for h, n in zip(handles, done)), 120,
+                             f"both jobs running with a new checkpoint before fault {round}")
+                    time.sleep(random.uniform(0.2, 1.5))  # a random moment of processing
+                    injected.begin()
+                    watches.append(Stopwatch())
+                    try:
+                        injected.hold()
+                    finally:
+                        injected.end()
+                    wait_for(lambda: all(h.job_status().state in ("RUNNING", "FINISHED") and all(
+                        t["status"] in ("RUNNING", "FINISHED") for t in client.job_details(h.job_id)["subtasks"])
+                        for h in handles), 120, f"the jobs running after fault {round}")
+                    watches[-1].recovered()
+                for handle in handles:
+                    assert handle.wait(240).state.name == "FINISHED"
             finally:
-                client.close()
-            check_exactly_once(f"network {fault} ({backend})", committed(out), expected(), watch)
+                for job_client, _ in jobs.values():
+                    job_client.close()
+            for backend, out in outs.items():
+                check_exactly_once(f"network {fault} ({backend})", committed(out), expected(), watches)
         finally:
             stop_everything([ns_dir, tm_dir], jm_dir, pids)
