@@ -447,4 +447,4 @@ class JobHandle:
             raise RuntimeError(f"job '{self.name}' finished but not every collect sink's results arrived")
         duration = int((time.monotonic() - self.submitted_at) * 1000)
         results = {} if self.detached else {n: self.results_of(n) for n in self._sinks}
-        return JobExecutionResult(self.job_id, self.name, status.state, duration, results)
+        return JobExecutionResult(self.job_id, self.name, JobState(status.state), duration, results)

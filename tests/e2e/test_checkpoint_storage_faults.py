@@ -1,6 +1,7 @@
 """Checkpoint storage that fills up or turns read-only: checkpoints fail with the reason, the job
 goes on, a restart meanwhile restores the last complete checkpoint (never a half-written one), and
-checkpoints complete again once the storage is back; the committed output is exactly once.
+checkpoints complete again once the storage is back; the committed output is exactly once. A job
+on each state backend runs side by side, through the fault 3 times.
 
 The checkpoint folder is a tmpfs of 4 MB of the test's own (the test runs as root, as CI does),
 filled by a file of zeros until the kernel says ENOSPC, then emptied; or remounted read-only,
@@ -9,6 +10,7 @@ then read-write.
 from __future__ import annotations
 
 import errno
+import random
 import subprocess
 from pathlib import Path
 
@@ -19,12 +21,13 @@ import pytest
 from kernel_runtime import JobClient, StreamEnvironment
 from kernel_runtime.api import FileSink
 from tests.conftest import rest, start_cluster, wait_for
-from tests.faults import Stopwatch, check_exactly_once, seed
+from tests.faults import Stopwatch, check_exactly_once, in_rounds, seed
 from tests.e2e.test_exactly_once import FAULTS, committed, events, kill_a_busy_taskmanager, running_total
 
 pytestmark = pytest.mark.slow
 
-N, RATE, BATCH = 40_000, 2_000, 200
+N, RATE, BATCH = 40_000, 1_500, 200
+BACKENDS = ("hashmap", "rocksdb")  # a job of each, side by side, through 3 faults (tests/faults.py's in_rounds)
 
 
 @pytest.fixture(scope="module")
@@ -91,53 +94,64 @@ def sink_rows(client, job_id: str) -> int:
     return sum(s["metrics"].get("records-in", 0) or 0 for s in details["subtasks"] if s["vertex_id"] == last)
 
 
-@pytest.mark.parametrize("backend", ["hashmap", "rocksdb"])
-@pytest.mark.parametrize("fault", [Full, ReadOnly], ids=["full", "read-only"])
-def test_checkpoint_storage_that_fails_fails_checkpoints_and_loses_nothing(disk_cluster, small_disk, fault, backend,
-                                                                           tmp_path):
-    seed(f"{fault.__name__}-{backend}")
-    storage = fault(small_disk)
-    watch = None
-    out = str(tmp_path / "out")
-    env = StreamEnvironment(parallelism=2, cluster=disk_cluster.cluster_dir, config={
-        "execution.checkpointing.interval": "300 ms", "execution.checkpointing.dir": str(small_disk),
+def submit(local, backend: str, storage: Path, out: str, client: JobClient):
+    env = StreamEnvironment(parallelism=2, cluster=local.cluster_dir, config={
+        "execution.checkpointing.interval": "300 ms", "execution.checkpointing.dir": str(storage),
         "state.backend.type": backend, "restart-strategy.type": "fixed-delay",
         "restart-strategy.fixed-delay.attempts": 100, "restart-strategy.fixed-delay.delay": "200 ms"})
     (env.from_generator(events, count=N, rate=RATE, batch_size=BATCH, split_size=16 * BATCH)
         .key_by("k").process(running_total, name="running total")
         .sink_to(FileSink.parquet(out, rows_per_file=2_000)))
+    return env.execute_async(f"storage faults ({backend})", client=client)
+
+
+@pytest.mark.parametrize("fault", [Full, ReadOnly], ids=["full", "read-only"])
+def test_checkpoint_storage_that_fails_fails_checkpoints_and_loses_nothing(disk_cluster, small_disk, fault, tmp_path):
+    seed(fault.__name__)
+    storage = fault(small_disk)
+    outs = {backend: str(tmp_path / f"out-{backend}") for backend in BACKENDS}
     client = JobClient(disk_cluster.info)
     try:
-        handle = env.execute_async(f"full disk ({backend})", client=client)
-        wait_for(lambda: any(c["status"] == "COMPLETED" for c in history(disk_cluster, handle.job_id)), 60,
-                 "a completed checkpoint")
-        storage.begin()
-        watch = Stopwatch()  # to the job running again, restored, while the storage still fails
+        handles = [submit(disk_cluster, backend, small_disk, out, client) for backend, out in outs.items()]
 
-        def failed_for_it():
-            return next((c for c in history(disk_cluster, handle.job_id) if c["status"] == "FAILED"
-                         and storage.reason in c["failure_message"]), None)
-        failed = wait_for(failed_for_it, 60, f"a checkpoint failed: {storage.reason}")
-        assert handle.job_status().state == "RUNNING"  # a failed checkpoint does not fail the job
-        before = sink_rows(client, handle.job_id)
-        wait_for(lambda: sink_rows(client, handle.job_id) > before, 60, "rows going on while the storage fails")
+        def fail_storage(watch: Stopwatch) -> None:
+            storage.begin()
 
-        # a restart now: the newest complete checkpoint is restored, not the failed ones after it
-        kill_a_busy_taskmanager(disk_cluster, handle.job_id, client)
-        wait_for(lambda: (s := handle.job_status()).state == "RUNNING" and s.attempt == 2 and all(
-            t["status"] == "RUNNING" for t in client.job_details(handle.job_id)["subtasks"]), 90,
-            "the job running again while the storage fails")
-        watch.recovered()
-        restored = rest(disk_cluster, f"/jobs/{handle.job_id}/checkpoints")[1]["latest"]["restored"]
-        failed_ids = {c["id"] for c in history(disk_cluster, handle.job_id) if c["status"] == "FAILED"}
-        assert restored is not None and restored["id"] not in failed_ids | {failed["id"]}, (restored, failed_ids)
+            def failed_for_it(handle):
+                return next((c for c in history(disk_cluster, handle.job_id) if c["status"] == "FAILED"
+                             and storage.reason in c["failure_message"] and c["id"] > newest[handle.job_id]), None)
+            newest = {h.job_id: max(c["id"] for c in history(disk_cluster, h.job_id)) for h in handles}
+            failed = {h.job_id: wait_for(lambda: failed_for_it(h), 60, f"a checkpoint failed: {storage.reason}")
+                      for h in handles}
+            assert all(h.job_status().state == "RUNNING" for h in handles)  # a failed checkpoint fails no job
+            before = [sink_rows(client, h.job_id) for h in handles]
+            wait_for(lambda: all(sink_rows(client, h.job_id) > n for h, n in zip(handles, before)), 60,
+                     "rows going on while the storage fails")
 
-        storage.end()
-        wait_for(lambda: any(c["status"] == "COMPLETED" and c["id"] > failed["id"]
-                             for c in history(disk_cluster, handle.job_id)), 60, "a checkpoint completed again")
-        assert handle.wait(180).state.name == "FINISHED"
+            # a restart now: the newest complete checkpoint is restored, not the failed ones after it
+            attempts = [h.job_status().attempt for h in handles]
+            kill_a_busy_taskmanager(disk_cluster, random.choice(handles).job_id, client)
+            wait_for(lambda: any(h.job_status().attempt > a for h, a in zip(handles, attempts)) and all(
+                h.job_status().state == "RUNNING" and all(t["status"] == "RUNNING" for t in client.job_details(
+                    h.job_id)["subtasks"]) for h in handles), 90, "the jobs running again while the storage fails")
+            watch.recovered()
+            for handle, attempt in zip(handles, attempts):
+                if handle.job_status().attempt > attempt:
+                    restored = rest(disk_cluster, f"/jobs/{handle.job_id}/checkpoints")[1]["latest"]["restored"]
+                    failed_ids = {c["id"] for c in history(disk_cluster, handle.job_id) if c["status"] == "FAILED"}
+                    assert restored is not None and restored["id"] not in failed_ids, (restored, failed_ids)
+
+            storage.end()
+            wait_for(lambda: all(any(c["status"] == "COMPLETED" and c["id"] > failed[h.job_id]["id"]
+                                     for c in history(disk_cluster, h.job_id)) for h in handles), 60,
+                     "checkpoints completing again")
+
+        watches = in_rounds(disk_cluster, client, handles, fail_storage)
+        for handle in handles:
+            assert handle.wait(180).state == "FINISHED"
     finally:
         client.close()
     df = events(np.arange(N, dtype=np.int64))
     want = pd.DataFrame({"k": df.k, "seq": df.seq, "total": df.groupby("k")["v"].cumsum()})
-    check_exactly_once(f"checkpoint storage {fault.__name__} ({backend})", committed(out), want, watch)
+    for backend, out in outs.items():
+        check_exactly_once(f"checkpoint storage {fault.__name__} ({backend})", committed(out), want, watches)

@@ -15,7 +15,7 @@ the veth, while the job runs:
 
 After each, the committed output (the transactional Parquet sink) equals pandas' row for row:
 nothing lost, nothing twice. Each test runs a job on each state backend side by side and injects
-its fault ROUNDS times, each at a random moment from a seed the test id names.
+its fault 3 times (tests/faults.py's in_rounds), each at a random moment from a seed the test id names.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from types import SimpleNamespace
 import pytest
 
 from tests.conftest import rest, wait_for
-from tests.faults import Stopwatch, check_exactly_once, seed
+from tests.faults import Stopwatch, check_exactly_once, in_rounds, seed
 from tests.e2e.test_exactly_once import committed, expected, run_job
 from tests.e2e.test_hosts import namespaces_unavailable, second_host, start_on_two_hosts, stop_everything
 
@@ -140,7 +140,6 @@ class CutJobManagerToTaskManager(CutFromJobManager):
 FAULTS = {"loss": Loss, "partition-heals": PartitionHeals, "cut-from-jobmanager": CutFromJobManager,
           "cut-jobmanager-to-taskmanager": CutJobManagerToTaskManager}
 BACKENDS = ("hashmap", "rocksdb")  # a job of each, side by side: both run through every fault
-ROUNDS = 3  # faults per test, each at a random moment
 RATE = 1_500  # rows/s per job: long enough for the rounds (each waits for a checkpoint after the last)
 
 
@@ -165,35 +164,19 @@ def test_a_network_fault_loses_nothing_and_doubles_nothing(tmp_path, fault):
             client = jobs["hashmap"][0]
             ports = [int(a.rsplit(":", 1)[1]) for a in (info.rpc_address, info.events_address)]
             # the pair's other end, in the namespace (second_host names the two slh<tag> and sln<tag>)
-            net = SimpleNamespace(ns=ns, host_if=host_if, ns_if="sln" + host_if[3:], handles=handles,
+            net = SimpleNamespace(ns=ns, host_if=host_if, ns_if="sln" + host_if[3:],
                                   jobmanager_ports=ports, ns_dir=ns_dir, jm_dir=jm_dir)
             injected = FAULTS[fault](net)
 
-            def checkpoints(handle) -> int:
-                return rest(local, f"/jobs/{handle.job_id}/checkpoints")[1]["counts"]["completed"]
+            def inject(watch: Stopwatch) -> None:
+                injected.begin()
+                try:
+                    injected.hold()
+                finally:
+                    injected.end()
 
-            def running() -> bool:
-                return all(h.job_status().state == "RUNNING" and all(
-                    t["status"] == "RUNNING" for t in client.job_details(h.job_id)["subtasks"]) for h in handles)
-
-            watches: list[Stopwatch] = []
             try:
-                for round in range(1, ROUNDS + 1):
-                    # both jobs running, each with a checkpoint completed since the last fault
-                    done = [checkpoints(h) for h in handles]
-                    wait_for(lambda: running() and all(checkpoints(h) > n for h, n in zip(handles, done)), 120,
-                             f"both jobs running with a new checkpoint before fault {round}")
-                    time.sleep(random.uniform(0.2, 1.5))  # a random moment of processing
-                    injected.begin()
-                    watches.append(Stopwatch())
-                    try:
-                        injected.hold()
-                    finally:
-                        injected.end()
-                    wait_for(lambda: all(h.job_status().state in ("RUNNING", "FINISHED") and all(
-                        t["status"] in ("RUNNING", "FINISHED") for t in client.job_details(h.job_id)["subtasks"])
-                        for h in handles), 120, f"the jobs running after fault {round}")
-                    watches[-1].recovered()
+                watches = in_rounds(local, client, handles, inject)
                 for handle in handles:
                     assert handle.wait(240).state.name == "FINISHED"
             finally:

@@ -1,7 +1,8 @@
 """A leader JobManager that loses its ZooKeeper session while it lives: frozen (SIGSTOP) past the
 session and then resumed, or cut from ZooKeeper by nftables while its TaskManagers still reach it.
 The standby leads meanwhile. No two leaders may act: the old one must step down (exit 70,
-"leadership revoked"), and the job's committed output stays exactly once. At a random moment
+"leadership revoked"), and the committed output of a job on each state backend, side by side,
+stays exactly once through 3 such faults (a new standby before each), each at a random moment
 (tests/faults.py prints the seed).
 
 The order is read from the JobManagers' own logs (one clock): no act of a leader (a checkpoint
@@ -21,7 +22,7 @@ import psutil
 import pytest
 
 from tests.conftest import rest, wait_for
-from tests.faults import Stopwatch, check_exactly_once, seed
+from tests.faults import ROUNDS, Stopwatch, check_exactly_once, seed
 from tests.e2e.test_exactly_once import committed, expected, run_job
 
 from .conftest import ha_cluster, shown_and_stopped
@@ -84,49 +85,70 @@ def _stamped(log: Path, needles: tuple[str, ...]) -> list[tuple[datetime, str]]:
             for line in log.read_text(errors="replace").splitlines() if any(n in line for n in needles)]
 
 
-CASES = [(Frozen, "hashmap"), (Frozen, "rocksdb"), (CutFromZooKeeper, "hashmap")]
+BACKENDS = ("hashmap", "rocksdb")  # a job of each, side by side, through every fault
+RATE = 1_500  # rows/s per job: long enough for the rounds
 
 
-@pytest.mark.parametrize("fault,backend", CASES, ids=[f"{f.__name__}-{b}" for f, b in CASES])
-def test_a_leader_that_lost_its_session_steps_down_and_no_two_leaders_act(zookeeper, tmp_path, fault, backend):
-    seed(f"{fault.__name__}-leader-{backend}")
+def completed(ha, job_id: str) -> int:
+    return (answered(ha, f"/jobs/{job_id}/checkpoints") or {"counts": {"completed": 0}})["counts"]["completed"]
+
+
+def running(ha, job_id: str) -> bool:
+    return (job := answered(ha, f"/jobs/{job_id}")) is not None and job["state"] == "RUNNING"
+
+
+@pytest.mark.parametrize("fault", [Frozen, CutFromZooKeeper], ids=["Frozen", "CutFromZooKeeper"])
+def test_a_leader_that_lost_its_session_steps_down_and_no_two_leaders_act(zookeeper, tmp_path, fault):
+    seed(f"{fault.__name__}-leader")
     with shown_and_stopped(ha_cluster(tmp_path / "ha-leader-fault", zookeeper.quorum)) as ha:
-        first = ha.start_jobmanager()
+        leader = ha.start_jobmanager()
         ha.info = ha.leader()
-        second = ha.start_jobmanager()  # the standby
         ha.start_taskmanager()
         ha.start_taskmanager()
         wait_for(lambda: rest(ha, "/overview")[1]["taskmanagers"] == 2, 60, "two TaskManagers")
-        out = str(tmp_path / "out")
-        client, handle = run_job(ha, backend, out)
+        outs = {backend: str(tmp_path / f"out-{backend}") for backend in BACKENDS}
+        jobs = {backend: run_job(ha, backend, out, rate=RATE) for backend, out in outs.items()}
+        job_ids = [handle.job_id for _, handle in jobs.values()]
+        watches = []
         try:
-            wait_for(lambda: (answered(ha, f"/jobs/{handle.job_id}/checkpoints") or {"counts": {"completed": 0}})[
-                "counts"]["completed"] >= 1, 60, "a completed checkpoint under the first leader")
-            time.sleep(random.uniform(0.2, 1.0))  # a random moment of processing
-            pid = leader_pid(ha)
-            old = ha.process_of(pid)[1]
-            injected = fault(pid, int(zookeeper.quorum.rsplit(":", 1)[1]))
-            injected.begin()
-            watch = Stopwatch()
-            try:
-                ha.info = ha.leader(60, not_pid=pid)  # the standby leads
-                wait_for(lambda: (job := answered(ha, f"/jobs/{handle.job_id}")) is not None
-                         and job["state"] == "RUNNING", 60, "the job running under the new leader")
-                watch.recovered()
-                injected.hold()
-            finally:
-                injected.end()
-            assert old.wait(60) == 70, "the old leader did not step down"
-            old_log, new_log = (ha.cluster_dir / "log" / f"{name}.log" for name in (first, second))
-            assert _stamped(old_log, ("Completed checkpoint",)), "the act looked for below is not what it logs"
-            assert _stamped(old_log, ("leadership revoked",)), old_log.read_text(errors="replace")[-2000:]
-            (granted, _), = _stamped(new_log, ("leadership granted",))
-            acts = [line for at, line in _stamped(old_log, LEADER_ACTS) if at >= granted]
-            assert not acts, f"the old leader acted after the new one was granted leadership at {granted}:\n" + \
-                "\n".join(acts)
-            wait_for(lambda: status_at_leader(ha, handle.job_id).state in ("FINISHED", "FAILED", "CANCELED"), 180,
-                     "the job to end")
-            assert status_at_leader(ha, handle.job_id).state == "FINISHED"
+            for round_ in range(1, ROUNDS + 1):
+                standby = ha.start_jobmanager()
+                done = [completed(ha, j) for j in job_ids]
+                wait_for(lambda: all(running(ha, j) and completed(ha, j) > n for j, n in zip(job_ids, done)), 60,
+                         f"both jobs running with a new checkpoint before fault {round_}")
+                time.sleep(random.uniform(0.2, 1.0))  # a random moment of processing
+                pid = leader_pid(ha)
+                old = ha.process_of(pid)[1]
+                injected = fault(pid, int(zookeeper.quorum.rsplit(":", 1)[1]))
+                injected.begin()
+                watches.append(Stopwatch())
+                try:
+                    ha.info = ha.leader(60, not_pid=pid)  # the standby leads
+                    wait_for(lambda: all(running(ha, j) for j in job_ids), 60, "the jobs running under the new leader")
+                    watches[-1].recovered()
+                    injected.hold()
+                finally:
+                    injected.end()
+                assert old.wait(60) == 70, "the old leader did not step down"
+                no_act_after_the_grant(ha.cluster_dir / "log", leader, standby)
+                leader = standby
+            for job_id in job_ids:
+                wait_for(lambda: status_at_leader(ha, job_id).state in ("FINISHED", "FAILED", "CANCELED"), 180,
+                         "the jobs to end")
+                assert status_at_leader(ha, job_id).state == "FINISHED"
         finally:
-            client.close()
-        check_exactly_once(f"{fault.name} ({backend})", committed(out), expected(), watch)
+            for client, _ in jobs.values():
+                client.close()
+        for backend, out in outs.items():
+            check_exactly_once(f"{fault.name} ({backend})", committed(out), expected(), watches)
+
+
+def no_act_after_the_grant(logs: Path, old: str, new: str) -> None:
+    """The old leader stepped down, and its log holds no act of a leader at or after the moment
+    the new one's log says it was granted leadership."""
+    old_log, new_log = logs / f"{old}.log", logs / f"{new}.log"
+    assert _stamped(old_log, ("Completed checkpoint",)), "the act looked for below is not what it logs"
+    assert _stamped(old_log, ("leadership revoked",)), old_log.read_text(errors="replace")[-2000:]
+    (granted, _), = _stamped(new_log, ("leadership granted",))
+    acts = [line for at, line in _stamped(old_log, LEADER_ACTS) if at >= granted]
+    assert not acts, f"the old leader acted after the new one was granted leadership at {granted}:\n" + "\n".join(acts)
