@@ -1,7 +1,8 @@
-"""Checkpoint storage that fills up or turns read-only: checkpoints fail with the reason, the job
-goes on, a restart meanwhile restores the last complete checkpoint (never a half-written one), and
-checkpoints complete again once the storage is back; the committed output is exactly once. A job
-on each state backend runs side by side, through the fault 3 times.
+"""Checkpoint storage that fills up or turns read-only: checkpoints fail with the reason (in REST
+and in the notebook dashboard's checkpoints panel), the job goes on, a restart meanwhile restores
+the last complete checkpoint (never a half-written one), and checkpoints complete again once the
+storage is back; the committed output is exactly once. A job on each state backend runs side by
+side, through the fault 3 times.
 
 The checkpoint folder is a tmpfs of 4 MB of the test's own (the test runs as root, as CI does),
 filled by a file of zeros until the kernel says ENOSPC, then emptied; or remounted read-only,
@@ -12,6 +13,7 @@ from __future__ import annotations
 import errno
 import random
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +22,9 @@ import pytest
 
 from kernel_runtime import JobClient, StreamEnvironment
 from kernel_runtime.api import FileSink
+from kernel_runtime.notebook.widgets.base import Update
+from kernel_runtime.notebook.widgets.checkpoints import CheckpointsView
+from kernel_runtime.notebook.widgets.feed import Snapshot
 from tests.conftest import rest, start_cluster, wait_for
 from tests.faults import Stopwatch, check_exactly_once, in_rounds, seed
 from tests.e2e.test_exactly_once import FAULTS, committed, events, kill_a_busy_taskmanager, running_total
@@ -88,6 +93,14 @@ def history(local, job_id: str) -> list[dict]:
     return rest(local, f"/jobs/{job_id}/checkpoints")[1]["history"]
 
 
+def dashboard_shows_the_reason(client, job_id: str, reason: str) -> None:
+    """The notebook dashboard's checkpoints panel, fed what it is fed live, lists a failed
+    checkpoint with the storage's reason."""
+    view = CheckpointsView()
+    view.update(Update(Snapshot(time.monotonic(), client.job_details(job_id), {}, []), [], 0.0))
+    assert 'data-status="FAILED"' in view.root.value and reason in view.root.value, view.root.value
+
+
 def sink_rows(client, job_id: str) -> int:
     details = client.job_details(job_id)
     last = details["vertices"][-1]["id"]
@@ -124,6 +137,7 @@ def test_checkpoint_storage_that_fails_fails_checkpoints_and_loses_nothing(disk_
             failed = {h.job_id: wait_for(lambda: failed_for_it(h), 60, f"a checkpoint failed: {storage.reason}")
                       for h in handles}
             assert all(h.job_status().state == "RUNNING" for h in handles)  # a failed checkpoint fails no job
+            dashboard_shows_the_reason(client, handles[0].job_id, storage.reason)
             before = [sink_rows(client, h.job_id) for h in handles]
             wait_for(lambda: all(sink_rows(client, h.job_id) > n for h, n in zip(handles, before)), 60,
                      "rows going on while the storage fails")

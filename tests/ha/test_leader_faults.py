@@ -7,7 +7,8 @@ stays exactly once through 3 such faults (a new standby before each), each at a 
 
 The order is read from the JobManagers' own logs (one clock): no act of a leader (a checkpoint
 completed, a job deployed or recovered) in the old leader's log at or after the moment the new
-one logged "leadership granted"."""
+one logged "leadership granted". And from ZooKeeper's own history (zookeeper_history.py): every
+write of a leader in the HA store was made by the session that held the leader node then."""
 from __future__ import annotations
 
 import os
@@ -27,6 +28,7 @@ from tests.e2e.test_exactly_once import committed, expected, run_job
 
 from .conftest import ha_cluster, shown_and_stopped
 from .test_zookeeper_ha import answered, leader_pid, status_at_leader
+from .zookeeper_history import leader_writes
 
 pytestmark = pytest.mark.slow
 
@@ -100,7 +102,8 @@ def running(ha, job_id: str) -> bool:
 @pytest.mark.parametrize("fault", [Frozen, CutFromZooKeeper], ids=["Frozen", "CutFromZooKeeper"])
 def test_a_leader_that_lost_its_session_steps_down_and_no_two_leaders_act(zookeeper, tmp_path, fault):
     seed(f"{fault.__name__}-leader")
-    with shown_and_stopped(ha_cluster(tmp_path / "ha-leader-fault", zookeeper.quorum)) as ha:
+    # a cluster id (its directory's name) of the test's own: its history in the shared ZooKeeper
+    with shown_and_stopped(ha_cluster(tmp_path / f"leader-{fault.__name__.lower()}", zookeeper.quorum)) as ha:
         leader = ha.start_jobmanager()
         ha.info = ha.leader()
         ha.start_taskmanager()
@@ -139,6 +142,10 @@ def test_a_leader_that_lost_its_session_steps_down_and_no_two_leaders_act(zookee
         finally:
             for client, _ in jobs.values():
                 client.close()
+        # ZooKeeper's own history: every write of a leader made by the leader of its moment
+        writes, wrong = leader_writes(zookeeper.directory / "data", f"/flink/{ha.cluster_dir.name}")
+        assert len({w.session for w in writes}) == ROUNDS + 1, writes  # each leader's writes were seen
+        assert not wrong, "two JobManagers acted as leader at once:\n" + "\n".join(wrong)
         for backend, out in outs.items():
             check_exactly_once(f"{fault.name} ({backend})", committed(out), expected(), watches)
 

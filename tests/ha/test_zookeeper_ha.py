@@ -25,6 +25,7 @@ from tests.conftest import rest, wait_for
 from tests.e2e.test_exactly_once import committed, expected, run_job
 
 from .conftest import ha_cluster
+from .zookeeper_history import leader_writes
 
 pytestmark = pytest.mark.slow
 KILLS = 3
@@ -92,6 +93,9 @@ def test_the_leader_is_killed_three_times_and_the_output_is_exactly_once(zookeep
         checkpoints = rest(ha, f"/jobs/{job_id}/checkpoints")[1]
         assert checkpoints["latest"]["restored"]["id"] >= 1  # recovered, not started over
         pd.testing.assert_frame_equal(committed(out), expected(), check_dtype=False)
+        # ZooKeeper's own history: each leader wrote, and only while it held the leader node
+        writes, wrong = leader_writes(zookeeper.directory / "data", f"/flink/{ha.cluster_dir.name}")
+        assert len({w.session for w in writes}) == KILLS + 1 and not wrong, wrong or writes
         print(f"failover times (kill to every vertex RUNNING): {[round(f, 2) for f in failovers]} s")
     except BaseException:
         print(ha.log_tails())
