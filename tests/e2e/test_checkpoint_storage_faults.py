@@ -83,7 +83,10 @@ class ReadOnly(Full):
     reason = "Read-only file system"
 
     def begin(self) -> None:
-        subprocess.run(["mount", "-o", "remount,ro", str(self.mount)], check=True)
+        # the kernel refuses (EBUSY) while a file there is open for writing: a checkpoint being
+        # written; the fault begins once none is
+        wait_for(lambda: subprocess.run(["mount", "-o", "remount,ro", str(self.mount)],
+                                        capture_output=True).returncode == 0, 30, "the storage remounted read-only")
 
     def end(self) -> None:
         subprocess.run(["mount", "-o", "remount,rw", str(self.mount)], check=True)
