@@ -54,6 +54,10 @@ def check_exactly_once(fault: str, got: pd.DataFrame, want: pd.DataFrame,
 ROUNDS = 3  # how often a fault test injects its fault, each at a random moment
 
 
+def completed_checkpoints(local, handle) -> int:
+    return rest(local, f"/jobs/{handle.job_id}/checkpoints")[1]["counts"]["completed"]
+
+
 def in_rounds(local, client, handles: list, fault: Callable[[Stopwatch], None], rounds: int = ROUNDS,
               within: float = 120.0) -> list[Stopwatch]:
     """Inject ``fault`` ``rounds`` times into jobs that run side by side (one per state backend), each
@@ -61,18 +65,16 @@ def in_rounds(local, client, handles: list, fault: Callable[[Stopwatch], None], 
     since the last fault (so that every restart restores, and the jobs progress between faults).
     ``fault(watch)`` returns once the fault is over (healed, resumed); the watch stops when every
     job runs again, unless the fault stopped it sooner. The faults' stopwatches are returned."""
-    def checkpoints(handle) -> int:
-        return rest(local, f"/jobs/{handle.job_id}/checkpoints")[1]["counts"]["completed"]
-
     def all_in(states: tuple[str, ...]) -> bool:
         return all(h.job_status().state in states and all(
             t["status"] in states for t in client.job_details(h.job_id)["subtasks"]) for h in handles)
 
     watches = []
     for round_ in range(1, rounds + 1):
-        done = [checkpoints(h) for h in handles]
-        wait_for(lambda: all_in(("RUNNING",)) and all(checkpoints(h) > n for h, n in zip(handles, done)), within,
-                 f"every job running with a new checkpoint before fault {round_}")
+        done = [completed_checkpoints(local, h) for h in handles]
+        wait_for(lambda: all_in(("RUNNING",)) and all(completed_checkpoints(local, h) > n
+                                                      for h, n in zip(handles, done)),
+                 within, f"every job running with a new checkpoint before fault {round_}")
         time.sleep(random.uniform(0.2, 1.5))  # a random moment of processing
         watch = Stopwatch()
         watches.append(watch)

@@ -33,7 +33,7 @@ import pytest
 
 from tests.conftest import rest, wait_for
 from tests.delay_proxy import MARK
-from tests.faults import Stopwatch, check_exactly_once, in_rounds, seed
+from tests.faults import Stopwatch, check_exactly_once, completed_checkpoints, in_rounds, seed
 from tests.e2e.test_exactly_once import committed, expected, run_job
 from tests.e2e.test_hosts import namespaces_unavailable, second_host, start_on_two_hosts, stop_everything
 
@@ -81,8 +81,7 @@ class Fault:
 
 class Loss(Fault):
     """30 % of the second host's packets dropped, both ways (nftables' random numbers), for a
-    while. The 200 ms delay of the issue needs netem, which this kernel lacks (CONFIG_NET_SCH_NETEM
-    unset)."""
+    while."""
 
     def begin(self) -> None:
         drop(self.net.ns, incoming="numgen random mod 100 < 30", outgoing="numgen random mod 100 < 30")
@@ -223,7 +222,7 @@ def test_a_network_fault_loses_nothing_and_doubles_nothing(tmp_path, fault):
             jobs = {backend: run_job(local, backend, out, rate=RATE) for backend, out in outs.items()}
             net.handles = [handle for _, handle in jobs.values()]
             handles, client = net.handles, jobs["hashmap"][0]
-            net.checkpoints = lambda handle: rest(local, f"/jobs/{handle.job_id}/checkpoints")[1]["counts"]["completed"]
+            net.checkpoints = lambda handle: completed_checkpoints(local, handle)
 
             def inject(watch: Stopwatch) -> None:
                 injected.begin()
