@@ -94,7 +94,7 @@ lab: setup
 # file at a time, each with its own session cluster, SparkSession, ZooKeeper and Redis:
 # TEST_WORKERS=0 runs them in this process. tests/README.md says what a run checks.
 TEST_WORKERS ?= 2
-PYTEST := $(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
+PYTEST := $(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 # What a run needs, two at a time: the type check and the Kafka jars while the lab extension builds
 PREPARE_TESTS := $(MAKE) -j2 system-deps typecheck kafka-jars setup

@@ -8,6 +8,7 @@ fails, the tail of every process log is printed.
 from __future__ import annotations
 
 import json
+import os
 import time
 import urllib.request
 from contextlib import contextmanager
@@ -19,6 +20,14 @@ from kernel_runtime import JobClient, LocalCluster
 
 pytest_plugins = ["tests.hangs"]  # a test past its timeout fails alone, with its stacks
 pytest_plugins += ["tests.cluster_fixture"]  # own_cluster and @pytest.mark.cluster(...): a checked cluster per test
+
+# Every Spark driver the suite starts (TaskManagers', kernels', the test process's own) compiles with
+# C1 only, as the tests' Kafka broker does: the suite's JVMs live for seconds to minutes on small
+# batches, where C2's compile threads cost more CPU than they give back. Measured on this 2-core
+# machine: a session's start and 20 small queries took 45-53 s of JVM CPU, 25-26 s with C1 only;
+# Spark's JVMs were over half the suite's CPU. Spark's launcher adds SPARK_SUBMIT_OPTS to the driver's
+# JVM; every process the tests start inherits it. Users' clusters keep the JDK's default.
+os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")
 
 FAST = {"heartbeat.interval": "200 ms", "heartbeat.timeout": "2 s"}
 
@@ -116,6 +125,25 @@ def _validate_cluster(request):
 def _failed(request) -> bool:
     rep = getattr(request.node, "rep_call", None)
     return rep is not None and rep.failed
+
+
+def pytest_collection_modifyitems(config, items):
+    """The longest modules first: under ``--dist loadfile`` a worker takes the next module as it
+    finishes one, so a long module taken last keeps the run going alone on one worker (the Kafka
+    fault test, some 9 minutes, used to start 25 minutes in). A module's length is guessed from its
+    ``slow`` marks and the sum of its tests' timeouts; the others keep their order (the Makefile turns
+    off xdist's own reordering by test count)."""
+    def timeout(item) -> float:
+        mark = item.get_closest_marker("timeout")
+        return float(mark.args[0]) if mark and mark.args else float(config.getini("timeout") or 0)
+
+    modules: dict[str, tuple[bool, float]] = {}
+    for item in items:
+        slow, allowed = modules.get(item.nodeid.split("::")[0], (False, 0.0))
+        modules[item.nodeid.split("::")[0]] = (slow or item.get_closest_marker("slow") is not None,
+                                               allowed + timeout(item))
+    rank = {module: n for n, module in enumerate(sorted(modules, key=lambda m: (not modules[m][0], -modules[m][1])))}
+    items.sort(key=lambda item: rank[item.nodeid.split("::")[0]])
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
