@@ -235,3 +235,20 @@ def test_fast_reader_and_record_by_record_path_agree():
     assert fast.equals(slow)
     assert fast.column("at").to_pylist()[3:] == [dt.datetime(2024, 1, 1, 10), dt.datetime(2024, 1, 1, 8, 0, 0, 500000),
                                                  dt.datetime(2024, 1, 1, 10), dt.datetime(2024, 1, 1)]
+
+
+def test_json_of_flat_columns_is_built_by_arrow_with_the_values_json_dumps_gives():
+    from cluster.connectors.kafka.formats import _encode_flat_json
+    flat = pa.table({"s": ["a\"b\\c", None, "zoë", "\u2028", ""], "f": [2.0, None, -0.0, 1e-5, 0.1 + 0.2],
+                     "b": [True, None, False, True, False], "i": pa.array([1, None, -3, 2**62, 0], pa.int64()),
+                     "we\"ird": pa.array([1, 2, 3, 4, 5], pa.int8())})
+    fast = _encode_flat_json(flat)
+    assert fast is not None and encode(flat, "json", {}) == fast
+    assert [json.loads(v) for v in fast] == flat.to_pylist()
+    assert fast[0] == b'{"s":"a\\"b\\\\c","f":2.0,"b":true,"i":1,"we\\"ird":1}'  # whole floats keep their ".0"
+    table, unfit = decode(fast, "json", flat.schema, {})
+    assert unfit == {} and table.equals(flat)
+    # what json.dumps writes otherwise, and other types, take the row by row path
+    for other in ({"s": ["a\nb"]}, {"f": [float("nan")]}, {"f": pa.array([0.1], pa.float32())}, {"at": ROWS["at"]}):
+        assert _encode_flat_json(pa.table(other)) is None
+    assert json.loads(encode(pa.table({"s": ["a\nb"]}), "json", {})[0]) == {"s": "a\nb"}

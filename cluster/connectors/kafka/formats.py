@@ -163,6 +163,10 @@ def encode(table: pa.Table, fmt: str, options: dict) -> list[bytes]:
     check_format(fmt, table.schema, options)
     if fmt == "csv":
         return _encode_csv(table, options.get("delimiter", ","))
+    if fmt == "json":
+        flat = _encode_flat_json(table)
+        if flat is not None:
+            return flat
     rows = [{n: _plain(v, table.schema.field(n).type) for n, v in row.items()} for row in table.to_pylist()] \
         if any(_has_map(f.type) for f in table.schema) else table.to_pylist()
     if fmt == "avro":
@@ -178,6 +182,37 @@ def encode(table: pa.Table, fmt: str, options: dict) -> list[bytes]:
         return out
     dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=_json_default).encode
     return [dumps(record).encode("utf-8") for record in rows]
+
+
+def _encode_flat_json(table: pa.Table) -> Optional[list[bytes]]:
+    """The JSON objects of a table of integer, floating, boolean and string columns, built column by
+    column by Arrow's kernels: the same values as json.dumps gives of each row (a float as Python
+    writes one: shortest round-trip digits, ".0" on a whole number), some ten times faster, which a
+    sink writing every row of a stream needs. None when a column is of another type, or holds what
+    json.dumps writes otherwise (NaN, infinities, control characters in a string)."""
+    if not table.num_columns or not table.num_rows:
+        return None
+    parts: list[Any] = []
+    for n, (name, column) in enumerate(zip(table.column_names, table.columns)):
+        t = column.type
+        if pa.types.is_integer(t) or pa.types.is_boolean(t):
+            text = pc.cast(column, pa.string())
+        elif t == pa.float64():  # a narrower float: Python writes the double it widens to, Arrow its own digits
+            if pc.any(pc.invert(pc.is_finite(column))).as_py():
+                return None
+            text = pc.cast(column, pa.string())
+            whole = pc.match_substring_regex(text, r"^-?\d+$")
+            text = pc.if_else(whole, pc.binary_join_element_wise(text, ".0", ""), text)
+        elif pa.types.is_string(t) or pa.types.is_large_string(t):
+            if pc.any(pc.match_substring_regex(column, "[\x00-\x1f]")).as_py():
+                return None
+            escaped = pc.replace_substring(pc.replace_substring(column, "\\", "\\\\"), '"', '\\"')
+            text = pc.binary_join_element_wise('"', escaped, '"', "")
+        else:
+            return None
+        parts += [("{" if n == 0 else ",") + json.dumps(name, ensure_ascii=False) + ":", pc.fill_null(text, "null")]
+    joined = pc.binary_join_element_wise(*parts, "}", "")
+    return pc.cast(joined, pa.binary()).to_pylist()
 
 
 def _has_map(t: pa.DataType) -> bool:

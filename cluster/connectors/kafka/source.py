@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Optional, Union
+from typing import Optional, Union, cast
 
 import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
@@ -76,6 +76,7 @@ class KafkaSource(SourceOperator, kind="kafka-source"):
         self.malformed = 0
         self.next_measure = 0.0
         self.split_watermarks = bool(params.get("split_watermarks"))
+        self.splits: dict[tuple[str, int], str] = {}  # (topic, partition) -> its split id
 
     # ------------------------------------------------------------------ splits
     def _discover(self) -> None:
@@ -156,21 +157,26 @@ class KafkaSource(SourceOperator, kind="kafka-source"):
             return pa.table({})
         self._measure()
         kept: list[Message] = []
+        # a step per record: its names bound once, the split's id made once per partition
+        positions, finished, ends, bounded, splits = self.positions, self.finished, self.ends, self.bounded, self.splits
         for message in self.consumer.consume(self.batch_size, timeout=POLL_TIMEOUT_S):
             error = message.error()
-            topic, partition, offset = place(message)
-            split = split_id(topic, partition)
             if error is not None:
-                self._on_error(error, message, split)
-            elif split in self.finished or split not in self.positions:
+                self._on_error(error, message, split_id(*place(message)[:2]))
+                continue
+            # a record (no error) has all three
+            partition = cast(tuple[str, int], (message.topic(), message.partition()))
+            split = splits.get(partition) or splits.setdefault(partition, split_id(*partition))
+            offset = cast(int, message.offset())
+            if split in finished or split not in positions:
                 continue  # fetched before the partition was paused
-            elif self.bounded and offset >= self.ends[split]:
+            if bounded and offset >= ends[split]:
                 self._finish(split, message)
-            else:
-                kept.append(message)
-                self.positions[split] = offset + 1
-                if self.bounded and self.positions[split] >= self.ends[split]:
-                    self._finish(split, message)
+                continue
+            kept.append(message)
+            positions[split] = offset + 1
+            if bounded and offset + 1 >= ends[split]:
+                self._finish(split, message)
         return self._to_table(kept) if kept else pa.table({})
 
     def _on_error(self, error: KafkaError, message: Message, split: str) -> None:
