@@ -70,10 +70,12 @@ class StreamSession:
                 self._starting = None
 
     def start(self, taskmanagers: Optional[int] = None, slots: Optional[int] = None) -> LocalCluster:
-        self.wait_for_background_start()
         if self.untouched and ((taskmanagers or self.taskmanagers, slots or self.slots)
                                != (self.taskmanagers, self.slots)):
-            self.stop()  # %stream_cluster start of another size, before any job ran on it
+            # %stream_cluster start of another size, before any job ran on it: end the start begun
+            # at %load_ext now, rather than wait for its TaskManagers (and their JVMs) to come up
+            self.stop()
+        self.wait_for_background_start()
         self.untouched = False
         return self._start(taskmanagers, slots)
 

@@ -51,3 +51,19 @@ def test_load_ext_starts_the_embedded_cluster_in_the_background(kernel):
         assert {t["id"] for t in client.cluster_overview().taskmanagers} == taskmanagers
     finally:
         client.close()
+
+
+def test_a_start_of_another_size_ends_the_start_begun_at_load_and_starts_that_size(kernel):
+    kernel.client.wait_for_ready(timeout=60)
+    kernel.execute("%load_ext kernel_runtime")
+    begun = wait_for(lambda: kernel.evaluate(f"{SESSION}._pending and str({SESSION}._pending.cluster_dir)"), 60,
+                     "the start at load under way")
+    kernel.execute("%stream_cluster start --taskmanagers 1 --slots 2")
+    directory = kernel.evaluate(f"str({SESSION}.embedded.cluster_dir)")
+    kernel.cluster_dir = Path(directory)
+    assert directory != begun and not Path(begun).exists()  # the first start ended and cleaned up
+    client = JobClient(ClusterInfo.load(kernel.cluster_dir))
+    try:
+        assert len(client.cluster_overview().taskmanagers) == 1
+    finally:
+        client.close()

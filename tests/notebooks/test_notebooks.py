@@ -35,7 +35,6 @@ import pytest
 from kernel_runtime.export.package import export_notebook
 from kernel_runtime.export.slicing import SKIP_TAG
 
-from ..conftest import start_cluster
 from .exporting import (NOTEBOOKS, ROOT, ApplicationRunner, SessionRunner, augmented, cell_error, masked,
                         sorted_rows, stream_cells, tags)
 
@@ -93,14 +92,6 @@ def notebook_runs(tmp_path_factory):
     return run
 
 
-@pytest.fixture(scope="module")
-def session_cluster(tmp_path_factory):
-    # as the notebooks' own: 2 TaskManagers x 2 slots
-    local = start_cluster(tmp_path_factory.mktemp("session"), taskmanagers=2, slots=2)
-    yield local
-    local.stop()
-
-
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=[n.stem for n in NOTEBOOKS])
 def test_notebook_runs_and_matches_its_saved_outputs(notebook, notebook_runs):
@@ -120,7 +111,9 @@ RUNS = [(kind, n) for n in NOTEBOOKS for kind in ("session", "application")
 
 def make_runner(kind: str, request, tmp_path):
     if kind == "session":
-        return SessionRunner(request.getfixturevalue("session_cluster"))
+        # the worker's session cluster, the notebooks' shape (2 TaskManagers x 2 slots), checked
+        # at rest after each package's run
+        return SessionRunner(request.getfixturevalue("cluster"))
     return ApplicationRunner(tmp_path)
 
 
