@@ -55,7 +55,11 @@ def preload(servers: str, topic: str, n: int, first: int = 0) -> float:
     producer = Producer({"bootstrap.servers": servers, "linger.ms": 50, "batch.size": 1_000_000,
                          "batch.num.messages": 100_000, "queue.buffering.max.messages": 2_000_000,
                          "enable.idempotence": False, "acks": 1})
-    parts = len(producer.list_topics(topic, timeout=30).topics[topic].partitions)
+    deadline = time.monotonic() + 30
+    while not (parts := len(producer.list_topics(topic, timeout=30).topics[topic].partitions)):
+        if time.monotonic() > deadline:  # a new topic's partitions show once their leader is elected
+            raise RuntimeError(f"pre-loading {topic}: the broker shows no partition of it within 30 s")
+        time.sleep(0.1)
     started = time.perf_counter()
     ts = int(time.time() * 1000)
     produce = producer.produce

@@ -32,6 +32,7 @@ from cluster.operators.base import OperatorSnapshot, SourceOperator
 log = logging.getLogger(__name__)
 
 POLL_TIMEOUT_S = 0.1
+LINGER_S = 0.025  # a batch gathers records this long after its first (see _fetched)
 METRICS_INTERVAL_S = 1.0  # the longest a poll waits for records, so barriers and cancellation stay quick
 
 
@@ -159,7 +160,7 @@ class KafkaSource(SourceOperator, kind="kafka-source"):
         kept: list[Message] = []
         # a step per record: its names bound once, the split's id made once per partition
         positions, finished, ends, bounded, splits = self.positions, self.finished, self.ends, self.bounded, self.splits
-        for message in self.consumer.consume(self.batch_size, timeout=POLL_TIMEOUT_S):
+        for message in self._fetched():
             error = message.error()
             if error is not None:
                 self._on_error(error, message, split_id(*place(message)[:2]))
@@ -178,6 +179,18 @@ class KafkaSource(SourceOperator, kind="kafka-source"):
             if bounded and offset + 1 >= ends[split]:
                 self._finish(split, message)
         return self._to_table(kept) if kept else pa.table({})
+
+    def _fetched(self) -> list[Message]:
+        """Up to batch_size records: what the client has fetched, or the first to arrive within
+        POLL_TIMEOUT_S, then what arrives within LINGER_S more. librdkafka's consume waits for a
+        full batch or the timeout, which held every record of a slow stream (1,000 rows/s) up to
+        100 ms; returning the first record alone made a fast stream's batches so small that their
+        fixed cost (a poll, a JSON read, a Spark step) took the throughput down."""
+        consume, size = self.consumer.consume, self.batch_size
+        messages = consume(size, timeout=0) or consume(1, timeout=POLL_TIMEOUT_S)
+        if messages and len(messages) < size:
+            messages += consume(size - len(messages), timeout=LINGER_S)
+        return messages
 
     def _on_error(self, error: KafkaError, message: Message, split: str) -> None:
         if error.code() == KafkaError._PARTITION_EOF:
