@@ -138,12 +138,14 @@ def pytest_collection_modifyitems(config, items):
         return float(mark.args[0]) if mark and mark.args else float(config.getini("timeout") or 0)
 
     modules: dict[str, tuple[bool, float]] = {}
+    def module(item) -> str:
+        return item.nodeid.split("::")[0]
+
     for item in items:
-        slow, allowed = modules.get(item.nodeid.split("::")[0], (False, 0.0))
-        modules[item.nodeid.split("::")[0]] = (slow or item.get_closest_marker("slow") is not None,
-                                               allowed + timeout(item))
-    rank = {module: n for n, module in enumerate(sorted(modules, key=lambda m: (not modules[m][0], -modules[m][1])))}
-    items.sort(key=lambda item: rank[item.nodeid.split("::")[0]])
+        slow, allowed = modules.get(module(item), (False, 0.0))
+        modules[module(item)] = (slow or item.get_closest_marker("slow") is not None, allowed + timeout(item))
+    rank = {m: n for n, m in enumerate(sorted(modules, key=lambda m: (not modules[m][0], -modules[m][1])))}
+    items.sort(key=lambda item: rank[module(item)])
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

@@ -159,16 +159,14 @@ class KafkaSource(SourceOperator, kind="kafka-source"):
         self._measure()
         kept: list[Message] = []
         # a step per record: its names bound once, the split's id made once per partition
-        positions, finished, ends, bounded, splits = self.positions, self.finished, self.ends, self.bounded, self.splits
+        positions, finished, ends, bounded, split_of = self.positions, self.finished, self.ends, self.bounded, self._split_of
         for message in self._fetched():
             error = message.error()
             if error is not None:
                 self._on_error(error, message, split_id(*place(message)[:2]))
                 continue
-            # a record (no error) has all three
-            partition = cast(tuple[str, int], (message.topic(), message.partition()))
-            split = splits.get(partition) or splits.setdefault(partition, split_id(*partition))
-            offset = cast(int, message.offset())
+            split = split_of(message)
+            offset = cast(int, message.offset())  # a record (no error) has one
             if split in finished or split not in positions:
                 continue  # fetched before the partition was paused
             if bounded and offset >= ends[split]:
@@ -179,6 +177,11 @@ class KafkaSource(SourceOperator, kind="kafka-source"):
             if bounded and offset + 1 >= ends[split]:
                 self._finish(split, message)
         return self._to_table(kept) if kept else pa.table({})
+
+    def _split_of(self, record: Message) -> str:
+        """A record's split id, made once per partition (a record, not an error, names its partition)."""
+        partition = cast(tuple[str, int], (record.topic(), record.partition()))
+        return self.splits.get(partition) or self.splits.setdefault(partition, split_id(*partition))
 
     def _fetched(self) -> list[Message]:
         """Up to batch_size records: what the client has fetched, or the first to arrive within
@@ -226,7 +229,7 @@ class KafkaSource(SourceOperator, kind="kafka-source"):
     def _split_rows(self, kept: list[Message]) -> dict:
         rows: list[list] = []
         for m in kept:
-            split = split_id(*place(m)[:2])
+            split = self._split_of(m)
             if rows and rows[-1][0] == split:
                 rows[-1][1] += 1
             else:
