@@ -44,10 +44,10 @@ def cluster(tmp_path_factory):
     local.stop()
 
 
-@pytest.fixture(scope="session")
-def spark():
-    """A SparkSession in the test process, for baselines: the same query as a plain batch job."""
-    import os
+def suite_spark_session():
+    """The test process's one SparkSession, as a TaskManager's session: the in-process Spark chains
+    use it (SparkRunner finds it started), and so does the client's SQL planner, which would
+    otherwise start one of its own without the TaskManagers' helpers."""
     import sys
     from pyspark.sql import SparkSession
     from cluster.conf import TaskConfig
@@ -55,11 +55,21 @@ def spark():
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ["PYSPARK_PYTHON"] = sys.executable
     builder = SparkSession.builder
-    # as a TaskManager's session: the in-process Spark chains use it (SparkRunner finds it started)
     conf = with_jvm_helpers(spark_conf(TaskConfig.from_dict({"taskmanager.spark.master": "local[1]"})))
     for key, value in conf.items():
         builder = builder.config(key, value)
-    session = builder.appName("streamlab-tests").getOrCreate()
+    return builder.appName("streamlab-tests").getOrCreate()
+
+
+def pytest_configure(config):
+    from kernel_runtime.api.sql import analysis
+    analysis.session_factory = suite_spark_session
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """A SparkSession in the test process, for baselines: the same query as a plain batch job."""
+    session = suite_spark_session()
     yield session
     session.stop()
 

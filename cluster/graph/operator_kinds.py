@@ -126,10 +126,15 @@ KINDS: dict[str, OperatorKind] = declare([
 ])
 
 
+# the columns of a continuous SQL aggregation's key that its query does not select: they key the
+# upsert stream and are not shown (kernel_runtime.client.results)
+HIDDEN_KEY_PREFIX = "__sql_key"
+
+
 def upsert_key(kind: str, params: dict) -> Optional[list[str]]:
     """The columns an upsert operator's rows are keyed by (None for any other operator)."""
-    if not KINDS[kind].upsert:
-        return None
+    if not KINDS[kind].upsert and not (KINDS[kind].spark and params.get("upsert_key")):
+        return None  # a Spark step over an upsert stream that keeps its key says so (the SQL planner)
     key = params.get("upsert_key", params.get("key"))
     return list(key) if key else None
 

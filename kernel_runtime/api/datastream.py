@@ -33,6 +33,8 @@ class StreamGraph(Protocol):
 
     def _watermark_strategy(self, strategy: Any, site: str) -> Any: ...
 
+    def _sql(self, stream: DataStream, query: str, name: str, parallelism: Optional[int], where: str) -> DataStream: ...
+
     def _windowed(self, stream: DataStream, key: list[str], assigner: Any, site: str) -> Any: ...
 
     def _joined(self, left: DataStream, right: DataStream, site: str) -> Any: ...
@@ -124,14 +126,37 @@ class DataStream:
         Consecutive .spark/.sql steps run as one Spark plan per batch."""
         return self._then("spark", name, fn, parallelism=parallelism)
 
-    def sql(self, query: str, name: str = "sql", parallelism: Optional[int] = None) -> "DataStream":
-        """Spark SQL over each batch, which is the view ``input``: ``SELECT ... FROM input``."""
+    def sql(self, query: str, name: str = "sql", parallelism: Optional[int] = None,
+            per_batch: bool = False) -> "DataStream":
+        """Spark SQL over the stream, which is the view ``input``: ``SELECT ... FROM input``.
+
+        It means what it means in Spark Structured Streaming and Flink SQL: a query that projects
+        and filters runs on each batch; ``GROUP BY`` (or an aggregate over all rows, or ``SELECT
+        DISTINCT``) is a continuous aggregation over all batches so far, an upsert stream keyed
+        by the grouping columns (kernel_runtime.api.sql.planner); what cannot be planned over a
+        stream is refused here. ``per_batch=True`` runs the query on each batch on its own, as
+        Spark's foreachBatch would."""
+        where = f"operator '{name}' ({call_site()})"
         if not isinstance(query, str) or not query.strip():
-            raise GraphValidationError(f"operator '{name}' ({call_site()}): sql() takes a SELECT ... FROM input query")
+            raise GraphValidationError(f"{where}: sql() takes a SELECT ... FROM input query")
         if "input" not in query.lower():
-            raise GraphValidationError(f"operator '{name}' ({call_site()}): the query must read the batch "
+            raise GraphValidationError(f"{where}: the query must read the batch "
                                        f"as the view 'input' (SELECT ... FROM input), got {query!r}")
-        return self._then("spark", name, params={"sql": query}, parallelism=parallelism)
+        if per_batch:
+            return self._then("spark", name, params={"sql": query}, parallelism=parallelism)
+        return self.env._sql(self, query, name, parallelism, where)
+
+    # how a .sql step was planned (kernel_runtime.api.sql.planner), for explain()
+    sql_plan: Any = None
+
+    def explain(self) -> str:
+        """How the .sql step that made this stream runs: per batch on Spark, or which parts run
+        per batch on Spark and which in keyed state, with the key and the output's kind."""
+        if self.sql_plan is None:
+            return "not a .sql step's stream"
+        if hasattr(self.sql_plan, "explain"):
+            return self.sql_plan.explain()
+        return "per batch, on Spark: the query over each batch on its own (it only projects and filters)"
 
     def key_by(self, *columns: str) -> "KeyedStream":
         site = call_site()

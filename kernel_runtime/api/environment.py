@@ -29,6 +29,7 @@ from kernel_runtime.api.checks import call_site, check_parallelism, pickle_udf, 
 from kernel_runtime.api.connectors import Connector
 from kernel_runtime.api.datastream import DataStream, KeyedStream
 from kernel_runtime.api.schema import check_columns
+from kernel_runtime.api.sql.continuous import build as build_sql
 from kernel_runtime.api.time import WatermarkStrategy
 from kernel_runtime.api.windowed import IntervalJoin, JoinedStreams, WindowedStream, temporal_join
 
@@ -143,6 +144,9 @@ class StreamEnvironment:
             raise GraphValidationError(f"assign_timestamps_and_watermarks ({site}): expected a WatermarkStrategy, "
                                        f"got {type(strategy).__name__}")
         return strategy
+
+    def _sql(self, stream: DataStream, query: str, name: str, parallelism: Optional[int], where: str) -> DataStream:
+        return build_sql(stream, query, name, parallelism, where)
 
     def _windowed(self, stream: DataStream, key: list[str], assigner, site: str) -> WindowedStream:
         return WindowedStream(stream, key, assigner, site)

@@ -183,6 +183,24 @@ def _merged(inputs: list[Optional[pa.Table]]) -> Optional[pa.Table]:
         return None  # a union whose schemas do not merge fails at run time, saying so
 
 
+def input_samples(nodes: list[StreamNode], edges: list, samplers: Optional[dict] = None) -> Optional[pa.Table]:
+    """The sample of what an operator with these input edges would receive (None: not known);
+    ``samplers`` make the sample of a kind whose output the client can work out otherwise
+    (kind -> fn(node, input sample)), as the SQL planner does for a per-batch query."""
+    wanted = {e.source for e in edges}
+    samples: dict[str, Optional[pa.Table]] = {}
+    for node in nodes:  # creation order is a topological order
+        if wanted <= samples.keys():
+            break
+        table = _merged([samples.get(e.source) if e.side_output is None else None for e in node.inputs])
+        sampler = (samplers or {}).get(node.spec.kind)
+        try:
+            samples[node.uid] = sampler(node, table) if sampler else _sample_of(node, table)
+        except Exception:
+            samples[node.uid] = None  # the job itself will report this step's error properly
+    return _merged([samples.get(e.source) if e.side_output is None else None for e in edges])
+
+
 # ---------------------------------------------------------------------- the columns each operator names
 def needed_columns(node: StreamNode) -> list[tuple[str, str]]:
     """(column, what names it) for every input column the operator reads by name."""

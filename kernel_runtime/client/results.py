@@ -24,7 +24,7 @@ import pandas as pd
 import pyarrow as pa
 
 from cluster.graph.job_graph import JobGraph
-from cluster.graph.operator_kinds import upsert_key as upsert_key_of
+from cluster.graph.operator_kinds import HIDDEN_KEY_PREFIX, upsert_key as upsert_key_of
 
 APPEND, UPDATE, SINGLE = "append", "update", "single"
 MODES = (APPEND, UPDATE, SINGLE)
@@ -187,7 +187,9 @@ class UpsertBuffer(ResultBuffer):
 
     def frame(self) -> pd.DataFrame:
         self._merge()
-        return pd.DataFrame() if self._current is None else self._current.copy()
+        if self._current is None:
+            return pd.DataFrame()
+        return self._current.drop(columns=[c for c in self._current.columns if str(c).startswith(HIDDEN_KEY_PREFIX)])
 
     def preview(self, n: int) -> pd.DataFrame:
         """The first n keys (in the order they were first seen): a table whose rows stay put."""

@@ -29,7 +29,7 @@ def test_a_wrong_sql_column_over_a_declared_csv_schema_fails_before_a_row_is_rea
     # the query in another task than the source's: the source must wait for it to open
     (env.from_source(FileSource.csv(tmp_path, schema="city string, amount bigint", batch_size=500))
         .rebalance()
-        .sql("SELECT cty, sum(amount) AS total FROM input GROUP BY cty", name="by_city")
+        .sql("SELECT cty, sum(amount) AS total FROM input GROUP BY cty", name="by_city", per_batch=True)
         .collect())
     text, read = failure_and_rows_read(client, env.execute_async(f"wrong column, {rows} rows", client=client))
     assert "operator 'by_city' (test_column_checks.py:" in text and "`cty`" in text, text

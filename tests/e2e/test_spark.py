@@ -89,7 +89,7 @@ def test_a_chain_of_three_spark_operators_is_one_spark_job_per_batch(cluster, cl
     (env.from_generator(orders, count=12_000, batch_size=2_000)
         .sql("SELECT order_id, city_id, amount FROM input WHERE amount > 10")
         .spark(lambda df: df.withColumn("double", F.col("amount") * 2), name="double")
-        .sql("SELECT city_id, count(*) AS n, sum(double) AS total FROM input GROUP BY city_id")
+        .sql("SELECT city_id, count(*) AS n, sum(double) AS total FROM input GROUP BY city_id", per_batch=True)
         .collect())
     handle = env.execute_async("three spark steps", client=client)
     out = handle.wait(180).to_pandas()

@@ -1,0 +1,149 @@
+"""Spark's analyser in the client: a query over the view ``input`` of a known schema, analysed by a
+SparkSession of the client's own, turned into plain data (plan.Node).
+
+This is the client's one reach into Catalyst (the TaskManagers' is cluster/spark/catalyst.py):
+``queryExecution().analyzed()`` and the nodes' and expressions' accessors, through py4j. The
+session starts on the first query that needs it (a few seconds and a JVM, so a notebook whose
+queries only project and filter never starts one); it is a ``newSession()`` of the process's
+active session when there is one, so the planner's view ``input`` never replaces a user's.
+
+Thread use: any thread; one analysis at a time (the lock), as the view ``input`` is the session's.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any, Callable, Optional
+
+import pyarrow as pa
+
+from kernel_runtime.api.sql.plan import Column, Expr, Node, Origin
+
+_lock = threading.Lock()
+_session: Any = None
+# how the planner's session is made when the process has none active (tests give the suite's)
+session_factory: Optional[Callable[[], Any]] = None
+
+
+class SqlAnalysisError(Exception):
+    """Spark refused the query (its AnalysisException or ParseException): the message is Spark's."""
+
+    def __init__(self, message: str, condition: str = ""):
+        super().__init__(message)
+        self.condition = condition  # Spark's error condition, e.g. TABLE_OR_VIEW_NOT_FOUND
+
+
+def _new_session() -> Any:
+    from pyspark.sql import SparkSession
+    if session_factory is not None:
+        return session_factory()
+    # the JVM analyses a few small plans: the C1 compiler alone starts it in about half the CPU
+    saved = os.environ.get("PYSPARK_SUBMIT_ARGS")
+    os.environ["PYSPARK_SUBMIT_ARGS"] = "--driver-java-options -XX:TieredStopAtLevel=1 pyspark-shell"
+    try:
+        return (SparkSession.builder.master("local[1]").appName("streamlab SQL planner")
+                .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "1")
+                .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+                .getOrCreate())
+    finally:
+        if saved is None:
+            os.environ.pop("PYSPARK_SUBMIT_ARGS", None)
+        else:
+            os.environ["PYSPARK_SUBMIT_ARGS"] = saved
+
+
+def planner_session() -> Any:
+    global _session
+    if _session is None:
+        from pyspark.sql import SparkSession
+        active = SparkSession.getActiveSession()
+        _session = (active or _new_session()).newSession()
+    return _session
+
+
+def analyse(query: str, schema: pa.Schema) -> Node:
+    """The analysed plan of ``query`` over the view ``input`` with ``schema``; SqlAnalysisError
+    with Spark's message if Spark refuses it."""
+    from pyspark.errors import PySparkException
+    with _lock:
+        session = _over_input(schema)
+        quiet = logging.getLogger("SQLQueryContextLogger")  # PySpark logs each refusal with its stack
+        level, quiet.level = quiet.level, logging.CRITICAL
+        try:
+            plan = session.sql(query)._jdf.queryExecution().analyzed()
+        except PySparkException as exc:
+            condition = exc.getCondition() if hasattr(exc, "getCondition") else ""
+            # Spark's message, without the plan it appends
+            raise SqlAnalysisError(str(exc).strip().split("\n")[0].rstrip(";"), condition or "") from None
+        finally:
+            quiet.level = level
+        return _node(plan)
+
+
+def output_schema(query: str, schema: pa.Schema) -> pa.Schema:
+    """The schema of a per-batch query's rows over an input of ``schema``."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+    with _lock:
+        return to_arrow_schema(_over_input(schema).sql(query).schema)
+
+
+def _over_input(schema: pa.Schema) -> Any:
+    """The planner's session with an empty view ``input`` of ``schema``."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+    session = planner_session()
+    session.createDataFrame([], from_arrow_schema(schema)).createOrReplaceTempView("input")
+    return session
+
+
+# ------------------------------------------------------------------ Catalyst objects -> plan data
+def _seq(scala_seq) -> list:
+    out, it = [], scala_seq.iterator()
+    while it.hasNext():
+        out.append(it.next())
+    return out
+
+
+def _option(value) -> Optional[Any]:
+    return value.get() if value.isDefined() else None
+
+
+def _origin(obj) -> Origin:
+    origin = obj.origin()
+    stop = _option(origin.stopIndex())
+    return Origin(_option(origin.line()), _option(origin.startIndex()), stop)
+
+
+def _expr(e) -> Expr:
+    kind = e.getClass().getSimpleName()
+    name = e.name() if kind in ("AttributeReference", "Alias") else ""
+    qualifier = tuple(_seq(e.qualifier())) if kind == "AttributeReference" else ()
+    distinct = filtered = False
+    if kind == "AggregateExpression":
+        distinct, filtered = bool(e.isDistinct()), _option(e.filter()) is not None
+    try:
+        data_type = e.dataType().simpleString()
+    except Exception:  # an expression without a type (a window spec, a sort order's direction)
+        data_type = ""
+    return Expr(kind, e.sql(), name, qualifier, data_type, tuple(_expr(c) for c in _seq(e.children())),
+                distinct, filtered)
+
+
+def _column(a) -> Column:
+    return Column(a.name(), tuple(_seq(a.qualifier())), a.dataType().simpleString())
+
+
+def _node(n) -> Node:
+    kind = n.nodeName()
+    fields: dict = {}
+    if kind == "Project":
+        fields["expressions"] = tuple(_expr(e) for e in _seq(n.projectList()))
+    elif kind == "Filter":
+        fields["expressions"] = (_expr(n.condition()),)
+    elif kind == "Aggregate":
+        fields["grouping"] = tuple(_expr(e) for e in _seq(n.groupingExpressions()))
+        fields["aggregates"] = tuple(_expr(e) for e in _seq(n.aggregateExpressions()))
+    elif kind == "SubqueryAlias":
+        fields["alias"] = n.alias()
+    return Node(kind, tuple(_node(c) for c in _seq(n.children())), tuple(_column(a) for a in _seq(n.output())),
+                _origin(n), **fields)

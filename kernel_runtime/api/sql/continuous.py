@@ -1,0 +1,79 @@
+"""``.sql`` as the pipeline API builds it: the query screened, analysed over its input's schema
+and planned (planner.py) into the DataStream API's own operators.
+
+The input's schema is what the client knows before the job runs (kernel_runtime.api.schema: a
+source's declared schema, a generator's sample, pandas steps applied to it); a per-batch ``.sql``
+step before this one gives its analysed output schema. Where nothing is known, a query that may
+span batches is refused with what to do, rather than run per batch.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import pyarrow as pa
+
+from cluster.graph.job_graph import GraphValidationError
+from cluster.graph.operator_kinds import KINDS
+
+from kernel_runtime.api.datastream import DataStream, KeyedStream
+from kernel_runtime.api.schema import input_samples
+from kernel_runtime.api.sql import analysis
+from kernel_runtime.api.sql.planner import ContinuousAggregate, PerBatch, UnsupportedQuery, plan
+from kernel_runtime.api.sql.screen import may_span_batches
+
+
+def planned(stream: DataStream, query: str, where: str):
+    """PerBatch or ContinuousAggregate for ``query`` over ``stream``; GraphValidationError naming
+    ``where`` (the operator and its line) if Spark refuses it or streamlab cannot plan it."""
+    if not may_span_batches(query):
+        return PerBatch()
+    schema = _input_schema(stream)
+    if schema is None:
+        raise GraphValidationError(
+            f"{where}: the query may aggregate, join or sort across batches, which streamlab plans from "
+            "Spark's analysis of it over its input's schema, and that schema is not known before the job "
+            "runs (a source without a declared schema, or a .spark()/.map_batches() step of unknown output): "
+            "declare the source's schema (schema=...), or for Spark SQL over each batch on its own "
+            "write .sql(query, per_batch=True)")
+    try:
+        root = analysis.analyse(query, schema)
+    except analysis.SqlAnalysisError as exc:
+        if exc.condition == "TABLE_OR_VIEW_NOT_FOUND":
+            # a table of the TaskManagers' sessions (a stream-static join): checked when the task opens
+            return PerBatch()
+        raise GraphValidationError(f"{where}: Spark refuses the query: {exc}") from None
+    try:
+        return plan(query, root)
+    except UnsupportedQuery as exc:
+        raise GraphValidationError(f"{where}: {exc}") from None
+
+
+def _input_schema(stream: DataStream) -> Optional[pa.Schema]:
+    def spark_sample(node, table: Optional[pa.Table]) -> Optional[pa.Table]:
+        query = node.spec.params.get("sql")
+        if table is None or node.spec.udf is not None or not query or "upsert_key" in node.spec.params:
+            return None
+        return analysis.output_schema(query, table.schema).empty_table()
+    table = input_samples(stream.env._nodes, stream._edges(), {"spark": spark_sample})
+    return None if table is None else table.schema
+
+
+def build(stream: DataStream, query: str, name: str, parallelism: Optional[int], where: str) -> DataStream:
+    """The operators of ``query`` after ``stream``: the stream of its result."""
+    how = planned(stream, query, where)
+    if isinstance(how, PerBatch):
+        out = stream._then("spark", name, params={"sql": query}, parallelism=parallelism)
+        out.sql_plan = how
+        return out
+    assert isinstance(how, ContinuousAggregate)
+    pre = stream._then("spark", name, params={"sql": how.pre}, parallelism=parallelism)
+    merged = KeyedStream(pre, how.keys).aggregate(
+        name=f"{name}: {how.grouping}", parallelism=parallelism,
+        **{out: (column, func) for out, (column, func) in how.aggregations.items()})
+    out = merged
+    if how.final is not None:
+        assert merged.node is not None and KINDS[merged.node.spec.kind].upsert
+        out = merged._then("spark", f"{name}: result", params={"sql": how.final, "upsert_key": how.upsert_key},
+                           parallelism=merged.node.parallelism)
+    out.sql_plan = how
+    return out

@@ -1,0 +1,126 @@
+"""The streaming SQL planner over Spark's analysed plans (the suite's SparkSession analyses; no
+cluster): which queries stay per batch, how an aggregation splits, and what is refused, where."""
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from cluster.graph.job_graph import GraphValidationError
+from kernel_runtime import StreamEnvironment
+from kernel_runtime.api.sql import analysis
+from kernel_runtime.api.sql.planner import ContinuousAggregate, PerBatch, UnsupportedQuery, plan
+from kernel_runtime.api.sql.screen import AGGREGATE_FUNCTIONS, may_span_batches
+
+SCHEMA = pa.schema([("k", pa.int64()), ("v", pa.int64()), ("name", pa.string()), ("ts", pa.timestamp("ms"))])
+
+
+@pytest.fixture(scope="module")
+def planned(spark):
+    def of(query: str):
+        return plan(query, analysis.analyse(query, SCHEMA))
+    return of
+
+
+@pytest.mark.parametrize("query", [
+    "SELECT k, v * 2 AS w FROM input WHERE v > 0",
+    "SELECT k, upper(name) AS name, explode(array(v, v + 1)) AS e FROM input",
+    "SELECT * FROM (SELECT k, v FROM input WHERE v > 0) t WHERE k < 3",
+    "SELECT k FROM input UNION ALL SELECT v FROM input",
+])
+def test_a_query_that_projects_and_filters_runs_per_batch(planned, query):
+    assert planned(query) == PerBatch()
+
+
+def test_a_group_by_splits_into_a_spark_step_keyed_state_and_a_result_step(planned):
+    how = planned("SELECT upper(name) AS who, avg(v) / 2 AS half, count(*) AS n FROM input\n"
+                  "WHERE v > 0 GROUP BY upper(name)")
+    assert isinstance(how, ContinuousAggregate)
+    assert how.keys == ["__sql_key0"] and how.upsert_key == ["who"]
+    assert sorted(func for _, func in how.aggregations.values()) == ["count", "mean"]
+    assert "WHERE (input.v > CAST(0 AS BIGINT))" in how.pre and "upper(input.name) AS `__sql_key0`" in how.pre
+    assert how.final is not None and how.final.startswith("SELECT `__sql_key0` AS `who`")
+
+
+def test_keys_then_aggregates_need_no_result_step(planned):
+    how = planned("SELECT k, name, count(*) AS n, max(v) AS top FROM input GROUP BY k, name")
+    assert isinstance(how, ContinuousAggregate) and how.final is None
+    assert how.keys == ["k", "name"] and how.upsert_key == ["k", "name"]
+    assert how.aggregations == {"n": ["__sql_arg0", "count"], "top": ["__sql_arg1", "max"]}
+
+
+def test_a_key_the_query_does_not_select_keys_the_result_hidden(planned):
+    how = planned("SELECT count(*) AS n FROM input GROUP BY k")
+    assert how.upsert_key == ["__sql_key0"] and "`k` AS `__sql_key0`" in how.final
+
+
+@pytest.mark.parametrize("query, clause, line, says", [
+    ("SELECT k, count(*) AS n\nFROM input\nGROUP BY k\nORDER BY n DESC", "ORDER BY n DESC", 4, "sort"),
+    ("SELECT k, v FROM input\nLIMIT 10", "LIMIT 10", 2, ".head(n)"),
+    ("SELECT k, sum(v) OVER (PARTITION BY k) AS s FROM input", "", 1, "OVER"),
+    ("SELECT a.k FROM input a\n  JOIN input b ON a.k = b.v", "JOIN input b ON a.k = b.v", 2, "interval_join"),
+    ("SELECT k, count(DISTINCT v) AS n FROM input\nGROUP BY k", "GROUP BY k", 2, "count(DISTINCT input.v)"),
+    ("SELECT k, collect_list(v) AS vs FROM input GROUP BY k", "GROUP BY k", 1, "collect_list(input.v)"),
+    ("SELECT k, count(*) AS n FROM input GROUP BY k HAVING count(*) > 2", "", 1, "retractions"),
+    ("SELECT window(ts, '1 minute') AS w, count(*) AS n FROM input GROUP BY window(ts, '1 minute')", "", 1,
+     "TumblingEventTimeWindows"),
+])
+def test_what_is_not_planned_is_refused_naming_the_clause_and_its_line(planned, query, clause, line, says):
+    with pytest.raises(UnsupportedQuery) as refused:
+        planned(query)
+    text = str(refused.value)
+    assert f"(line {line} of the query)" in text and says in text, text
+    assert not clause or text.startswith(repr(clause)), text
+
+
+def test_the_pipeline_refuses_at_the_line_of_the_sql_call_before_anything_runs(spark):
+    env = StreamEnvironment(parallelism=1)
+    stream = env.from_generator(lambda s: {"k": s % 3, "v": s}, count=10)
+    with pytest.raises(GraphValidationError, match=r"operator 'top' \(test_sql_planner.py:\d+\): 'LIMIT 3' "
+                                                   r"\(line 1 of the query\)"):
+        stream.sql("SELECT k FROM input LIMIT 3", name="top")
+    with pytest.raises(GraphValidationError, match=r"Spark refuses the query: .*`vv`.*Did you mean"):
+        stream.sql("SELECT k, sum(vv) AS s FROM input GROUP BY k")
+
+
+def test_a_query_over_an_input_of_unknown_schema_is_refused_with_what_to_do(spark):
+    env = StreamEnvironment(parallelism=1)
+    stream = env.from_generator(lambda s: {"k": s % 3, "v": s}, count=10).spark(lambda df: df, name="opaque")
+    with pytest.raises(GraphValidationError, match="per_batch=True"):
+        stream.sql("SELECT k, count(*) AS n FROM input GROUP BY k")
+    stream.sql("SELECT k, v FROM input WHERE v > 1")  # per batch: nothing to plan
+
+
+def test_a_per_batch_sql_step_gives_the_next_its_schema(spark):
+    env = StreamEnvironment(parallelism=1)
+    stream = (env.from_generator(lambda s: {"k": s % 3, "v": s}, count=10)
+              .sql("SELECT k, v * 2 AS w FROM input").sql("SELECT k, sum(w) AS s FROM input GROUP BY k"))
+    assert "keyed state by k: sum(__sql_arg0)" in stream.explain()
+
+
+@pytest.mark.parametrize("query, spans", [
+    ("SELECT k, v FROM input WHERE name = 'group by'", False),
+    ("SELECT k, upper(name) FROM input -- order by k", False),
+    ("SELECT order_id, `limit` FROM input", False),
+    ("SELECT k, Count (*) FROM input", True),
+    ("SELECT DISTINCT k FROM input", True),
+    ("SELECT k FROM input a JOIN input b USING (k)", True),
+])
+def test_the_screen_sends_to_the_analyser_what_may_span_batches(query, spans):
+    assert may_span_batches(query) is spans
+
+
+def test_the_screen_knows_every_aggregate_function_of_this_spark(spark):
+    jvm = spark._jvm
+    aggregate = jvm.java.lang.Class.forName("org.apache.spark.sql.catalyst.expressions.aggregate.AggregateFunction")
+    registry = spark._jsparkSession.sessionState().functionRegistry()
+    names, ids = set(), registry.listFunction().iterator()
+    while ids.hasNext():
+        fid = ids.next()
+        info = registry.lookupFunction(fid)
+        if info.isDefined():
+            try:
+                if aggregate.isAssignableFrom(jvm.java.lang.Class.forName(info.get().getClassName())):
+                    names.add(fid.funcName())
+            except Exception:
+                continue  # a class this JVM cannot load is no function a query can call
+    assert "count" in names and names <= AGGREGATE_FUNCTIONS, sorted(names - AGGREGATE_FUNCTIONS)
