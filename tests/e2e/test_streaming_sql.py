@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from kernel_runtime import StreamEnvironment
-from kernel_runtime.api.schema import SAMPLE_ROWS
+from kernel_runtime.api.time import WatermarkStrategy
 
 QUERIES = {
     "count": "SELECT k, count(*) AS n FROM input GROUP BY k",
@@ -29,19 +29,43 @@ QUERIES = {
 }
 
 
+def mix(seq: np.ndarray, salt: int) -> np.ndarray:
+    """A random-looking uint64 per sequence number (splitmix64's finaliser): a row depends on its
+    number alone, however the source's subtasks and batches split the sequence."""
+    with np.errstate(over="ignore"):
+        z = seq.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(salt * 0xBF58476D1CE4E5B9 % 2**64)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+
 def rows(seed: int):
     def make(seq):
-        rng = np.random.default_rng(seed * 1_000_003 + int(seq[0]) if len(seq) else seed)
-        n = len(seq)
-        return pd.DataFrame({"k": rng.integers(0, 7, n), "v": rng.integers(-50, 1000, n),
-                             "x": rng.random(n), "tag": rng.choice(["a", "b", "c"], n), "seq": seq})
+        seq = np.asarray(seq, dtype=np.int64)
+        return pd.DataFrame({"k": (mix(seq, seed) % np.uint64(7)).astype(np.int64),
+                             "v": (mix(seq, seed + 1) % np.uint64(1050)).astype(np.int64) - 50,
+                             "x": (mix(seq, seed + 2) >> np.uint64(11)).astype(np.float64) / 2.0 ** 53,
+                             "tag": np.array(["a", "b", "c"])[(mix(seq, seed + 3) % np.uint64(3)).astype(np.int64)],
+                             "seq": seq})
     return make
 
 
-def oracle(spark, make, count: int, batch: int, query: str) -> pd.DataFrame:
-    """The query over every row at once, the rows made batch by batch as the source makes them."""
-    frames = [make(np.arange(start, min(start + batch, count), dtype=np.int64)) for start in range(0, count, batch)]
-    spark.createDataFrame(pd.concat(frames, ignore_index=True)).createOrReplaceTempView("input")
+def timed_rows(seed: int):
+    """Rows with event time: 100 ms apart, a second's pause every 50 rows (sessions), each up to
+    300 ms late against its place (out of order, never past the watermark's 1 s bound)."""
+    plain = rows(seed)
+
+    def make(seq):
+        frame = plain(seq)
+        seq = np.asarray(seq, dtype=np.int64)
+        ms = 1_700_000_000_000 + seq * 100 + (seq // 50) * 1_000 - (mix(seq, seed + 4) % np.uint64(300)).astype(np.int64)
+        return frame.assign(ts=pd.to_datetime(ms, unit="ms"))
+    return make
+
+
+def oracle(spark, make, count: int, query: str) -> pd.DataFrame:
+    """The query over every row at once."""
+    spark.createDataFrame(make(np.arange(count, dtype=np.int64))).createOrReplaceTempView("input")
     return spark.sql(query).toPandas()
 
 
@@ -59,9 +83,6 @@ def test_each_query_equals_spark_over_all_rows_at_once(cluster, client, spark, s
     rng = random.Random(seed)
     count, batch, parallelism = rng.randint(3_000, 9_000), rng.choice([97, 500, 2_000]), rng.choice([1, 2])
     print(f"seed {seed}: {count} rows, batches of {batch}, parallelism {parallelism}")
-    # the source's rows are a function of their sequence numbers, batch by batch: the client's
-    # sample is made as one batch of SAMPLE_ROWS, which only needs the same columns
-    assert SAMPLE_ROWS < batch
     make = rows(seed)
     env = StreamEnvironment(parallelism=parallelism, cluster=cluster.cluster_dir)
     source = env.from_generator(make, count=count, batch_size=batch)
@@ -69,7 +90,37 @@ def test_each_query_equals_spark_over_all_rows_at_once(cluster, client, spark, s
         source.sql(query, name=name).collect(name)
     result = env.execute_async(f"streaming SQL, seed {seed}", client=client).wait(240)
     for name, query in QUERIES.items():
-        same_table(result.to_pandas(name), oracle(spark, make, count, batch, query), f"{name}: {query}")
+        same_table(result.to_pandas(name), oracle(spark, make, count, query), f"{name}: {query}")
+
+
+WINDOWED = {
+    "tumbling": "SELECT window.start AS ws, window.end AS we, k, count(*) AS n, sum(v) AS s "
+                "FROM input GROUP BY window(ts, '2 seconds'), k",
+    "sliding": "SELECT window.start AS ws, max(v) AS top, avg(x) AS mean FROM input WHERE tag <> 'c' "
+               "GROUP BY window(ts, '3 seconds', '1 second')",
+    "session": "SELECT session_window.start AS s0, session_window.end AS s1, tag, count(*) AS n, min(v) AS lo "
+               "FROM input GROUP BY session_window(ts, '700 milliseconds'), tag",
+}
+
+
+@pytest.mark.timeout(300)
+def test_each_windowed_query_equals_spark_over_all_rows_at_once(cluster, client, spark):
+    rng = random.Random(3)
+    count, batch, parallelism = rng.randint(3_000, 6_000), rng.choice([97, 500, 2_000]), 2
+    print(f"{count} rows, batches of {batch}, parallelism {parallelism}")
+    make = timed_rows(3)
+    env = StreamEnvironment(parallelism=parallelism, cluster=cluster.cluster_dir)
+    source = env.from_generator(make, count=count, batch_size=batch, watermark_strategy=WatermarkStrategy
+                                .for_bounded_out_of_orderness(1_000).with_timestamp_column("ts"))
+    for name, query in WINDOWED.items():
+        source.sql(query, name=name).collect(name)
+    result = env.execute_async("windowed SQL", client=client).wait(240)
+    for name, query in WINDOWED.items():
+        got = result.to_pandas(name)
+        for column in got.columns:  # Spark's Arrow times are UTC; toPandas gives them naive, in UTC here
+            if isinstance(got[column].dtype, pd.DatetimeTZDtype):
+                got[column] = got[column].dt.tz_convert("UTC").dt.tz_localize(None)
+        same_table(got, oracle(spark, make, count, query), f"{name}: {query}")
 
 
 def test_a_group_by_counts_across_batches_as_spark_and_flink_do(cluster, client):

@@ -10,6 +10,7 @@ from kernel_runtime import StreamEnvironment
 from kernel_runtime.api.sql import analysis
 from kernel_runtime.api.sql.planner import ContinuousAggregate, PerBatch, UnsupportedQuery, plan
 from kernel_runtime.api.sql.screen import AGGREGATE_FUNCTIONS, may_span_batches
+from kernel_runtime.api.time import WatermarkStrategy
 
 SCHEMA = pa.schema([("k", pa.int64()), ("v", pa.int64()), ("name", pa.string()), ("ts", pa.timestamp("ms"))])
 
@@ -61,8 +62,6 @@ def test_a_key_the_query_does_not_select_keys_the_result_hidden(planned):
     ("SELECT k, count(DISTINCT v) AS n FROM input\nGROUP BY k", "GROUP BY k", 2, "count(DISTINCT input.v)"),
     ("SELECT k, collect_list(v) AS vs FROM input GROUP BY k", "GROUP BY k", 1, "collect_list(input.v)"),
     ("SELECT k, count(*) AS n FROM input GROUP BY k HAVING count(*) > 2", "", 1, "retractions"),
-    ("SELECT window(ts, '1 minute') AS w, count(*) AS n FROM input GROUP BY window(ts, '1 minute')", "", 1,
-     "TumblingEventTimeWindows"),
 ])
 def test_what_is_not_planned_is_refused_naming_the_clause_and_its_line(planned, query, clause, line, says):
     with pytest.raises(UnsupportedQuery) as refused:
@@ -70,6 +69,36 @@ def test_what_is_not_planned_is_refused_naming_the_clause_and_its_line(planned, 
     text = str(refused.value)
     assert f"(line {line} of the query)" in text and says in text, text
     assert not clause or text.startswith(repr(clause)), text
+
+
+@pytest.mark.parametrize("call, kind, spec", [
+    ("window(ts, '10 seconds')", "tumbling", {"size_ms": 10_000}),
+    ("window(ts, '1 minute', '20 seconds', '5 seconds')", "sliding",
+     {"size_ms": 60_000, "slide_ms": 20_000, "offset_ms": 5_000}),
+    ("session_window(ts, '5 minutes')", "session", {"gap_ms": 300_000}),
+])
+def test_a_time_window_in_group_by_is_an_event_time_window_per_key(planned, call, kind, spec):
+    query = f"SELECT {call} AS w, k, count(*) AS n FROM input WHERE v > 0 GROUP BY {call}, k"
+    how = plan(query, analysis.analyse(query, SCHEMA), analysis.window_calls(query))
+    assert how.window.kind == kind and how.window.time_column == "ts"
+    assert all(getattr(how.window, name) == value for name, value in spec.items()), how.window
+    assert how.keys == ["k"] and "input.ts AS `ts`" in how.pre and "WHERE (input.v > CAST(0 AS BIGINT))" in how.pre
+    assert "named_struct('start', `window_start`, 'end', `window_end`) AS `w`" in how.final
+    assert how.upsert_key == ["k", "__sql_key_window_start", "__sql_key_window_end"]
+
+
+def test_a_time_window_needs_the_stream_s_event_time(spark):
+    env = StreamEnvironment(parallelism=1)
+    rows = env.from_generator(lambda s: {"k": s % 3, "ts": s.astype("datetime64[ms]"), "t2": s.astype("datetime64[ms]")},
+                              count=10)
+    with pytest.raises(GraphValidationError, match="has no event time: give the source a watermark strategy on 'ts'"):
+        rows.sql("SELECT k, count(*) AS n FROM input GROUP BY window(ts, '1 second'), k")
+    timed = rows.assign_timestamps_and_watermarks(
+        WatermarkStrategy.for_bounded_out_of_orderness(0).with_timestamp_column("ts"))
+    with pytest.raises(GraphValidationError, match="the window reads 't2'.* event time .* is 'ts'"):
+        timed.sql("SELECT k, count(*) AS n FROM input GROUP BY window(t2, '1 second'), k")
+    assert "tumbling windows (1000 ms)" in timed.sql(
+        "SELECT k, count(*) AS n FROM input GROUP BY window(ts, '1 second'), k").explain()
 
 
 def test_the_pipeline_refuses_at_the_line_of_the_sql_call_before_anything_runs(spark):

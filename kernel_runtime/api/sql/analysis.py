@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional
 
 import pyarrow as pa
 
-from kernel_runtime.api.sql.plan import Column, Expr, Node, Origin
+from kernel_runtime.api.sql.plan import Column, Expr, Node, Origin, WindowCall
 
 _lock = threading.Lock()
 _session: Any = None
@@ -79,6 +79,51 @@ def analyse(query: str, schema: pa.Schema) -> Node:
         finally:
             quiet.level = level
         return _node(plan)
+
+
+def window_calls(query: str) -> list[WindowCall]:
+    """The query's time window calls, as written (its parsed plan: no schema needed); SqlAnalysisError
+    for a window whose durations are not literals."""
+    from py4j.java_gateway import get_field
+    with _lock:
+        session = planner_session()
+        parsed = session._jsparkSession.sessionState().sqlParser().parsePlan(query)
+        jvm = session._jvm
+        calls = []
+        for call in _calls_in(parsed, ("window", "session_window")):
+            arguments = _seq(call.arguments())
+            column = arguments[0]
+            if column.getClass().getSimpleName() != "UnresolvedAttribute" or any(
+                    a.getClass().getSimpleName() != "Literal" for a in arguments[1:]):
+                raise SqlAnalysisError(f"{call.prettyName()}(...) takes a column and durations written as "
+                                       f"strings ('10 seconds'), got {call.toString()}")
+            durations = []
+            for literal in arguments[1:]:
+                interval = jvm.org.apache.spark.sql.catalyst.util.IntervalUtils.stringToInterval(literal.value())
+                days, micros = get_field(interval, "days"), get_field(interval, "microseconds")  # public fields
+                durations.append(days * 86_400_000 + micros // 1000)
+            calls.append(WindowCall(call.prettyName().lower(), column.name(), tuple(durations)))
+        return calls
+
+
+def _calls_in(plan, names: tuple[str, ...]) -> list:
+    """The unresolved function calls of these names in every expression of a parsed plan."""
+    found: list = []
+
+    def visit(expression) -> None:
+        if expression.getClass().getSimpleName() == "UnresolvedFunction" and \
+                expression.nameParts().last().lower() in names:
+            found.append(expression)
+        for child in _seq(expression.children()):
+            visit(child)
+
+    def walk(node) -> None:
+        for expression in _seq(node.expressions()):
+            visit(expression)
+        for child in _seq(node.children()):
+            walk(child)
+    walk(plan)
+    return found
 
 
 def output_schema(query: str, schema: pa.Schema) -> pa.Schema:

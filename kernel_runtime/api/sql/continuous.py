@@ -17,6 +17,7 @@ from cluster.graph.operator_kinds import KINDS
 
 from kernel_runtime.api.datastream import DataStream, KeyedStream
 from kernel_runtime.api.schema import input_samples
+from kernel_runtime.api.time import EventTimeSessionWindows, SlidingEventTimeWindows, TumblingEventTimeWindows
 from kernel_runtime.api.sql import analysis
 from kernel_runtime.api.sql.planner import ContinuousAggregate, PerBatch, UnsupportedQuery, plan
 from kernel_runtime.api.sql.screen import may_span_batches
@@ -43,7 +44,10 @@ def planned(stream: DataStream, query: str, where: str):
             return PerBatch()
         raise GraphValidationError(f"{where}: Spark refuses the query: {exc}") from None
     try:
-        return plan(query, root)
+        windows = analysis.window_calls(query) if "window" in query.lower() else []
+        return plan(query, root, windows)
+    except analysis.SqlAnalysisError as exc:
+        raise GraphValidationError(f"{where}: {exc}") from None
     except UnsupportedQuery as exc:
         raise GraphValidationError(f"{where}: {exc}") from None
 
@@ -67,9 +71,13 @@ def build(stream: DataStream, query: str, name: str, parallelism: Optional[int],
         return out
     assert isinstance(how, ContinuousAggregate)
     pre = stream._then("spark", name, params={"sql": how.pre}, parallelism=parallelism)
-    merged = KeyedStream(pre, how.keys).aggregate(
-        name=f"{name}: {how.grouping}", parallelism=parallelism,
-        **{out: (column, func) for out, (column, func) in how.aggregations.items()})
+    aggregations = {out: (column, func) for out, (column, func) in how.aggregations.items()}
+    if how.window is not None:
+        merged = _windows(stream, pre, how, where).aggregate(
+            name=f"{name}: {how.grouping}", parallelism=parallelism, **aggregations)
+    else:
+        merged = KeyedStream(pre, how.keys).aggregate(name=f"{name}: {how.grouping}", parallelism=parallelism,
+                                                      **aggregations)
     out = merged
     if how.final is not None:
         assert merged.node is not None and KINDS[merged.node.spec.kind].upsert
@@ -77,3 +85,25 @@ def build(stream: DataStream, query: str, name: str, parallelism: Optional[int],
                            parallelism=merged.node.parallelism)
     out.sql_plan = how
     return out
+
+
+def _windows(stream: DataStream, pre: DataStream, how: ContinuousAggregate, where: str):
+    """The WindowedStream of a GROUP BY window(...): on the stream's own event time."""
+    window = how.window
+    assert window is not None
+    if stream.rowtime is None:
+        raise GraphValidationError(
+            f"{where}: {how.grouping} groups by event-time windows of {window.time_column!r}, and the stream has no "
+            f"event time: give the source a watermark strategy on {window.time_column!r} (from_generator(..., "
+            "watermark_strategy=WatermarkStrategy.for_bounded_out_of_orderness(...).with_timestamp_column(...))) "
+            "or call assign_timestamps_and_watermarks(...) before the .sql step")
+    if stream.rowtime != window.time_column:
+        raise GraphValidationError(f"{where}: the window reads {window.time_column!r}, and the stream's event time "
+                                   f"(its watermarks) is {stream.rowtime!r}: window over {stream.rowtime!r}")
+    if window.kind == "session":
+        assigner = EventTimeSessionWindows.with_gap(window.gap_ms)
+    elif window.kind == "sliding":
+        assigner = SlidingEventTimeWindows.of(window.size_ms, window.slide_ms, window.offset_ms)
+    else:
+        assigner = TumblingEventTimeWindows.of(window.size_ms, window.offset_ms)
+    return KeyedStream(pre, how.keys).window(assigner) if how.keys else pre.window_all(assigner)

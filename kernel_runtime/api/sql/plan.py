@@ -64,3 +64,13 @@ class Node:
         yield self
         for child in self.children:
             yield from child.walk()
+
+
+@dataclass(frozen=True)
+class WindowCall:
+    """A ``window(...)`` or ``session_window(...)`` call as the query writes it (from Spark's
+    parsed plan: the analysed one has it rewritten into arithmetic)."""
+
+    function: str                    # window | session_window
+    time_column: str                 # the column it reads
+    durations_ms: tuple[int, ...]    # window: size[, slide[, start]]; session_window: gap

@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 from cluster.graph.operator_kinds import HIDDEN_KEY_PREFIX as HIDDEN_KEY
 
-from kernel_runtime.api.sql.plan import Expr, Node
+from kernel_runtime.api.sql.plan import Expr, Node, WindowCall
 
 PER_BATCH = frozenset({"Project", "Filter", "SubqueryAlias", "View", "LogicalRDD", "LocalRelation",
                        "OneRowRelation", "Generate", "Union", "ResolvedHint", "Sample"})
@@ -73,25 +73,55 @@ class ContinuousAggregate:
     final: Optional[str]                  # per batch over the merged rows (view input), or None
     upsert_key: list[str]                 # the result's key columns (hidden ones: HIDDEN_KEY...)
     grouping: str                         # how the query groups, for the operators' names
+    window: Optional["EventTimeWindow"] = None  # GROUP BY window(...): windows per key, not a running value
 
     def explain(self) -> str:
+        state = f"keyed state by {', '.join(self.keys) or '(all rows)'}"
+        if self.window is not None:
+            state += f" and {self.window.describe()} on the watermark of {self.window.time_column}"
         lines = ["per batch, on Spark: the rows below the aggregation, and their partial aggregates",
                  f"  {self.pre}",
-                 f"keyed state by {', '.join(self.keys) or '(all rows)'}: " + ", ".join(
-                     f"{func}({column})" for column, func in self.aggregations.values()) + " merged across batches"]
+                 f"{state}: " + ", ".join(f"{func}({column})" for column, func in self.aggregations.values())
+                 + " merged across batches"]
         if self.final:
             lines += ["per batch, on Spark: the result over the merged rows", f"  {self.final}"]
-        lines.append(f"output: an upsert stream keyed by {', '.join(self.upsert_key)}")
+        if self.window is not None:
+            lines.append(f"output: a row per key and window when the watermark passes its end (append), "
+                         f"keyed by {', '.join(self.upsert_key)}")
+        else:
+            lines.append(f"output: an upsert stream keyed by {', '.join(self.upsert_key)}")
         return "\n".join(lines)
 
 
-def plan(query: str, root: Node):
-    """PerBatch or ContinuousAggregate for the analysed plan ``root`` of ``query``; UnsupportedQuery."""
+@dataclass(frozen=True)
+class EventTimeWindow:
+    """The window of a ``GROUP BY window(...)``/``session_window(...)``, in the DataStream API's terms."""
+
+    kind: str            # tumbling | sliding | session
+    time_column: str     # the rows' event-time column the call reads
+    size_ms: int = 0
+    slide_ms: int = 0
+    offset_ms: int = 0
+    gap_ms: int = 0
+
+    def describe(self) -> str:
+        if self.kind == "session":
+            return f"session windows (gap {self.gap_ms} ms)"
+        if self.kind == "sliding":
+            return f"sliding windows ({self.size_ms} ms every {self.slide_ms} ms)"
+        return f"tumbling windows ({self.size_ms} ms)"
+
+
+WINDOW_START, WINDOW_END = "window_start", "window_end"  # the window operator's columns
+
+
+def plan(query: str, root: Node, windows: Sequence[WindowCall] = ()):
+    """PerBatch or ContinuousAggregate for the analysed plan ``root`` of ``query`` (``windows``:
+    its window calls as written); UnsupportedQuery."""
     if all(n.kind in PER_BATCH for n in root.walk()):
         return PerBatch()
     if root.kind == "Aggregate" and any(g.data_type.startswith(WINDOW_STRUCT) for g in root.grouping):
-        raise UnsupportedQuery(query, root, "GROUP BY window(...) in .sql is not planned yet: use "
-                               "key_by(...).window(TumblingEventTimeWindows.of(...)).aggregate(...)")
+        return _windowed(query, root, windows)
     if root.kind == "Aggregate" and _per_batch(root.children[0]):
         return _aggregate(query, root, list(root.grouping), list(root.aggregates),
                           _from_item(query, root.children[0]))
@@ -131,11 +161,55 @@ def _why(root: Node) -> str:
     return f"{node.kind} spans batches and is not planned over a stream yet"
 
 
+def _windowed(query: str, root: Node, calls: Sequence[WindowCall]) -> ContinuousAggregate:
+    """GROUP BY window(ts, ...)[, keys]: Spark's analysed plan computes the window struct in a
+    projection (an expansion for sliding windows) over the rows; the rows below it go to the
+    DataStream API's event-time window, and the struct is made back from its start and end."""
+    windows = [g for g in root.grouping if g.data_type.startswith(WINDOW_STRUCT)]
+    calls = list(dict.fromkeys(calls))  # the same call in the select list and in GROUP BY is one window
+    if len(windows) != 1 or len(calls) != 1:
+        raise UnsupportedQuery(query, root, "one time window per query: GROUP BY window(ts, '1 minute') "
+                               "or session_window(ts, '5 minutes'), once")
+    call = calls[0]
+    rows = root.children[0]
+    while any(c.data_type.startswith(WINDOW_STRUCT) for c in rows.output):
+        if rows.kind not in ("Filter", "Project", "Expand") or not rows.children:
+            raise UnsupportedQuery(query, root, f"{rows.kind} around a time window is not planned over a stream yet")
+        rows = rows.children[0]
+    if not _per_batch(rows):
+        raise UnsupportedQuery(query, _first_spanning(rows), _why(rows))
+    times = [c for c in rows.output if c.name.lower() == call.time_column.lower()]
+    if len(times) != 1:
+        raise UnsupportedQuery(query, root, f"the window's time column {call.time_column!r} is not one column "
+                               "of the rows below it")
+    spec = _window_spec(query, root, call, times[0].name)
+    time_sql = ".".join(quoted_if_needed(p) for p in (*times[0].qualifier, times[0].name))
+    window = windows[0]
+    grouping = [g for g in root.grouping if g is not window]
+    # the window operator's start and end are of the time column's type, a timestamp (Spark's window takes no other)
+    struct = f"named_struct('start', {quoted(WINDOW_START)}, 'end', {quoted(WINDOW_END)})"
+    return _aggregate(query, root, grouping, list(root.aggregates), _from_item(query, rows),
+                      window=(spec, time_sql, window.sql, struct))
+
+
+def _window_spec(query: str, root: Node, call: WindowCall, time_column: str) -> EventTimeWindow:
+    durations = call.durations_ms
+    if call.function == "session_window":
+        return EventTimeWindow("session", time_column, gap_ms=durations[0])
+    size = durations[0]
+    slide = durations[1] if len(durations) > 1 else size
+    offset = durations[2] if len(durations) > 2 else 0
+    if slide == size:
+        return EventTimeWindow("tumbling", time_column, size_ms=size, offset_ms=offset)
+    return EventTimeWindow("sliding", time_column, size_ms=size, slide_ms=slide, offset_ms=offset)
+
+
 # ------------------------------------------------------------------ the aggregation
-def _aggregate(query: str, node: Node, grouping: list[Expr], results: list[Expr],
-               rows: str) -> ContinuousAggregate:
+def _aggregate(query: str, node: Node, grouping: list[Expr], results: list[Expr], rows: str,
+               window: Optional[tuple[EventTimeWindow, str, str, str]] = None) -> ContinuousAggregate:
     """``rows``: the FROM item of the rows below the aggregation, their columns named as
-    ``grouping`` and the aggregates' arguments name them."""
+    ``grouping`` and the aggregates' arguments name them. ``window``: its spec, the SQL of the
+    time column below, the SQL of the window attribute above, and the SQL making it back."""
     keys: list[str] = []
     for i, g in enumerate(grouping):
         plain = g.kind == "AttributeReference" and g.name not in keys and not g.name.startswith("__")
@@ -159,17 +233,24 @@ def _aggregate(query: str, node: Node, grouping: list[Expr], results: list[Expr]
     if not aggregations:  # SELECT DISTINCT, GROUP BY without aggregates: a key's rows, counted
         aggregations["__sql_rows"] = ["__sql_arg", "count"]
         arguments.append("1 AS `__sql_arg`")
-    pre_columns = [f"{g.sql} AS {quoted(k)}" for g, k in zip(grouping, keys)] or [f"0 AS `{HIDDEN_KEY}0`"]
-    if not keys:
+    pre_columns = [f"{g.sql} AS {quoted(k)}" for g, k in zip(grouping, keys)]
+    where = ""
+    if window is not None:  # the rows keep their event time, by its name (the stream's rowtime)
+        spec, time_sql, _, _ = window
+        pre_columns.append(f"{time_sql} AS {quoted(spec.time_column)}")
+        where = f" WHERE {time_sql} IS NOT NULL"  # as Spark's window drops a row without a time
+    elif not keys:  # a global aggregate: one key for every row
+        pre_columns.append(f"0 AS `{HIDDEN_KEY}0`")
         keys = [f"{HIDDEN_KEY}0"]
-    pre = f"SELECT {', '.join(pre_columns + arguments)} FROM {rows}"
-    renamed = _direct(keys, results, names, aggregations)
+    pre = f"SELECT {', '.join(pre_columns + arguments)} FROM {rows}{where}"
+    renamed = None if window is not None else _direct(keys, results, names, aggregations)
     if renamed is not None:  # the result is the merged rows as they are: no final step
         aggregations, final, upsert_key = renamed, None, list(keys)
     else:
-        final, upsert_key = _result(grouping, keys, results, names)
+        final, upsert_key = _result(grouping, keys, results, names, window[2:] if window else None)
     group_text = node.origin.clause(query) if node.kind == "Aggregate" else "DISTINCT"
-    return ContinuousAggregate(pre, keys, aggregations, final, upsert_key, group_text or "GROUP BY")
+    return ContinuousAggregate(pre, keys, aggregations, final, upsert_key, group_text or "GROUP BY",
+                               window[0] if window else None)
 
 
 def _direct(keys: list[str], results: list[Expr], names: dict, aggregations: dict) -> Optional[dict]:
@@ -189,11 +270,14 @@ def _direct(keys: list[str], results: list[Expr], names: dict, aggregations: dic
     return {name: aggregations[call] for name, call in zip(out, calls)}
 
 
-def _result(grouping: list[Expr], keys: list[str], results: list[Expr],
-            names: dict) -> tuple[str, list[str]]:
-    """The final step's SQL over the merged rows and the result's key."""
+def _result(grouping: list[Expr], keys: list[str], results: list[Expr], names: dict,
+            window: Optional[tuple[str, str]] = None) -> tuple[str, list[str]]:
+    """The final step's SQL over the merged rows and the result's key (``window``: the SQL of the
+    window attribute and of the struct made back from the window's columns)."""
     replacements = {g.sql: quoted(k) for g, k in zip(grouping, keys)}
     replacements.update({text: quoted(name) for text, name in names.items()})
+    if window is not None:
+        replacements[window[0]] = window[1]
     columns, visible = [], {}
     for r in results:
         body = r.children[0] if r.kind == "Alias" else r
@@ -205,6 +289,9 @@ def _result(grouping: list[Expr], keys: list[str], results: list[Expr],
     hidden = {k: k if k.startswith(HIDDEN_KEY) else f"{HIDDEN_KEY}{i}" for i, k in enumerate(keys) if k not in visible}
     upsert_key = [visible[k] if k in visible else hidden[k] for k in keys]
     columns += [f"{quoted(k)} AS {quoted(name)}" for k, name in hidden.items()]
+    if window is not None:  # a window's row is its key and window, whatever the query selects
+        columns += [f"{quoted(c)} AS {quoted(HIDDEN_KEY + '_' + c)}" for c in (WINDOW_START, WINDOW_END)]
+        upsert_key += [HIDDEN_KEY + "_" + c for c in (WINDOW_START, WINDOW_END)]
     return f"SELECT {', '.join(columns)} FROM input", upsert_key
 
 
