@@ -1,5 +1,6 @@
 """streamlab's client side: the pipeline API, the JobClient, the CLI (and the notebook magic)."""
-from kernel_runtime.api import DataStream, GraphValidationError, KeyedStream, StreamEnvironment
+from kernel_runtime.api import (DataStream, GraphValidationError, KeyedStream, StreamEnvironment, create_temporary_view,
+                                drop_temporary_view)
 from kernel_runtime.client.job_client import JobClient
 from kernel_runtime.client.job_handle import JobCancelledError, JobExecutionError, JobExecutionResult, JobHandle
 from kernel_runtime.client.cluster_info import ClusterInfo
@@ -9,7 +10,7 @@ from kernel_runtime import notebook  # noqa: F401 (it registers its additions to
 __version__ = "0.1.0"
 __all__ = ["StreamEnvironment", "DataStream", "KeyedStream", "GraphValidationError", "JobClient",
            "JobHandle", "JobExecutionResult", "JobExecutionError", "JobCancelledError", "LocalCluster",
-           "ClusterInfo"]
+           "ClusterInfo", "create_temporary_view", "drop_temporary_view"]
 
 
 def load_ipython_extension(shell) -> None:

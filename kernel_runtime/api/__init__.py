@@ -5,6 +5,7 @@ from kernel_runtime.api.connectors import DiscardingSink, FileSink, FileSource, 
 from kernel_runtime.api.kafka import KafkaSink, KafkaSource
 from kernel_runtime.api.datastream import DataStream, KeyedStream
 from kernel_runtime.api.environment import StreamEnvironment
+from kernel_runtime.api.sql.views import create_temporary_view, drop_temporary_view
 from kernel_runtime.api.time import (Duration, EventTimeSessionWindows, ProcessingTimeSessionWindows, SlidingEventTimeWindows, SlidingProcessingTimeWindows, Time, TumblingEventTimeWindows, TumblingProcessingTimeWindows, WatermarkStrategy)
 from kernel_runtime.api.windowed import IntervalJoin, IntervalJoined, JoinedStreams, WindowedStream
 
@@ -12,4 +13,5 @@ __all__ = ["StreamEnvironment", "DataStream", "KeyedStream", "GraphValidationErr
            "RedisStreamSource", "RedisStreamSink", "DiscardingSink", "KafkaSource", "KafkaSink", "WatermarkStrategy", "Duration", "Time",
            "TumblingEventTimeWindows", "SlidingEventTimeWindows", "EventTimeSessionWindows",
            "TumblingProcessingTimeWindows", "SlidingProcessingTimeWindows", "ProcessingTimeSessionWindows",
-           "WindowedStream", "IntervalJoin", "IntervalJoined", "JoinedStreams"]
+           "WindowedStream", "IntervalJoin", "IntervalJoined", "JoinedStreams", "create_temporary_view",
+           "drop_temporary_view"]

@@ -29,6 +29,7 @@ from kernel_runtime.api.checks import call_site, check_parallelism, pickle_udf, 
 from kernel_runtime.api.connectors import Connector
 from kernel_runtime.api.datastream import DataStream, KeyedStream
 from kernel_runtime.api.schema import check_columns
+from kernel_runtime.api.sql import analysis, views
 from kernel_runtime.api.sql.continuous import build as build_sql
 from kernel_runtime.api.time import WatermarkStrategy
 from kernel_runtime.api.windowed import IntervalJoin, JoinedStreams, WindowedStream, temporal_join
@@ -48,6 +49,7 @@ class StreamEnvironment:
         self._nodes: list[StreamNode] = []
         self._uids: dict[str, int] = {}
         self._renamed: dict[str, str] = {}  # generated uid -> the uid the user gave (DataStream.uid)
+        self._views: dict[str, DataStream] = {}  # temporary views of this environment's streams
 
     @classmethod
     def get_execution_environment(cls, **kwargs) -> "StreamEnvironment":
@@ -173,6 +175,56 @@ class StreamEnvironment:
         """The numbers start..end inclusive, in a column ``value`` (Flink's fromSequence)."""
         return self.from_generator(lambda seq, _s=start: {"value": seq + _s}, count=end - start + 1,
                                    name=name, **kwargs)
+
+    # ------------------------------------------------------------------ SQL over named streams
+    def create_temporary_view(self, name: str, stream) -> None:
+        """Name a stream for ``sql_query`` (Flink's createTemporaryView): a DataStream of this
+        environment, or a function ``env -> DataStream`` that defines the view for every
+        environment of the process (each ``%%stream_sql`` cell's too), as CREATE TABLE does."""
+        where = f"create_temporary_view ({call_site()})"
+        key = views.check_name(name, where)
+        if isinstance(stream, DataStream):
+            if stream.env is not self:
+                raise GraphValidationError(f"{where}: the stream belongs to another environment; give a "
+                                           "function env -> DataStream to define a view for every environment")
+            self._views[key] = stream
+        elif callable(stream):
+            views.create_temporary_view(name, stream)
+            self._views.pop(key, None)
+        else:
+            raise GraphValidationError(f"{where}: expected a DataStream or a function env -> DataStream, "
+                                       f"got {type(stream).__name__}")
+
+    def sql_query(self, query: str, name: str = "sql", parallelism: Optional[int] = None,
+                  site: Optional[str] = None) -> DataStream:
+        """Spark SQL over the temporary views (Flink's TableEnvironment.sqlQuery, Spark's spark.sql
+        over streaming views): the stream of its result, with what ``.sql`` means over a stream."""
+        where = f"operator '{name}' ({site or call_site()})"
+        if not isinstance(query, str) or not query.strip():
+            raise GraphValidationError(f"{where}: sql_query() takes a SELECT query over temporary views")
+        try:
+            read = analysis.relations(query)
+        except analysis.SqlAnalysisError as exc:
+            raise GraphValidationError(f"{where}: Spark refuses the query: {exc}") from None
+        defined = views.definitions()
+        streams = [r for r in read if r in self._views or r in defined]
+        if not streams:
+            known = sorted(set(self._views) | set(defined))
+            raise GraphValidationError(f"{where}: the query reads {', '.join(read) or 'no table'}, and no temporary "
+                                       f"view of that name exists (views: {', '.join(known) or 'none'}); "
+                                       "create one with create_temporary_view(name, stream)")
+        if len(streams) > 1:
+            raise GraphValidationError(f"{where}: the query reads the streams {', '.join(streams)}: joins of "
+                                       "streams in SQL are not planned yet (the DataStream API has interval, "
+                                       "window and temporal joins)")
+        view = streams[0]
+        if view not in self._views:
+            built = defined[view](self)
+            if not isinstance(built, DataStream) or built.env is not self:
+                raise GraphValidationError(f"{where}: the view {view!r}'s definition must return a DataStream of "
+                                           f"the environment it is given, got {type(built).__name__}")
+            self._views[view] = built
+        return build_sql(self._views[view], query, name, parallelism, where, view)
 
     # ------------------------------------------------------------------ graph
     def get_job_graph(self, name: str = "streamlab job") -> JobGraph:

@@ -106,6 +106,29 @@ def stream(line, cell=None):
     """
 
 
+@magic_arguments("%stream_sql")
+@argument("--explain", action="store_true",
+          help="Print which parts of the query run per batch on Spark and which in keyed state; run nothing.")
+def stream_sql(line, cell=None):
+    """Run the cell's Spark SQL query over the temporary views as a streaming job; return its handle.
+
+    The cell is one query, e.g. ``SELECT city, count(*) AS n FROM orders GROUP BY city``, over
+    views made with ``create_temporary_view("orders", lambda env: env.from_generator(...))``. It
+    means what it means in Spark Structured Streaming and Flink SQL (docs/sql.md). The options are
+    those of ``%%stream`` (``%%stream?``), and ``--explain``.
+    """
+
+
+def parse_stream_sql_args(line: str) -> tuple[StreamArgs, bool]:
+    """``%%stream``'s options and ``--explain``."""
+    try:
+        words = shlex.split(line)
+    except ValueError as exc:
+        raise UsageError(f"%%stream_sql {line}: {exc}") from None
+    explain = "--explain" in words
+    return parse_stream_args(shlex.join(w for w in words if w != "--explain")), explain
+
+
 @magic_arguments("stream_cluster")
 @argument("action", choices=("start", "stop", "status"),
           help="start the embedded cluster, stop it, or show the cluster's TaskManagers and jobs.")

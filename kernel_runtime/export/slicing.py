@@ -25,7 +25,8 @@ from typing import Any, Optional, Sequence
 
 from IPython.core.error import UsageError
 
-from kernel_runtime.export.magic_arguments import (CHECKPOINT_INTERVAL_KEY, StreamArgs, parse_cluster_args, parse_stream_args)
+from kernel_runtime.export.magic_arguments import (CHECKPOINT_INTERVAL_KEY, StreamArgs, parse_cluster_args, parse_stream_args,
+                                                   parse_stream_sql_args)
 
 SKIP_TAG, KEEP_TAG = "skip-export", "export"
 # names only an interactive session has: IPython's output history and its shell
@@ -151,16 +152,58 @@ def _statements(cell: Cell, source: str, start: int) -> list[Statement]:
     return statements
 
 
+def _magic(first: str, name: str) -> Optional[str]:
+    """The options of a cell whose first line is the cell magic ``name``; None for another cell."""
+    if first.startswith(name) and first[len(name):][:1] in ("", " ", "\t"):
+        return first[len(name):].strip()
+    return None
+
+
+def _view_registration(statement: "Statement") -> Optional[str]:
+    """``create_temporary_view(name, definition)`` of a plain cell as a %%stream_sql cell's job
+    makes it: on its ``env`` (a view of the process is a definition, run on each environment)."""
+    node = statement.node
+    if not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)):
+        return None
+    func = node.value.func
+    name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+    if name != "create_temporary_view" or isinstance(func, ast.Attribute) and \
+            isinstance(func.value, ast.Name) and func.value.id == "env":
+        return None
+    call = node.value
+    given = [ast.unparse(a) for a in call.args] + [f"{k.arg}={ast.unparse(k.value)}" if k.arg else
+                                                    f"**{ast.unparse(k.value)}" for k in call.keywords]
+    return f"env.create_temporary_view({', '.join(given)})"
+
+
 def notebook_cells(raw_cells: Sequence[Any]) -> list[Cell]:
-    """The code cells of a notebook (nbformat's cells, as read), each read into its statements."""
+    """The code cells of a notebook (nbformat's cells, as read), each read into its statements.
+
+    A ``%%stream_sql`` cell is read as the ``%%stream`` cell it stands for: the views registered
+    before it (``create_temporary_view`` in plain cells), then ``env.sql_query(query).collect()``."""
     cells, position = [], 0
+    registrations: list[str] = []
     for index, raw in enumerate(raw_cells):
         if raw.cell_type != "code":
             continue
         cell = Cell(index, raw.get("execution_count"), raw.source, set(raw.metadata.get("tags", [])))
         first, _, rest = raw.source.lstrip().partition("\n")
-        if first.startswith("%%stream") and first[len("%%stream"):][:1] in ("", " ", "\t"):
-            cell.stream_line = first[len("%%stream"):].strip()
+        sql_line = _magic(first, "%%stream_sql")
+        if sql_line is not None:
+            try:
+                args, explain = parse_stream_sql_args(sql_line)
+            except UsageError as exc:
+                raise ExportError(f"{cell.label}: {exc}") from None
+            if explain:  # prints the query's plan; runs no job
+                cell.statements = []
+                cells.append(cell)
+                continue
+            name = args.name or "sql"
+            rest = "\n".join(registrations + [f"env.sql_query({rest!r}, name={name!r}).collect({name!r})"])
+            first = f"%%stream {sql_line}"
+        stream_line = _magic(first, "%%stream")
+        if stream_line is not None:
+            cell.stream_line = stream_line
             try:
                 cell.args = parse_stream_args(cell.stream_line)
             except UsageError as exc:  # a bad option, as the magic would say
@@ -177,6 +220,8 @@ def notebook_cells(raw_cells: Sequence[Any]) -> list[Cell]:
             cell.statements = []  # another cell magic: its body is not Python for the script
         else:
             cell.statements = _statements(cell, _transform(raw.source), position)
+            if SKIP_TAG not in cell.tags:
+                registrations += [r for r in map(_view_registration, cell.statements) if r is not None]
         position += len(cell.statements) + 1
         cells.append(cell)
     return cells

@@ -1,4 +1,4 @@
-"""``%%stream``, ``%stream_cluster`` and ``%stream_export``: the notebook's job client.
+"""``%%stream``, ``%%stream_sql``, ``%stream_cluster`` and ``%stream_export``: the notebook's job client.
 
 Thin on purpose: parse the arguments (kernel_runtime.export.magic_arguments), run the cell body on a
 fresh ``env``, submit through the JobClient of the session's cluster (kernel_runtime.notebook.session),
@@ -24,8 +24,9 @@ from cluster.graph.job_graph import GraphValidationError
 from kernel_runtime.api import StreamEnvironment
 from kernel_runtime.client.job_handle import JobHandle
 from kernel_runtime.client.results import ResultMode
-from kernel_runtime.export.magic_arguments import (parse_cluster_args, parse_export_args, parse_stream_args, stream,
-                                                   stream_cluster, stream_export)
+from kernel_runtime.export.magic_arguments import (parse_cluster_args, parse_export_args, parse_stream_args,
+                                                   parse_stream_sql_args, stream, stream_cluster, stream_export,
+                                                   stream_sql)
 from kernel_runtime.notebook.cells import CellSites, running_cell
 from kernel_runtime.notebook.display import (EXPECTED_ERRORS, StreamCellError, expected_error, print_status,
                                              show_dashboard)
@@ -81,6 +82,29 @@ class StreamMagics(Magics):
         except GraphValidationError as exc:
             raise expected_error(exc, sites) from None
         self._run_body(line, cell, env)
+        return self._submit(args, env)
+
+    @cell_magic
+    def stream_sql(self, line: str, cell: str) -> Optional[JobHandle]:
+        args, explain = parse_stream_sql_args(line)
+        shell = self.ipython
+        # the query as the cell's code, so that its site reads "In [5], line 2" (line 1: the %%stream_sql line)
+        filename = shell.compile.cache("\n" + cell, running_cell(shell), raw_code=f"%%stream_sql {line}\n{cell}")
+        sites = CellSites(shell)
+        try:
+            env = StreamEnvironment(parallelism=args.parallelism, config=args.job_config())
+            result = env.sql_query(cell, name=args.name or "sql", site=f"{os.path.basename(filename)}:2")
+        except GraphValidationError as exc:
+            raise expected_error(exc, sites) from None
+        if explain:
+            print(result.explain())
+            return None
+        result.collect(args.name or "sql")
+        return self._submit(args, env)
+
+    def _submit(self, args, env: StreamEnvironment) -> JobHandle:
+        """Submit the pipeline a cell built on ``env`` (an upgrade if a job of its --name runs) and
+        show its dashboard."""
         sites = CellSites(self.ipython)
         name = args.name or f"cell {running_cell(self.ipython)}"
         upgrade: Optional[Upgrade] = None
@@ -196,6 +220,7 @@ class StreamMagics(Magics):
 
 
 StreamMagics.stream.__doc__ = stream.__doc__
+StreamMagics.stream_sql.__doc__ = stream_sql.__doc__
 StreamMagics.stream_cluster.__doc__ = stream_cluster.__doc__
 StreamMagics.stream_export.__doc__ = stream_export.__doc__
 

@@ -67,7 +67,10 @@ def test_kafka_sql_window_to_kafka_exactly_once_equals_pandas(cluster, client, k
 @pytest.mark.parametrize("parallelism", [1, 4])
 def test_every_partition_is_read_once_whatever_the_parallelism(cluster, client, kafka_bootstrap, parallelism):
     topic = new_topic(kafka_bootstrap, 3)
-    produce(kafka_bootstrap, topic, (json.dumps({"i": i}).encode() for i in range(900)))
+    # keyed, so the records spread over the partitions: keyless ones go where librdkafka's sticky
+    # partitioner sticks for linger.ms, which may be one partition for all 900
+    produce(kafka_bootstrap, topic, (json.dumps({"i": i}).encode() for i in range(900)),
+            (str(i).encode() for i in range(900)))
     env = StreamEnvironment(parallelism=parallelism, cluster=cluster.cluster_dir)
     (env.from_source(KafkaSource.json(kafka_bootstrap, topic, schema="i bigint", bounded=True,
                                       metadata=["partition", "offset"], batch_size=50))

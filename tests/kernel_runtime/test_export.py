@@ -277,3 +277,22 @@ def test_an_exported_job_runs_as_a_plain_script_without_jupyter_with_the_rows_pa
     data = pd.DataFrame({"shop": np.arange(5_000) % 7, "amount": (np.arange(5_000) * 13) % 50})
     expected = data.groupby("shop").agg(revenue=("amount", "sum"), n=("amount", "count")).reset_index()
     pd.testing.assert_frame_equal(got[["shop", "revenue", "n"]], expected, check_dtype=False)
+
+
+def test_a_stream_sql_cell_exports_as_its_query_over_the_views_registered_before_it(tmp_path):
+    path = notebook(tmp_path,
+                    "%load_ext kernel_runtime",
+                    "import pandas as pd\nfrom kernel_runtime import create_temporary_view\nUNUSED = 1",
+                    "def orders(seq):\n    return pd.DataFrame({'city': seq % 3, 'amount': seq % 10})",
+                    "create_temporary_view('orders', lambda env: env.from_generator(orders, count=90))",
+                    ("create_temporary_view('scratch', lambda env: env.from_generator(count=1))", ["skip-export"]),
+                    "%%stream_sql --explain\nSELECT city, count(*) AS n FROM orders GROUP BY city",
+                    "%%stream_sql --name 'per city' -p 2\nSELECT city, sum(amount) AS total\nFROM orders GROUP BY city")
+    (package, directory), = export_notebook(path, tmp_path / "out")
+    script = script_of(directory)
+    assert package.name == "per city"
+    assert "env.create_temporary_view('orders', lambda env: env.from_generator(orders, count=90))" in script
+    assert "env.sql_query('SELECT city, sum(amount) AS total\\nFROM orders GROUP BY city', name='per city')" \
+           ".collect('per city')" in script, script
+    assert "scratch" not in script and "UNUSED" not in script and "def orders" in script
+    assert yaml.safe_load((directory / "config.yaml").read_text())["parallelism.default"] == 2

@@ -132,3 +132,28 @@ def test_a_cluster_directory_without_a_cluster_is_an_error_without_traceback(she
     _, out = run(shell, f"%%stream --cluster 127.0.0.1:1\n{PIPELINE}")
     assert "ClusterNotRunning: no running cluster known at tcp://127.0.0.1:1" in out
     assert "use --cluster DIR" in out
+
+
+VIEW = ("from kernel_runtime import create_temporary_view\n"
+        "import pandas as pd\n"
+        "create_temporary_view('clicks', lambda env: env.from_generator(\n"
+        "    lambda s: pd.DataFrame({'page': s % 5, 'ms': s * 10}), count=100))\n")
+
+
+def test_stream_sql_explains_a_query_over_a_view_without_running_it(shell, spark):
+    shell.run_cell(VIEW)
+    _, out = run(shell, "%%stream_sql --explain\nSELECT page, count(*) AS n, max(ms) AS last FROM clicks GROUP BY page\n")
+    assert "keyed state by page: count(__sql_arg0), max(__sql_arg1) merged across batches" in out, out
+    assert "SELECT clicks.page AS `page`, 1 AS `__sql_arg0`, clicks.ms AS `__sql_arg1` FROM input AS `clicks`" in out
+    assert "output: an upsert stream keyed by page" in out
+
+
+def test_stream_sql_refuses_a_clause_at_its_cell_line(shell, spark):
+    shell.run_cell(VIEW)
+    result, out = run(shell, "%%stream_sql -n top\nSELECT page, count(*) AS n\nFROM clicks\nGROUP BY page\nORDER BY n\n")
+    cell = shell.execution_count
+    assert f"operator 'top' (In [{cell}], line 2): 'ORDER BY n' (line 4 of the query): a stream has no last row" \
+           in out, out
+    assert "Traceback" not in out and type(result.error_in_exec).__name__ == "StreamCellError"
+    _, out = run(shell, "%%stream_sql\nSELECT * FROM clickz\n")
+    assert "the query reads clickz, and no temporary view of that name exists (views: clicks" in out, out

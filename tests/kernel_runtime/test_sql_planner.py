@@ -84,7 +84,10 @@ def test_a_time_window_in_group_by_is_an_event_time_window_per_key(planned, call
     assert all(getattr(how.window, name) == value for name, value in spec.items()), how.window
     assert how.keys == ["k"] and "input.ts AS `ts`" in how.pre and "WHERE (input.v > CAST(0 AS BIGINT))" in how.pre
     assert "named_struct('start', `window_start`, 'end', `window_end`) AS `w`" in how.final
-    assert how.upsert_key == ["k", "__sql_key_window_start", "__sql_key_window_end"]
+    assert how.upsert_key == ["k", "__sql_key_window_start", "__sql_key_window_end"]  # no start selected
+    query = query.replace(" AS w,", ".start AS ws,")
+    how = plan(query, analysis.analyse(query, SCHEMA), analysis.window_calls(query))
+    assert how.upsert_key == ["k", "ws"] and "__sql_key" not in how.final
 
 
 def test_a_time_window_needs_the_stream_s_event_time(spark):
@@ -153,3 +156,37 @@ def test_the_screen_knows_every_aggregate_function_of_this_spark(spark):
             except Exception:
                 continue  # a class this JVM cannot load is no function a query can call
     assert "count" in names and names <= AGGREGATE_FUNCTIONS, sorted(names - AGGREGATE_FUNCTIONS)
+
+
+def test_the_state_of_a_query_has_a_uid_of_what_it_holds(spark):
+    def state_uid(query: str) -> str:
+        env = StreamEnvironment(parallelism=1)
+        env.from_generator(lambda s: {"k": s % 3, "v": s}, count=10).sql(query).collect()
+        (node,) = [n for n in env._nodes if n.spec.kind == "keyed-aggregate"]
+        return node.uid
+    same = state_uid("SELECT k, sum(v) AS s FROM input GROUP BY k")
+    assert same.startswith("sql-") and same == state_uid("SELECT k, sum(v) AS s FROM input GROUP BY k")
+    assert same != state_uid("SELECT k, max(v) AS s FROM input GROUP BY k")
+
+
+def test_a_refused_query_leaves_pyspark_s_own_error_log_as_it_was(tmp_path):
+    """In a fresh process (a notebook's kernel) the planner's first refusal comes before any error
+    of PySpark's own: the logger it quiets meanwhile must be PySpark's (a plain one of that name
+    takes its place and fails its calls, which pass errorClass=) and log again afterwards."""
+    script = tmp_path / "fresh.py"
+    script.write_text(
+        "import logging\n"
+        "import pyarrow as pa\n"
+        "from pyspark.logger import PySparkLogger\n"
+        "from kernel_runtime.api.sql import analysis\n"
+        "try:\n"
+        "    analysis.analyse('SELECT nope FROM input', pa.schema([('k', pa.int64())]))\n"
+        "except analysis.SqlAnalysisError as exc:\n"
+        "    print('refused:', exc)\n"
+        "log = logging.getLogger('SQLQueryContextLogger')\n"
+        "print('pyspark logger:', isinstance(log, PySparkLogger), log.isEnabledFor(logging.ERROR))\n")
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert "refused: [UNRESOLVED_COLUMN" in done.stdout, done.stdout + done.stderr[-3000:]
+    assert "pyspark logger: True True" in done.stdout, done.stdout

@@ -228,9 +228,11 @@ def _assert_all_gone(cluster_dir: Path) -> None:
 
 
 def stream_cells(nb: nbformat.NotebookNode) -> list[tuple[int, nbformat.NotebookNode]]:
-    """The notebook's %%stream cells (not %%stream_sql and the like), by index among all its cells."""
+    """The notebook's %%stream and %%stream_sql cells that run a job (not --explain), by index
+    among all its cells."""
     return [(i, c) for i, c in enumerate(nb.cells)
-            if c.cell_type == "code" and re.match(r"%%stream(\s|$)", c.source.lstrip())]
+            if c.cell_type == "code" and re.match(r"%%stream(_sql)?(\s|$)", c.source.lstrip())
+            and "--explain" not in c.source.lstrip().partition("\n")[0]]
 
 
 def tags(cell) -> set[str]:
@@ -242,6 +244,8 @@ def bounded_twin(cell, index: int) -> nbformat.NotebookNode | None:
     its own (its parallelism and checkpoint interval kept); None if the cell has no unbounded
     generator. Positions are the ast's: UTF-8 bytes of the body."""
     first, _, body = cell.source.lstrip().partition("\n")
+    if first.startswith("%%stream_sql"):
+        return None  # a query: its views' generators are bounded where they are defined
     calls = [n for n in ast.walk(ast.parse(body)) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
              and n.func.attr == "from_generator" and not any(k.arg in ("count", None) for k in n.keywords)]
     if not calls:

@@ -13,7 +13,11 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
+import tempfile
 import threading
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 import pyarrow as pa
@@ -34,6 +38,31 @@ class SqlAnalysisError(Exception):
         self.condition = condition  # Spark's error condition, e.g. TABLE_OR_VIEW_NOT_FOUND
 
 
+# where the planner's JVM writes (its start-up notes and warnings): not into a notebook's cells
+LOG_FILE = Path(tempfile.gettempdir()) / f"streamlab-sql-planner-{os.getuid()}.log"
+
+
+@contextmanager
+def _output_to(path: Path):
+    """This process's standard output and error (file descriptors 1 and 2) into ``path`` while
+    the block runs: a process started meanwhile (the JVM) keeps writing there."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    with open(path, "ab") as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in saved:
+            os.close(fd)
+
+
 def _new_session() -> Any:
     from pyspark.sql import SparkSession
     if session_factory is not None:
@@ -42,10 +71,14 @@ def _new_session() -> Any:
     saved = os.environ.get("PYSPARK_SUBMIT_ARGS")
     os.environ["PYSPARK_SUBMIT_ARGS"] = "--driver-java-options -XX:TieredStopAtLevel=1 pyspark-shell"
     try:
-        return (SparkSession.builder.master("local[1]").appName("streamlab SQL planner")
-                .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "1")
-                .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
-                .getOrCreate())
+        with _output_to(LOG_FILE):
+            session = (SparkSession.builder.master("local[1]").appName("streamlab SQL planner")
+                       .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+                       .config("spark.sql.shuffle.partitions", "1")
+                       .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+                       .getOrCreate())
+        session.sparkContext.setLogLevel("ERROR")
+        return session
     finally:
         if saved is None:
             os.environ.pop("PYSPARK_SUBMIT_ARGS", None)
@@ -62,14 +95,18 @@ def planner_session() -> Any:
     return _session
 
 
-def analyse(query: str, schema: pa.Schema) -> Node:
-    """The analysed plan of ``query`` over the view ``input`` with ``schema``; SqlAnalysisError
+def analyse(query: str, schema: pa.Schema, view: str = "input") -> Node:
+    """The analysed plan of ``query`` over the view ``view`` with ``schema``; SqlAnalysisError
     with Spark's message if Spark refuses it."""
     from pyspark.errors import PySparkException
+    from pyspark.logger import PySparkLogger
     with _lock:
-        session = _over_input(schema)
-        quiet = logging.getLogger("SQLQueryContextLogger")  # PySpark logs each refusal with its stack
-        level, quiet.level = quiet.level, logging.CRITICAL
+        session = _over_input(schema, view)
+        # PySpark logs each refusal with its stack; its own getLogger, as a plain logging one of
+        # that name would take the place of PySpark's and fail its calls (they pass errorClass=)
+        quiet = PySparkLogger.getLogger("SQLQueryContextLogger")
+        level = quiet.level
+        quiet.setLevel(logging.CRITICAL)  # setLevel, not .level: it clears the loggers' cached levels
         try:
             plan = session.sql(query)._jdf.queryExecution().analyzed()
         except PySparkException as exc:
@@ -77,7 +114,7 @@ def analyse(query: str, schema: pa.Schema) -> Node:
             # Spark's message, without the plan it appends
             raise SqlAnalysisError(str(exc).strip().split("\n")[0].rstrip(";"), condition or "") from None
         finally:
-            quiet.level = level
+            quiet.setLevel(level)
         return _node(plan)
 
 
@@ -133,12 +170,30 @@ def output_schema(query: str, schema: pa.Schema) -> pa.Schema:
         return to_arrow_schema(_over_input(schema).sql(query).schema)
 
 
-def _over_input(schema: pa.Schema) -> Any:
-    """The planner's session with an empty view ``input`` of ``schema``."""
+def _over_input(schema: pa.Schema, view: str = "input") -> Any:
+    """The planner's session with an empty view of ``schema`` (the only one: the last query's is dropped)."""
     from pyspark.sql.pandas.types import from_arrow_schema
     session = planner_session()
-    session.createDataFrame([], from_arrow_schema(schema)).createOrReplaceTempView("input")
+    for table in session.catalog.listTables():
+        if table.isTemporary:
+            session.catalog.dropTempView(table.name)
+    session.createDataFrame([], from_arrow_schema(schema)).createOrReplaceTempView(view)
     return session
+
+
+def relations(query: str) -> list[str]:
+    """The names of the tables and views the query reads (its parsed plan's), lower case, in order."""
+    with _lock:
+        parsed = planner_session()._jsparkSession.sessionState().sqlParser().parsePlan(query)
+        names: list[str] = []
+
+        def walk(node) -> None:
+            if node.getClass().getSimpleName() == "UnresolvedRelation":
+                names.append(str(node.tableName()).lower())
+            for child in _seq(node.children()):
+                walk(child)
+        walk(parsed)
+        return list(dict.fromkeys(names))
 
 
 # ------------------------------------------------------------------ Catalyst objects -> plan data

@@ -8,6 +8,7 @@ span batches is refused with what to do, rather than run per batch.
 """
 from __future__ import annotations
 
+import hashlib
 from typing import Optional
 
 import pyarrow as pa
@@ -17,39 +18,45 @@ from cluster.graph.operator_kinds import KINDS
 
 from kernel_runtime.api.datastream import DataStream, KeyedStream
 from kernel_runtime.api.schema import input_samples
-from kernel_runtime.api.time import EventTimeSessionWindows, SlidingEventTimeWindows, TumblingEventTimeWindows
+from kernel_runtime.api.time import (EventTimeSessionWindows, SlidingEventTimeWindows, TumblingEventTimeWindows,
+                                     WindowAssigner)
 from kernel_runtime.api.sql import analysis
-from kernel_runtime.api.sql.planner import ContinuousAggregate, PerBatch, UnsupportedQuery, plan
+from kernel_runtime.api.sql.planner import ContinuousAggregate, PerBatch, UnsupportedQuery, per_batch_query, plan
 from kernel_runtime.api.sql.screen import may_span_batches
 
 
-def planned(stream: DataStream, query: str, where: str):
-    """PerBatch or ContinuousAggregate for ``query`` over ``stream``; GraphValidationError naming
-    ``where`` (the operator and its line) if Spark refuses it or streamlab cannot plan it."""
-    if not may_span_batches(query):
-        return PerBatch()
+def planned(stream: DataStream, query: str, where: str, view: str = "input"):
+    """PerBatch or ContinuousAggregate for ``query`` over ``stream`` as the view ``view``, and the
+    text a per-batch plan runs (the batch is the view ``input`` on the TaskManager);
+    GraphValidationError naming ``where`` (the operator and its line) if Spark refuses the query or
+    streamlab cannot plan it."""
+    if view == "input" and not may_span_batches(query):
+        return PerBatch(), query
     schema = _input_schema(stream)
     if schema is None:
-        raise GraphValidationError(
-            f"{where}: the query may aggregate, join or sort across batches, which streamlab plans from "
-            "Spark's analysis of it over its input's schema, and that schema is not known before the job "
-            "runs (a source without a declared schema, or a .spark()/.map_batches() step of unknown output): "
-            "declare the source's schema (schema=...), or for Spark SQL over each batch on its own "
-            "write .sql(query, per_batch=True)")
+        if view == "input" or may_span_batches(query):
+            raise GraphValidationError(
+                f"{where}: the query may aggregate, join or sort across batches, which streamlab plans from "
+                "Spark's analysis of it over its input's schema, and that schema is not known before the job "
+                "runs (a source without a declared schema, or a .spark()/.map_batches() step of unknown output): "
+                "declare the source's schema (schema=...), or for Spark SQL over each batch on its own "
+                "write .sql(query, per_batch=True)")
+        return PerBatch(), per_batch_query(query, None, view)
     try:
-        root = analysis.analyse(query, schema)
+        root = analysis.analyse(query, schema, view)
     except analysis.SqlAnalysisError as exc:
         if exc.condition == "TABLE_OR_VIEW_NOT_FOUND":
             # a table of the TaskManagers' sessions (a stream-static join): checked when the task opens
-            return PerBatch()
+            return PerBatch(), per_batch_query(query, None, view)
         raise GraphValidationError(f"{where}: Spark refuses the query: {exc}") from None
     try:
         windows = analysis.window_calls(query) if "window" in query.lower() else []
-        return plan(query, root, windows)
+        how = plan(query, root, windows)
     except analysis.SqlAnalysisError as exc:
         raise GraphValidationError(f"{where}: {exc}") from None
     except UnsupportedQuery as exc:
         raise GraphValidationError(f"{where}: {exc}") from None
+    return how, per_batch_query(query, root, view) if isinstance(how, PerBatch) else query
 
 
 def _input_schema(stream: DataStream) -> Optional[pa.Schema]:
@@ -62,22 +69,25 @@ def _input_schema(stream: DataStream) -> Optional[pa.Schema]:
     return None if table is None else table.schema
 
 
-def build(stream: DataStream, query: str, name: str, parallelism: Optional[int], where: str) -> DataStream:
-    """The operators of ``query`` after ``stream``: the stream of its result."""
-    how = planned(stream, query, where)
+def build(stream: DataStream, query: str, name: str, parallelism: Optional[int], where: str,
+          view: str = "input") -> DataStream:
+    """The operators of ``query`` after ``stream`` (which it reads as ``view``): the stream of its result."""
+    how, text = planned(stream, query, where, view)
     if isinstance(how, PerBatch):
-        out = stream._then("spark", name, params={"sql": query}, parallelism=parallelism)
+        out = stream._then("spark", name, params={"sql": text}, parallelism=parallelism)
         out.sql_plan = how
         return out
     assert isinstance(how, ContinuousAggregate)
+    assigner = _assigner(stream, how, where) if how.window is not None else None  # checked before any node
     pre = stream._then("spark", name, params={"sql": how.pre}, parallelism=parallelism)
     aggregations = {out: (column, func) for out, (column, func) in how.aggregations.items()}
-    if how.window is not None:
-        merged = _windows(stream, pre, how, where).aggregate(
-            name=f"{name}: {how.grouping}", parallelism=parallelism, **aggregations)
+    if assigner is not None:
+        windowed = KeyedStream(pre, how.keys).window(assigner) if how.keys else pre.window_all(assigner)
+        merged = windowed.aggregate(name=f"{name}: {how.grouping}", parallelism=parallelism, **aggregations)
     else:
         merged = KeyedStream(pre, how.keys).aggregate(name=f"{name}: {how.grouping}", parallelism=parallelism,
                                                       **aggregations)
+    _pin_state_uid(merged, how)
     out = merged
     if how.final is not None:
         assert merged.node is not None and KINDS[merged.node.spec.kind].upsert
@@ -87,8 +97,8 @@ def build(stream: DataStream, query: str, name: str, parallelism: Optional[int],
     return out
 
 
-def _windows(stream: DataStream, pre: DataStream, how: ContinuousAggregate, where: str):
-    """The WindowedStream of a GROUP BY window(...): on the stream's own event time."""
+def _assigner(stream: DataStream, how: ContinuousAggregate, where: str) -> WindowAssigner:
+    """The window assigner of a GROUP BY window(...), on the stream's own event time."""
     window = how.window
     assert window is not None
     if stream.rowtime is None:
@@ -106,4 +116,14 @@ def _windows(stream: DataStream, pre: DataStream, how: ContinuousAggregate, wher
         assigner = SlidingEventTimeWindows.of(window.size_ms, window.slide_ms, window.offset_ms)
     else:
         assigner = TumblingEventTimeWindows.of(window.size_ms, window.offset_ms)
-    return KeyedStream(pre, how.keys).window(assigner) if how.keys else pre.window_all(assigner)
+    return assigner
+
+
+def _pin_state_uid(merged: DataStream, how: ContinuousAggregate) -> None:
+    """The keyed state's uid from what it holds (the rows, keys, aggregates and window), so that
+    the same query run again (an upgraded cell) finds its state in the savepoint, and an edited
+    aggregation does not take state of another shape; the generated uid if a twin has it."""
+    digest = hashlib.sha1(repr((how.pre, how.keys, how.aggregations, how.window)).encode()).hexdigest()[:20]
+    uid = f"sql-{digest}"
+    if merged.node is not None and not any(n.uid == uid for n in merged.env._nodes):
+        merged.uid(uid)

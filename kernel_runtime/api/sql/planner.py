@@ -221,15 +221,19 @@ def _aggregate(query: str, node: Node, grouping: list[Expr], results: list[Expr]
                 calls.setdefault(e.sql, e)
     aggregations: dict = {}
     arguments: list[str] = []
+    columns: dict[str, str] = {}  # each argument's SQL -> its column
     names = {}
     for j, (text, call) in enumerate(calls.items()):
         function = call.children[0]
         if call.distinct or call.filtered or function.kind not in MERGEABLE or len(function.children) != 1:
             raise UnsupportedQuery(query, node, f"{text} is not merged across batches yet: the aggregates "
                                    "planned over a stream are count, sum, min, max and avg (without DISTINCT or FILTER)")
-        arguments.append(f"{function.children[0].sql} AS `__sql_arg{j}`")
+        argument = function.children[0].sql
+        if argument not in columns:  # sum(v) and avg(v) read one column
+            columns[argument] = f"__sql_arg{len(columns)}"
+            arguments.append(f"{argument} AS {quoted(columns[argument])}")
         names[text] = f"__sql_agg{j}"
-        aggregations[names[text]] = [f"__sql_arg{j}", MERGEABLE[function.kind]]
+        aggregations[names[text]] = [columns[argument], MERGEABLE[function.kind]]
     if not aggregations:  # SELECT DISTINCT, GROUP BY without aggregates: a key's rows, counted
         aggregations["__sql_rows"] = ["__sql_arg", "count"]
         arguments.append("1 AS `__sql_arg`")
@@ -279,6 +283,8 @@ def _result(grouping: list[Expr], keys: list[str], results: list[Expr], names: d
     if window is not None:
         replacements[window[0]] = window[1]
     columns, visible = [], {}
+    # a window's start names it among its key's windows: a selected window.start keys the result
+    starts = {f"{window[0]}.start", f"{window[0]}.`start`"} if window is not None else set()
     for r in results:
         body = r.children[0] if r.kind == "Alias" else r
         text = _replace(body.sql, replacements)
@@ -286,10 +292,14 @@ def _result(grouping: list[Expr], keys: list[str], results: list[Expr], names: d
         for g, k in zip(grouping, keys):
             if body.sql == g.sql and k not in visible:
                 visible[k] = r.name
+        if body.sql in starts and WINDOW_START not in visible:
+            visible[WINDOW_START] = r.name
     hidden = {k: k if k.startswith(HIDDEN_KEY) else f"{HIDDEN_KEY}{i}" for i, k in enumerate(keys) if k not in visible}
     upsert_key = [visible[k] if k in visible else hidden[k] for k in keys]
     columns += [f"{quoted(k)} AS {quoted(name)}" for k, name in hidden.items()]
-    if window is not None:  # a window's row is its key and window, whatever the query selects
+    if window is not None and WINDOW_START in visible:
+        upsert_key.append(visible[WINDOW_START])
+    elif window is not None:  # a window's row is its key and window, whatever the query selects
         columns += [f"{quoted(c)} AS {quoted(HIDDEN_KEY + '_' + c)}" for c in (WINDOW_START, WINDOW_END)]
         upsert_key += [HIDDEN_KEY + "_" + c for c in (WINDOW_START, WINDOW_END)]
     return f"SELECT {', '.join(columns)} FROM input", upsert_key
@@ -305,9 +315,30 @@ def _replace(text: str, replacements: dict[str, str]) -> str:
 
 
 # ------------------------------------------------------------------ the rows below it, as SQL
+def per_batch_query(query: str, root: Optional[Node], view: str) -> str:
+    """A per-batch query that reads the view ``view`` as the TaskManager's Spark step runs it,
+    over the batch as the view ``input``: written back from the analysed plan when it only
+    projects and filters, else the query whole under a CTE of that name."""
+    if view == "input":
+        return query
+    if root is not None and all(n.kind in ("Project", "Filter", "SubqueryAlias", "View", "LogicalRDD")
+                                for n in root.walk()):
+        try:
+            return _query(query, root)
+        except UnsupportedQuery:
+            pass
+    return f"WITH {quoted(view)} AS (SELECT * FROM input) SELECT * FROM ({query}) AS `__sql_query`"
+
+
+def _leaf(node: Node) -> str:
+    """A view the query reads: on the TaskManager, the batch is the view ``input``."""
+    alias = node.alias or "input"
+    return "input" if alias == "input" else f"input AS {quoted(alias)}"
+
+
 def _query(query: str, node: Node) -> str:
     if node.kind == "SubqueryAlias" and node.children[0].kind == "View":
-        return f"SELECT * FROM {quoted(node.alias or 'input')}"
+        return f"SELECT * FROM {_leaf(node)}"
     child = node.children[0] if node.children else None
     if node.kind == "SubqueryAlias" and child is not None:
         return f"SELECT * FROM ({_query(query, child)}) AS {quoted(node.alias or '')}"
@@ -322,7 +353,7 @@ def _query(query: str, node: Node) -> str:
 def _from_item(query: str, node: Node) -> str:
     """``node``'s rows as a FROM item whose columns resolve as the expressions above name them."""
     if node.kind == "SubqueryAlias" and node.children[0].kind == "View":
-        return quoted(node.alias or "input")
+        return _leaf(node)
     qualifiers = {c.qualifier for c in node.output}
     if len(qualifiers) != 1 or len(next(iter(qualifiers))) > 1:
         raise UnsupportedQuery(query, node, "the columns below the aggregation come from several relations: "
