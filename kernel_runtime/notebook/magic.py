@@ -113,7 +113,8 @@ class StreamMagics(Magics):
             result_mode = ResultMode(args.mode, args.max_rows)
             client = self.session.client(args.cluster)
             if args.name:  # only a name the user gave says "this is that job, edited"
-                upgrade = self.upgrades.replace_running(client, name, args.restart)
+                upgrade = self.upgrades.replace_running(client, name, args.restart, graph,
+                                                        args.allow_non_restored_state)
             if upgrade is not None:
                 graph = upgrade.graph(graph, args.allow_non_restored_state)
             handle = client.submit(graph, detached=args.detached, result_mode=result_mode)

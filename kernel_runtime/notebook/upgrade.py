@@ -2,8 +2,11 @@
 a savepoint and the edited pipeline starts from it (Flink's stop-with-savepoint, then a submission
 with ``execution.savepoint.path``), each operator finding the state of the operator of its uid.
 
-An upgrade whose new job the cluster refuses (a savepoint that fits no longer) leaves the old job
-stopped and its state in the savepoint: kept here, the next run of the cell starts from it.
+Before the old job stops, its state (a savepoint taken while it runs) is checked against the edited
+pipeline: an upgrade that would be refused leaves the old job running. An upgrade whose new job
+the cluster refuses all the same (a storage this kernel does not see, a failure at the start)
+leaves the old job stopped and its state in the savepoint: kept here, the next run of the cell
+starts from it.
 """
 from __future__ import annotations
 
@@ -63,6 +66,32 @@ def upgrade_lines(fit: SavepointFit) -> list[str]:
     return lines
 
 
+class UpgradeRefused(ValueError):
+    """The edited pipeline does not fit the running job's state; the job runs on."""
+
+
+def _check_fit(client: JobClient, name: str, job_id: str, graph: JobGraph) -> None:
+    """UpgradeRefused if the running job's state (a savepoint taken while it runs, then disposed
+    of) does not fit ``graph``. Where this kernel does not see the cluster's storage, the
+    cluster checks the fit when the new job starts, as before."""
+    try:
+        probe = client.trigger_savepoint(job_id, stop=False)
+    except (RpcError, TimeoutError):
+        return  # stopping it with a savepoint says what failed
+    try:
+        fit = savepoint_fit(read_metadata(Path(local_path(probe))), graph)
+    except (OSError, ValueError):
+        return
+    finally:
+        try:
+            client.dispose_savepoint(probe)
+        except (RpcError, TimeoutError):
+            pass  # a savepoint left behind costs disk, not correctness
+    if fit.misfits:
+        raise UpgradeRefused(f"cannot upgrade job {name!r} ({job_id}): the edited pipeline does not fit its "
+                             f"state: {fit.refusal()}. The job runs on; --restart replaces it without its state.")
+
+
 def _wait_ended(client: JobClient, job_id: str, timeout: float = 60.0) -> None:
     """Until the job is over (its slots are free for the job that replaces it)."""
     deadline = time.monotonic() + timeout
@@ -85,10 +114,15 @@ class JobUpgrades:
         """Keep ``upgrade`` for the cell's next run (with --allow-non-restored-state, say)."""
         self._refused[(str(client.cluster.cluster_dir), name)] = upgrade
 
-    def replace_running(self, client: JobClient, name: str, restart: bool) -> Optional[Upgrade]:
+    def replace_running(self, client: JobClient, name: str, restart: bool, graph: Optional[JobGraph] = None,
+                        allow_non_restored_state: bool = False) -> Optional[Upgrade]:
         """The running job of this name on the client's cluster, if any, stopped with a savepoint
         (the upgrade to submit) or, with ``restart``, cancelled (None: start from nothing). The
-        savepoint of an upgrade that failed is taken up again by the next run of the cell."""
+        savepoint of an upgrade that failed is taken up again by the next run of the cell.
+
+        Before it stops the job, the state of a savepoint taken while it runs is checked against
+        ``graph``, the edited pipeline: an upgrade that would be refused raises UpgradeRefused and
+        leaves the job running."""
         running = [j for j in client.list_jobs()
                    if j["name"] == name and j["state"] not in JobState.GLOBALLY_TERMINAL]
         if len(running) > 1:
@@ -105,6 +139,8 @@ class JobUpgrades:
         if not running:
             return pending
         job_id = running[0]["jid"]
+        if graph is not None and not allow_non_restored_state:
+            _check_fit(client, name, job_id, graph)
         try:
             location = client.trigger_savepoint(job_id, stop=True)
         except (RpcError, TimeoutError) as exc:
