@@ -14,6 +14,11 @@ from typing import Optional
 import pyarrow as pa
 
 
+def quoted(name: str) -> str:
+    """A column name as a Spark SQL identifier, whatever its characters."""
+    return "`" + name.replace("`", "``") + "`"
+
+
 class MalformedInputError(Exception):
     """Input that cannot become rows: a malformed record nobody reads, or a file that does not fit."""
 

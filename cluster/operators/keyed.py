@@ -24,6 +24,7 @@ import pyarrow as pa
 
 from cluster.common import clock
 from cluster.graph.event_time import NO_WATERMARK
+from cluster.graph.schema import quoted
 from cluster.state.loader import create_backend
 from cluster.state.key_groups import key_group_range, key_groups_of_frame
 
@@ -60,11 +61,6 @@ def spark_partial_aggregate(key: list[str], aggregations: dict) -> str:
     partials = ", ".join(f"{functions[kind]}({quoted(column)}) AS {quoted(name)}"
                          for name, kind, column in partial_columns(aggregations))
     return f"SELECT {keys}, {partials} FROM input GROUP BY {keys}"
-
-
-def quoted(name: str) -> str:
-    """A column name as a Spark SQL identifier, whatever its characters."""
-    return "`" + name.replace("`", "``") + "`"
 
 
 class KeyedBatch(NamedTuple):

@@ -14,7 +14,8 @@ from __future__ import annotations
 from typing import Callable
 
 from cluster.graph.windows import SessionWindows, assigner_of
-from cluster.operators.keyed import partial_columns, quoted
+from cluster.graph.schema import quoted
+from cluster.operators.keyed import partial_columns
 from cluster.operators.windowing.pre_aggregation import LATEST, ROWS
 
 

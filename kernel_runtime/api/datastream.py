@@ -152,11 +152,7 @@ class DataStream:
     def explain(self) -> str:
         """How the .sql step that made this stream runs: per batch on Spark, or which parts run
         per batch on Spark and which in keyed state, with the key and the output's kind."""
-        if self.sql_plan is None:
-            return "not a .sql step's stream"
-        if hasattr(self.sql_plan, "explain"):
-            return self.sql_plan.explain()
-        return "per batch, on Spark: the query over each batch on its own (it only projects and filters)"
+        return "not a .sql step's stream" if self.sql_plan is None else self.sql_plan.explain()
 
     def key_by(self, *columns: str) -> "KeyedStream":
         site = call_site()

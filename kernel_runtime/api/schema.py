@@ -21,7 +21,7 @@ Where nothing is known (a source without a schema), nothing is checked before th
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Iterator, Optional, Union
 
 import cloudpickle
 import numpy as np
@@ -183,21 +183,30 @@ def _merged(inputs: list[Optional[pa.Table]]) -> Optional[pa.Table]:
         return None  # a union whose schemas do not merge fails at run time, saying so
 
 
-def input_samples(nodes: list[StreamNode], edges: list, samplers: Optional[dict] = None) -> Optional[pa.Table]:
-    """The sample of what an operator with these input edges would receive (None: not known);
+def _walk_samples(nodes: list[StreamNode], samplers: Optional[dict] = None
+                  ) -> Iterator[tuple[StreamNode, Optional[pa.Table], dict[str, Optional[pa.Table]]]]:
+    """Each node (creation order is a topological order) with the sample of what it receives and
+    the samples so far, by uid; the node's own sample is added once the caller goes on.
     ``samplers`` make the sample of a kind whose output the client can work out otherwise
     (kind -> fn(node, input sample)), as the SQL planner does for a per-batch query."""
-    wanted = {e.source for e in edges}
     samples: dict[str, Optional[pa.Table]] = {}
-    for node in nodes:  # creation order is a topological order
-        if wanted <= samples.keys():
-            break
+    for node in nodes:
         table = _merged([samples.get(e.source) if e.side_output is None else None for e in node.inputs])
+        yield node, table, samples
         sampler = (samplers or {}).get(node.spec.kind)
         try:
             samples[node.uid] = sampler(node, table) if sampler else _sample_of(node, table)
         except Exception:
             samples[node.uid] = None  # the job itself will report this step's error properly
+
+
+def input_samples(nodes: list[StreamNode], edges: list, samplers: Optional[dict] = None) -> Optional[pa.Table]:
+    """The sample of what an operator with these input edges would receive (None: not known)."""
+    wanted = {e.source for e in edges}
+    samples: dict[str, Optional[pa.Table]] = {}
+    for _, _, samples in _walk_samples(nodes, samplers):
+        if wanted <= samples.keys():
+            break
     return _merged([samples.get(e.source) if e.side_output is None else None for e in edges])
 
 
@@ -243,9 +252,7 @@ def check_columns(nodes: list[StreamNode]) -> None:
         return  # nothing to check: do not call the user's functions for nothing
     by_uid = {n.uid: n for n in nodes}
     consumer_columns: dict[str, list] = {}
-    samples: dict[str, Optional[pa.Table]] = {}
-    for node in nodes:  # creation order is a topological order
-        table = _merged([samples.get(e.source) if e.side_output is None else None for e in node.inputs])
+    for node, table, _ in _walk_samples(nodes):
         if table is not None:
             for column, what in needs[node.uid]:
                 if column not in table.column_names:
@@ -258,9 +265,5 @@ def check_columns(nodes: list[StreamNode]) -> None:
             if edge.ship_strategy == ShipStrategy.HASH and KINDS[upstream.spec.kind].spark:
                 consumer_columns.setdefault(upstream.uid, []).extend(
                     [column, "key_by column {}", node.spec.where()] for column in edge.key)
-        try:
-            samples[node.uid] = _sample_of(node, table)
-        except Exception:
-            samples[node.uid] = None  # the job itself will report this step's error properly
     for uid, columns in consumer_columns.items():  # assigned, not added to: a graph may be built twice
         by_uid[uid].spec.params["consumer_columns"] = columns

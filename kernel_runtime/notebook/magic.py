@@ -91,15 +91,16 @@ class StreamMagics(Magics):
         # the query as the cell's code, so that its site reads "In [5], line 2" (line 1: the %%stream_sql line)
         filename = shell.compile.cache("\n" + cell, running_cell(shell), raw_code=f"%%stream_sql {line}\n{cell}")
         sites = CellSites(shell)
+        name = args.name or "sql"  # the query's operator and its sink
         try:
             env = StreamEnvironment(parallelism=args.parallelism, config=args.job_config())
-            result = env.sql_query(cell, name=args.name or "sql", site=f"{os.path.basename(filename)}:2")
+            result = env.sql_query(cell, name=name, site=f"{os.path.basename(filename)}:2")
         except GraphValidationError as exc:
             raise expected_error(exc, sites) from None
         if explain:
             print(result.explain())
             return None
-        result.collect(args.name or "sql")
+        result.collect(name)
         return self._submit(args, env)
 
     def _submit(self, args, env: StreamEnvironment) -> JobHandle:

@@ -49,7 +49,7 @@ class Upgrade:
         lines = [f"Upgraded job {self.name!r}: job {self.old_job_id} stopped with savepoint {self.location}; "
                  f"job {graph.job_id} starts from it."]
         try:
-            fit = savepoint_fit(read_metadata(Path(local_path(self.location))), graph)
+            fit = _fit(self.location, graph)
         except (OSError, ValueError) as exc:  # a cluster whose storage this kernel does not see
             return lines + [f"  (which operators kept their state is not known here: {exc})"]
         return lines + upgrade_lines(fit)
@@ -66,6 +66,12 @@ def upgrade_lines(fit: SavepointFit) -> list[str]:
     return lines
 
 
+def _fit(location: str, graph: JobGraph) -> SavepointFit:
+    """How the savepoint at ``location`` fits ``graph``; OSError or ValueError where this kernel
+    does not see the cluster's storage."""
+    return savepoint_fit(read_metadata(Path(local_path(location))), graph)
+
+
 class UpgradeRefused(ValueError):
     """The edited pipeline does not fit the running job's state; the job runs on."""
 
@@ -79,7 +85,7 @@ def _check_fit(client: JobClient, name: str, job_id: str, graph: JobGraph) -> No
     except (RpcError, TimeoutError):
         return  # stopping it with a savepoint says what failed
     try:
-        fit = savepoint_fit(read_metadata(Path(local_path(probe))), graph)
+        fit = _fit(probe, graph)
     except (OSError, ValueError):
         return
     finally:

@@ -124,7 +124,7 @@ def window_calls(query: str) -> list[WindowCall]:
     from py4j.java_gateway import get_field
     with _lock:
         session = planner_session()
-        parsed = session._jsparkSession.sessionState().sqlParser().parsePlan(query)
+        parsed = _parsed(session, query)
         jvm = session._jvm
         calls = []
         for call in _calls_in(parsed, ("window", "session_window")):
@@ -141,6 +141,11 @@ def window_calls(query: str) -> list[WindowCall]:
                 durations.append(days * 86_400_000 + micros // 1000)
             calls.append(WindowCall(call.prettyName().lower(), column.name(), tuple(durations)))
         return calls
+
+
+def _parsed(session, query: str) -> Any:
+    """The query's parsed (unresolved) plan: Spark's parser, no schema needed."""
+    return session._jsparkSession.sessionState().sqlParser().parsePlan(query)
 
 
 def _calls_in(plan, names: tuple[str, ...]) -> list:
@@ -184,7 +189,7 @@ def _over_input(schema: pa.Schema, view: str = "input") -> Any:
 def relations(query: str) -> list[str]:
     """The names of the tables and views the query reads (its parsed plan's), lower case, in order."""
     with _lock:
-        parsed = planner_session()._jsparkSession.sessionState().sqlParser().parsePlan(query)
+        parsed = _parsed(planner_session(), query)
         names: list[str] = []
 
         def walk(node) -> None:
@@ -210,8 +215,7 @@ def _option(value) -> Optional[Any]:
 
 def _origin(obj) -> Origin:
     origin = obj.origin()
-    stop = _option(origin.stopIndex())
-    return Origin(_option(origin.line()), _option(origin.startIndex()), stop)
+    return Origin(_option(origin.line()), _option(origin.startIndex()), _option(origin.stopIndex()))
 
 
 def _expr(e) -> Expr:

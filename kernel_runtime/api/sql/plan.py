@@ -25,8 +25,20 @@ class Origin:
         return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+class _Tree:
+    """A node of a tree whose ``children`` are of its own kind."""
+
+    children: tuple
+
+    def walk(self):
+        """This node, then every node under it, depth first."""
+        yield self
+        for child in self.children:
+            yield from child.walk()
+
+
 @dataclass(frozen=True)
-class Expr:
+class Expr(_Tree):
     kind: str                          # Catalyst's class name: AttributeReference, Alias, Count, ...
     sql: str                           # Spark's SQL text of it
     name: str = ""                     # a named expression's name (column, alias)
@@ -35,11 +47,6 @@ class Expr:
     children: tuple["Expr", ...] = ()
     distinct: bool = False             # an AggregateExpression's DISTINCT
     filtered: bool = False             # an AggregateExpression's FILTER (WHERE ...)
-
-    def walk(self):
-        yield self
-        for child in self.children:
-            yield from child.walk()
 
 
 @dataclass(frozen=True)
@@ -50,7 +57,7 @@ class Column:
 
 
 @dataclass(frozen=True)
-class Node:
+class Node(_Tree):
     kind: str                                   # Catalyst's node name: Project, Filter, Aggregate, ...
     children: tuple["Node", ...] = ()
     output: tuple[Column, ...] = ()
@@ -59,11 +66,6 @@ class Node:
     expressions: tuple[Expr, ...] = ()          # Project: its list; Filter: its condition
     grouping: tuple[Expr, ...] = ()             # Aggregate
     aggregates: tuple[Expr, ...] = ()           # Aggregate: its result expressions
-
-    def walk(self):
-        yield self
-        for child in self.children:
-            yield from child.walk()
 
 
 @dataclass(frozen=True)

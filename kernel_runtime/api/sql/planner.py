@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from cluster.graph.operator_kinds import HIDDEN_KEY_PREFIX as HIDDEN_KEY
+from cluster.graph.schema import quoted
 
 from kernel_runtime.api.sql.plan import Expr, Node, WindowCall
 
@@ -32,6 +33,10 @@ PER_BATCH = frozenset({"Project", "Filter", "SubqueryAlias", "View", "LogicalRDD
                        "OneRowRelation", "Generate", "Union", "ResolvedHint", "Sample"})
 MERGEABLE = {"Count": "count", "Sum": "sum", "Min": "min", "Max": "max", "Average": "mean"}
 WINDOW_STRUCT = "struct<start:timestamp"  # window(), session_window(): a struct of start and end
+
+
+def _is_window(data_type: str) -> bool:
+    return data_type.startswith(WINDOW_STRUCT)
 
 _REFUSED = {
     "Sort": "a stream has no last row to sort by: sort the collected result (handle.results(...)"
@@ -63,6 +68,9 @@ class UnsupportedQuery(Exception):
 @dataclass(frozen=True)
 class PerBatch:
     """The query answers each batch on its own: one Spark step, as written."""
+
+    def explain(self) -> str:
+        return "per batch, on Spark: the query over each batch on its own (it only projects and filters)"
 
 
 @dataclass(frozen=True)
@@ -120,7 +128,7 @@ def plan(query: str, root: Node, windows: Sequence[WindowCall] = ()):
     its window calls as written); UnsupportedQuery."""
     if all(n.kind in PER_BATCH for n in root.walk()):
         return PerBatch()
-    if root.kind == "Aggregate" and any(g.data_type.startswith(WINDOW_STRUCT) for g in root.grouping):
+    if root.kind == "Aggregate" and any(_is_window(g.data_type) for g in root.grouping):
         return _windowed(query, root, windows)
     if root.kind == "Aggregate" and _per_batch(root.children[0]):
         return _aggregate(query, root, list(root.grouping), list(root.aggregates),
@@ -130,7 +138,7 @@ def plan(query: str, root: Node, windows: Sequence[WindowCall] = ()):
         columns = [Expr("AttributeReference", quoted(c.name), c.name, (), c.data_type) for c in child.output]
         # the selected rows as a subquery of their own: its columns resolve by name alone
         return _aggregate(query, root, columns, columns, f"({_query(query, child)}) AS `__sql_rows`")
-    raise UnsupportedQuery(query, _first_spanning(root), _why(root))
+    raise _refusal(query, root)
 
 
 def _per_batch(node: Node) -> bool:
@@ -150,39 +158,42 @@ def _first_spanning(root: Node) -> Node:
     raise ValueError("the plan has no node that spans batches")
 
 
-def _why(root: Node) -> str:
+def _refusal(query: str, root: Node) -> UnsupportedQuery:
+    """Why the plan under ``root`` is not planned over a stream, at the clause to name."""
     node = _first_spanning(root)
     if node.kind in _REFUSED:
-        return _REFUSED[node.kind]
-    if node.kind in PER_BATCH or node.kind in ("Aggregate", "Distinct"):
-        return ("the query works on the running result of an aggregation (HAVING, or a query over a "
-                "grouped subquery): its rows change as batches come, which needs retractions, not planned "
-                "yet; filter the collected result instead")
-    return f"{node.kind} spans batches and is not planned over a stream yet"
+        why = _REFUSED[node.kind]
+    elif node.kind in PER_BATCH or node.kind in ("Aggregate", "Distinct"):
+        why = ("the query works on the running result of an aggregation (HAVING, or a query over a "
+               "grouped subquery): its rows change as batches come, which needs retractions, not planned "
+               "yet; filter the collected result instead")
+    else:
+        why = f"{node.kind} spans batches and is not planned over a stream yet"
+    return UnsupportedQuery(query, node, why)
 
 
 def _windowed(query: str, root: Node, calls: Sequence[WindowCall]) -> ContinuousAggregate:
     """GROUP BY window(ts, ...)[, keys]: Spark's analysed plan computes the window struct in a
     projection (an expansion for sliding windows) over the rows; the rows below it go to the
     DataStream API's event-time window, and the struct is made back from its start and end."""
-    windows = [g for g in root.grouping if g.data_type.startswith(WINDOW_STRUCT)]
+    windows = [g for g in root.grouping if _is_window(g.data_type)]
     calls = list(dict.fromkeys(calls))  # the same call in the select list and in GROUP BY is one window
     if len(windows) != 1 or len(calls) != 1:
         raise UnsupportedQuery(query, root, "one time window per query: GROUP BY window(ts, '1 minute') "
                                "or session_window(ts, '5 minutes'), once")
     call = calls[0]
     rows = root.children[0]
-    while any(c.data_type.startswith(WINDOW_STRUCT) for c in rows.output):
+    while any(_is_window(c.data_type) for c in rows.output):
         if rows.kind not in ("Filter", "Project", "Expand") or not rows.children:
             raise UnsupportedQuery(query, root, f"{rows.kind} around a time window is not planned over a stream yet")
         rows = rows.children[0]
     if not _per_batch(rows):
-        raise UnsupportedQuery(query, _first_spanning(rows), _why(rows))
+        raise _refusal(query, rows)
     times = [c for c in rows.output if c.name.lower() == call.time_column.lower()]
     if len(times) != 1:
         raise UnsupportedQuery(query, root, f"the window's time column {call.time_column!r} is not one column "
                                "of the rows below it")
-    spec = _window_spec(query, root, call, times[0].name)
+    spec = _window_spec(call, times[0].name)
     time_sql = ".".join(quoted_if_needed(p) for p in (*times[0].qualifier, times[0].name))
     window = windows[0]
     grouping = [g for g in root.grouping if g is not window]
@@ -192,7 +203,7 @@ def _windowed(query: str, root: Node, calls: Sequence[WindowCall]) -> Continuous
                       window=(spec, time_sql, window.sql, struct))
 
 
-def _window_spec(query: str, root: Node, call: WindowCall, time_column: str) -> EventTimeWindow:
+def _window_spec(call: WindowCall, time_column: str) -> EventTimeWindow:
     durations = call.durations_ms
     if call.function == "session_window":
         return EventTimeWindow("session", time_column, gap_ms=durations[0])
@@ -360,10 +371,6 @@ def _from_item(query: str, node: Node) -> str:
                                "not planned over a stream yet")
     (qualifier,) = qualifiers
     return f"({_query(query, node)}) AS {quoted(qualifier[0] if qualifier else '__sql_rows')}"
-
-
-def quoted(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
 
 
 def quoted_if_needed(name: str) -> str:
