@@ -27,6 +27,11 @@ def add_partitions(servers: str, topic: str, total: int) -> None:
 def produce(servers: str, topic: str, values: Iterable[bytes], keys: Optional[Iterable[Optional[bytes]]] = None,
             partition: Optional[int] = None) -> int:
     producer = Producer({"bootstrap.servers": servers, "linger.ms": 5, "enable.idempotence": True})
+    if partition is not None:
+        # a partition added just now may be missing from this producer's first metadata (CI run 17:
+        # _UNKNOWN_PARTITION): wait until the broker's metadata has it
+        wait_for(lambda: partition in producer.list_topics(topic, timeout=10).topics[topic].partitions, 60,
+                 f"partition {partition} of {topic} in the producer's metadata")
     failed: list = []
     n = 0
     for i, (value, key) in enumerate(zip(values, keys if keys is not None else _nones())):
