@@ -8,9 +8,9 @@ STAMP  := $(VENV)/.installed
 LABEXT_STAMP := $(VENV)/.labext-installed
 LABEXT_SRC   := labext/package.json labext/tsconfig.json $(wildcard labext/src/*.ts labext/style/*.css labext/style/*.js)
 
-.PHONY: setup system-deps system-packages kafka-jars quickstart lab test test-fast typecheck bench bench-peers bench-kafka bench-windows bench-dashboards bench-first-spark-cell bench-spark-batch bench-lab-panel cluster-start cluster-stop clean check-python check-java
+.PHONY: setup system-deps system-packages kafka-jars spark-archive quickstart lab test test-fast typecheck bench bench-peers bench-kafka bench-windows bench-dashboards bench-first-spark-cell bench-spark-batch bench-lab-panel cluster-start cluster-stop clean check-python check-java
 
-setup: $(STAMP) $(LABEXT_STAMP)
+setup: $(STAMP) $(LABEXT_STAMP) spark-archive
 
 $(STAMP): pyproject.toml kernel_runtime/notebook/widgets/jupyter-config/streamlab.json labext/jupyter-config/streamlab_labext.json | check-python check-java
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,14 @@ $(LABEXT_STAMP): $(STAMP) labext/node_modules/.package-lock.json $(LABEXT_SRC)
 	mkdir -p $(VENV)/share/jupyter/labextensions
 	cp -r labext/streamlab_labext/labextension $(VENV)/share/jupyter/labextensions/streamlab-labext
 	touch $(LABEXT_STAMP)
+
+# The class data sharing archive of the TaskManagers' Spark JVM, made once per machine into
+# ~/.cache/streamlab/jvm (cluster/spark/class_data.py): each JVM start then takes about half the CPU.
+# It must see the JDK's javac (the helpers' jar is on the archived class path): a test run makes it
+# after system-packages has installed a JDK.
+ARCHIVE_AFTER ?=
+spark-archive: $(STAMP) | $(ARCHIVE_AFTER)
+	$(PY) -m cluster.spark archive
 
 check-python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' || { \
@@ -97,7 +105,7 @@ TEST_WORKERS ?= 2
 PYTEST := $(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 # What a run needs, two at a time: the type check and the Kafka jars while the lab extension builds
-PREPARE_TESTS := $(MAKE) -j2 system-deps typecheck kafka-jars setup
+PREPARE_TESTS := $(MAKE) -j2 ARCHIVE_AFTER=system-packages system-deps typecheck kafka-jars setup
 
 test:
 	$(PREPARE_TESTS)

@@ -51,11 +51,11 @@ def suite_spark_session():
     import sys
     from pyspark.sql import SparkSession
     from cluster.conf import TaskConfig
-    from cluster.spark.runner import spark_conf, with_jvm_helpers
+    from cluster.spark.runner import session_conf
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ["PYSPARK_PYTHON"] = sys.executable
     builder = SparkSession.builder
-    conf = with_jvm_helpers(spark_conf(TaskConfig.from_dict({"taskmanager.spark.master": "local[1]"})))
+    conf = session_conf(TaskConfig.from_dict({"taskmanager.spark.master": "local[1]"}))
     for key, value in conf.items():
         builder = builder.config(key, value)
     return builder.appName("streamlab-tests").getOrCreate()

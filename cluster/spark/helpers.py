@@ -7,8 +7,8 @@ analysed plan as one Spark job (plans.py). They use Spark's internal methods, pu
 bytecode: catalyst.py loads them and probes them at the session's start.
 
 The classes are compiled once per machine and Spark version (``javac`` of the JDK that Spark runs
-on), into ``~/.cache/streamlab/jvm``, and put on the driver's class path when the TaskManager's
-session starts. Without a JDK compiler every batch takes the Python way, as before the helpers.
+on), into a jar in ``~/.cache/streamlab/jvm``, and put on the driver's class path when the
+TaskManager's session starts. Without a JDK compiler every batch takes the Python way, as before the helpers.
 
 Thread use: any thread.
 """
@@ -20,6 +20,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import zipfile
 from pathlib import Path
 from typing import Optional
 
@@ -31,6 +32,7 @@ SOURCES = sorted((Path(__file__).parent / "jvm").glob("*.java"))
 HELPER_PACKAGE = "streamlab"  # the helpers' Java package (catalyst.load_helper finds them by it)
 JAVA_RELEASE = "17"  # Spark 4's oldest Java
 COMPILE_TIMEOUT_S = 300
+JAR_ENTRY_TIME = (2000, 1, 1, 0, 0, 0)
 
 
 def cache_root() -> Path:
@@ -50,19 +52,27 @@ def javac() -> Optional[str]:
     return shutil.which("javac")
 
 
-def compiled(directory: Path) -> bool:
-    return all((directory / HELPER_PACKAGE / f"{source.stem}.class").exists() for source in SOURCES)
+def compiled(jar: Path) -> bool:
+    if not jar.is_file():
+        return False
+    with zipfile.ZipFile(jar) as archive:
+        names = set(archive.namelist())
+    return all(f"{HELPER_PACKAGE}/{source.stem}.class" in names for source in SOURCES)
 
 
 def classpath_entry() -> Optional[str]:
-    """The directory of the compiled helpers, compiled now if this machine has not yet (a few
-    seconds, once); None when they cannot be (no JDK compiler)."""
+    """The jar of the compiled helpers, compiled now if this machine has not yet (a few seconds,
+    once); None when they cannot be (no JDK compiler).
+
+    A jar, not a directory of classes: the JVM's class data sharing (class_data.py) refuses a
+    class path with a non-empty directory in it. Its entries carry a fixed time and the first
+    jar written stays, so the jar's size and time, which a shared archive checks, never change."""
     from pyspark import __version__ as spark_version
     digest = hashlib.sha256(spark_version.encode())
     for source in SOURCES:
         digest.update(source.name.encode() + b"\0" + source.read_bytes())
     key = digest.hexdigest()[:16]
-    target = cache_root() / key
+    target = cache_root() / f"{key}.jar"
     if compiled(target):
         return str(target)
     names = ", ".join(source.name for source in SOURCES)
@@ -70,26 +80,32 @@ def classpath_entry() -> Optional[str]:
     if compiler is None:
         log.warning("no javac (a JDK's compiler) found: Spark batches take the slower way without %s", names)
         return None
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # compiled aside, then linked into place: TaskManagers that start at once each compile their
+    # own, and the first link wins
+    staging = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=target.parent))
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        # compiled aside and renamed into place: TaskManagers that start at once each compile
-        # their own, and the first rename wins
-        staging = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=target.parent))
         done = subprocess.run([compiler, "--release", JAVA_RELEASE, "-nowarn", "-cp", str(spark_jars() / "*"),
-                               "-d", str(staging), *map(str, SOURCES)], capture_output=True, text=True,
+                               "-d", str(staging / "classes"), *map(str, SOURCES)], capture_output=True, text=True,
                               timeout=COMPILE_TIMEOUT_S)
         if done.returncode != 0:
             log.warning("compiling %s failed: Spark batches take the slower way without them:\n%s", names,
                         done.stderr.strip()[-2000:])
-            shutil.rmtree(staging, ignore_errors=True)
             return None
+        jar = staging / "helpers.jar"
+        with zipfile.ZipFile(jar, "w") as archive:
+            for path in sorted((staging / "classes").rglob("*.class")):
+                entry = zipfile.ZipInfo(path.relative_to(staging / "classes").as_posix(), JAR_ENTRY_TIME)
+                archive.writestr(entry, path.read_bytes())
         try:
-            staging.rename(target)
-        except OSError:  # another TaskManager's compile came first
-            shutil.rmtree(staging, ignore_errors=True)
+            os.link(jar, target)
+        except FileExistsError:  # another TaskManager's compile came first
+            pass
     except (OSError, subprocess.SubprocessError) as exc:
         log.warning("compiling %s failed (%s): Spark batches take the slower way without them", names, exc)
         return None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return str(target)
 
 

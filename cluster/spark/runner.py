@@ -24,6 +24,7 @@ import pyarrow as pa
 from cluster.conf import TaskConfig
 from cluster.operators.base import TaskCancelled
 from cluster.spark import catalyst
+from cluster.spark.class_data import with_class_data
 from cluster.spark.helpers import classpath_entry
 from cluster.spark.local import LocalBatches
 from cluster.spark.memory import BatchMemory, budget_of_heap
@@ -101,6 +102,11 @@ def with_jvm_helpers(conf: dict[str, str]) -> dict[str, str]:
     return conf | {"spark.driver.extraClassPath": os.pathsep.join([given, entry]) if given else entry}
 
 
+def session_conf(config: TaskConfig) -> dict[str, str]:
+    """The TaskManager's SparkSession's configuration: its own, the helpers' jar, this machine's class data archive."""
+    return with_class_data(with_jvm_helpers(spark_conf(config)))
+
+
 class SparkRunner:
     """The TaskManager's SparkSession: started once, shared by every slot."""
 
@@ -114,8 +120,9 @@ class SparkRunner:
     # startup), whose job configuration is the JobManager's (another taskmanager.host).
     taskmanager_config: Optional[TaskConfig] = None
 
-    def __init__(self, config: TaskConfig):
+    def __init__(self, config: TaskConfig, conf: Optional[dict[str, str]] = None):
         self.config = config
+        self.conf = conf  # the session's configuration, if not session_conf(config) (class_data.py's archive run)
         self.ready = threading.Event()
         self.error: Optional[str] = None
         self.session: Optional[SparkSession] = None
@@ -134,9 +141,12 @@ class SparkRunner:
         """The session, started by the first caller: a task, or the TaskManager at its start."""
         with cls._lock:
             if cls._instance is None:
-                cls._instance = SparkRunner(cls.taskmanager_config or config)
-                cls._instance._thread.start()
+                cls._instance = SparkRunner(cls.taskmanager_config or config).start()
             return cls._instance
+
+    def start(self) -> "SparkRunner":
+        self._thread.start()
+        return self
 
     @classmethod
     def running(cls) -> Optional["SparkRunner"]:
@@ -159,7 +169,7 @@ class SparkRunner:
             from pyspark.sql import SparkSession
             catalyst.set_release_poll(PY4J_RELEASE_POLL_S)
             builder = SparkSession.builder
-            for key, value in with_jvm_helpers(spark_conf(self.config)).items():
+            for key, value in (self.conf or session_conf(self.config)).items():
                 builder = builder.config(key, value)
             session = builder.getOrCreate()
             session.createDataFrame(pa.table({"warm": [1, 2]})).selectExpr("sum(warm)").toArrow()

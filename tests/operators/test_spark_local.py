@@ -5,6 +5,7 @@ them, and a job after all when the plan needs one."""
 from __future__ import annotations
 
 import os
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -105,14 +106,15 @@ def test_the_helpers_compile_once_per_machine_and_are_not_needed(monkeypatch, tm
     that has not compiled them, none (batches take the Python way)."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     entry = spark_jvm.classpath_entry()
-    classes = [Path(entry or "") / "streamlab" / f"{name}.class" for name in ("LocalBatch", "BatchJob")]
-    assert entry is not None and all(c.is_file() for c in classes)
-    compiled = [c.stat().st_mtime_ns for c in classes]
+    assert entry is not None and entry.endswith(".jar")
+    with zipfile.ZipFile(entry) as jar:
+        assert {"streamlab/LocalBatch.class", "streamlab/BatchJob.class"} <= set(jar.namelist())
+    compiled = os.stat(entry).st_mtime_ns
     monkeypatch.delenv("JAVA_HOME", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path / "no-jdk"))
     assert spark_jvm.javac() is None
     assert spark_jvm.classpath_entry() == entry  # no compiler needed: the classes are there
-    assert [c.stat().st_mtime_ns for c in classes] == compiled
+    assert os.stat(entry).st_mtime_ns == compiled
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "elsewhere"))
     assert spark_jvm.classpath_entry() is None
     assert not [p for p in (tmp_path / "elsewhere").rglob("*") if p.is_file()]

@@ -1,0 +1,58 @@
+"""The class data sharing archive of the TaskManagers' Spark JVM (cluster/spark/class_data.py): named
+for the JVM and class path it fits, given to a driver only once made, and mapped by the JVMs of a real
+cluster's TaskManagers (``make setup`` made it: ``python -m cluster.spark archive``)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pandas as pd
+import psutil
+
+from cluster.conf import TaskConfig
+from cluster.spark.class_data import JAVA_OPTIONS, archive_path, with_class_data
+from cluster.spark.runner import session_conf
+from kernel_runtime import StreamEnvironment
+from tests.conftest import wait_for
+
+
+def test_an_archive_is_named_for_its_class_path_and_given_to_the_driver_once_made(monkeypatch, tmp_path: Path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    jar = tmp_path / "extra.jar"
+    jar.write_bytes(b"one")
+    conf = {JAVA_OPTIONS: "-XX:+UseParallelGC", "spark.driver.extraClassPath": str(jar)}
+    archive = archive_path(conf)
+    assert archive is not None and archive.parent == tmp_path / "cache" / "streamlab" / "jvm"
+    assert with_class_data(conf) == conf  # none made: the JVM starts as before
+    archive.parent.mkdir(parents=True)
+    archive.write_bytes(b"")
+    assert with_class_data(conf)[JAVA_OPTIONS] == f"-XX:+UseParallelGC -XX:SharedArchiveFile={archive}"
+    # another class path, or the same jar rewritten, looks for an archive of its own
+    assert archive_path({JAVA_OPTIONS: "-XX:+UseParallelGC"}) != archive
+    jar.write_bytes(b"three")
+    assert archive_path(conf) != archive
+    assert with_class_data(conf) == conf
+
+
+def mapped_archives(pid: int) -> set[str]:
+    with open(f"/proc/{pid}/maps") as maps:
+        return {line.split()[-1] for line in maps if line.rstrip().endswith(".jsa")}
+
+
+def test_the_taskmanagers_spark_jvms_map_this_machines_archive(cluster, client):
+    archive = archive_path(session_conf(TaskConfig.from_dict({})))
+    assert archive is not None and archive.is_file(), f"no class data archive at {archive}: make setup makes it"
+    env = StreamEnvironment(parallelism=2, cluster=cluster.cluster_dir)
+    (env.from_generator(lambda seq: pd.DataFrame({"v": seq}), count=10, batch_size=5)
+        .sql("SELECT v * 2 AS w FROM input")
+        .collect())
+    rows = env.execute_async("class data", client=client).wait(180).to_pandas()
+    assert sorted(rows.w) == list(range(0, 20, 2))
+
+    def jvms() -> list[psutil.Process]:
+        return [child for tm in cluster.taskmanagers for child in psutil.Process(tm.pid).children(recursive=True)
+                if child.name() == "java"]
+    found = wait_for(lambda: len(jvms()) == len(cluster.taskmanagers) and jvms(), 120, "every TaskManager's JVM")
+    for jvm in found:
+        # the JDK's own base archive, and ours on top of it
+        assert str(archive) in mapped_archives(jvm.pid), (jvm.pid, os.readlink(f"/proc/{jvm.pid}/exe"))
