@@ -63,7 +63,14 @@ export interface IVertex {
   id: string;
   name: string;
   parallelism: number;
+  status: string;
   backpressure: Backpressure;
+  /** the highest busy and back-pressured shares of time of its subtasks, 0..1 */
+  busy: number;
+  backpressured: number;
+  /** its fill while it runs, as Flink's job graph colours it (busy red, back-pressured dark, idle blue) */
+  color: string | null;
+  ink: string | null;
   records_in: number;
   records_out: number;
 }

@@ -1,5 +1,10 @@
 /** Small formatters and DOM helpers shared by the panel, the job view and the status item. */
 
+/** A share of time, 0..1, as a whole percentage. */
+export function percent(share: number): string {
+  return `${Math.round(share * 100)}%`;
+}
+
 export function formatCount(n: number): string {
   return n.toLocaleString('en-US');
 }

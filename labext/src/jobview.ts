@@ -11,7 +11,17 @@ import { IEdge, IJobDetail, IVertex, TERMINAL_STATES, jobPath, requestAPI } from
 import { JobAction, actionTitle, runJobAction } from './actions';
 import { Refresher } from './refresher';
 import { KeyedStateSection } from './stateview';
-import { el, formatBytes, formatCount, formatDuration, formatTime, setData, setText, syncChildren } from './format';
+import {
+  el,
+  formatBytes,
+  formatCount,
+  formatDuration,
+  formatTime,
+  percent,
+  setData,
+  setText,
+  syncChildren
+} from './format';
 
 export const JOB_REFRESH_MS = 1000;
 
@@ -179,13 +189,20 @@ export class JobView extends Widget {
           (box, v) => {
             setData(box, 'vertexId', v.id);
             setData(box, 'backpressure', v.backpressure);
+            setData(box, 'busy', String(Math.round(v.busy * 100)));
+            setData(box, 'backpressured', String(Math.round(v.backpressured * 100)));
+            box.style.background = v.color ?? '';
+            box.style.color = v.ink ?? '';
             const [edge, name, numbers, bp] = Array.from(box.children) as HTMLElement[];
             const incoming = strategies.get(v.id);
             edge.hidden = !incoming;
             setText(edge, incoming ? `↓ ${incoming.join(', ')}` : '');
             setText(name, `${v.name} ×${v.parallelism}`);
             setText(numbers, `in ${formatCount(v.records_in)} · out ${formatCount(v.records_out)}`);
-            setText(bp, `back pressure ${v.backpressure}`);
+            setText(
+              bp,
+              `busy ${percent(v.busy)} · back-pressured ${percent(v.backpressured)} (${v.backpressure})`
+            );
           }
         )
     );

@@ -24,6 +24,7 @@ from urllib.parse import quote, urlencode
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from kernel_runtime.notebook.lab_registry import REGISTRY_FOLDER, cluster_id
+from kernel_runtime.notebook.widgets.metrics import load_color, load_text_color
 from kernel_runtime.client.cluster_info import ClusterInfo, ClusterNotRunning
 from kernel_runtime.deploy.processes import alive
 
@@ -220,6 +221,20 @@ def _compose(known: KnownCluster, overview: dict, taskmanagers: dict, jobs: list
     return entry
 
 
+def vertex_entry(vertex: dict) -> dict:
+    """A vertex of the job view, with the colour Flink's job graph gives it while it runs: the busy
+    bottleneck red, what waits for it dark, idle blue (metrics.load_color, as the dashboard's graph)."""
+    busy, backpressured = vertex.get("busy-ratio", 0.0), vertex.get("backpressured-ratio", 0.0)
+    running = vertex.get("status") == "RUNNING"
+    return {"id": vertex["id"], "name": vertex["name"], "parallelism": vertex["parallelism"],
+            "status": vertex.get("status", ""), "backpressure": vertex["backpressure-level"],
+            "busy": busy, "backpressured": backpressured,
+            "color": load_color(busy, backpressured) if running else None,
+            "ink": load_text_color(busy, backpressured) if running else None,
+            "records_in": vertex["metrics"].get("read-records", 0),
+            "records_out": vertex["metrics"].get("write-records", 0)}
+
+
 async def job_detail(known: KnownCluster, job_id: str) -> dict:
     rest = await JobManagerRest.of(known.cluster_dir)
     jid = quote(job_id, safe="")
@@ -229,10 +244,7 @@ async def job_detail(known: KnownCluster, job_id: str) -> dict:
     nodes = details.get("plan", {}).get("nodes", [])
     return {
         "job": job_entry(overview, details),
-        "vertices": [{"id": v["id"], "name": v["name"], "parallelism": v["parallelism"],
-                      "backpressure": v["backpressure-level"],
-                      "records_in": v["metrics"].get("read-records", 0),
-                      "records_out": v["metrics"].get("write-records", 0)} for v in details.get("vertices", [])],
+        "vertices": [vertex_entry(v) for v in details.get("vertices", [])],
         "edges": [{"source": i["id"], "target": n["id"], "ship_strategy": i["ship_strategy"]}
                   for n in nodes for i in n.get("inputs", [])],
         "checkpoints": [{"id": c["id"], "status": c["status"], "trigger_time": c["trigger_timestamp"],

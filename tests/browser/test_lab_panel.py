@@ -172,6 +172,10 @@ def test_streams_panel_status_bar_export_and_cancel(standing_cluster_down, jupyt
             page.wait_for_selector(".streamlab-jobview .streamlab-vertex[data-backpressure]", timeout=20_000)
             vertices = page.locator(".streamlab-jobview .streamlab-vertex").count()
             assert vertices >= 2, f"the job view shows {vertices} vertices"
+            # each running vertex filled as Flink's job graph fills it, by its busy and back-pressured time
+            page.wait_for_function("() => [...document.querySelectorAll('.streamlab-jobview .streamlab-vertex')]"
+                                   ".every(v => v.style.backgroundColor && v.dataset.busy !== undefined)",
+                                   timeout=20_000)
             # Its keyed state: the count's, at a checkpoint taken for the look, one row per user
             view = page.locator(".streamlab-jobview")
             view.locator(".streamlab-state-operator").fill("count")

@@ -37,6 +37,11 @@ def dashboard(cluster):
     client.close()
 
 
+def parse_hsl(color: str) -> tuple[int, int, int]:
+    hue, saturation, lightness = re.fullmatch(r"hsl\((\d+), (\d+)%, (\d+)%\)", color).groups()
+    return int(hue), int(saturation), int(lightness)
+
+
 def records_in(board) -> list[int]:
     return [int(n.replace(",", "")) for n in re.findall(r"<td[^>]*>([\d,]+)</td>", board.throughput.table.value)[::2]]
 
@@ -62,6 +67,20 @@ def test_the_views_follow_the_job(dashboard):
     assert board.slots.root.value.count('data-state="busy"') == 1  # slot sharing: one slot holds all three
     graph = board.graph.root.value
     assert graph.count('class="streamlab-vertex"') == 3 and "REBALANCE" in graph and "HASH" in graph
+    # coloured as Flink's job graph: the busy step red, its back-pressured source dark grey, not the other way
+    boxes = {" / ".join(re.findall(r">([^<]+)</text>", box)): re.search(r'<rect [^>]*fill="([^"]+)"', box)[1]
+             for box in graph.split('<g class="streamlab-vertex"')[1:]}
+    fills = {name: parse_hsl(next(fill for text, fill in boxes.items() if name in text))
+             for name in ("events", "slow step")}
+    source, step = fills["events"], fills["slow step"]
+    assert step[0] <= 60 and step[1] > 0, boxes  # a warm hue: busy (an idle vertex is blue, 210)
+    assert source[1] == 0 and source[2] <= 60, boxes  # grey to black: back-pressured
+    # and named: the slow step is the bottleneck, in the graph and the table; the source is not
+    marked = [text for text in boxes if "bottleneck" in text]
+    assert len(marked) == 1 and "slow step" in marked[0], boxes
+    assert graph.count('data-bottleneck="1"') == 1
+    wait_for(lambda: [("bottleneck" in row) for row in backpressure_rows()] == [False, True, False], 30,
+             "the slow step named the bottleneck in the table")
     assert "no checkpoints" in board.checkpoints.root.value
 
     before = records_in(board)

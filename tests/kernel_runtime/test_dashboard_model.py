@@ -6,7 +6,8 @@ from kernel_runtime.api import FileSource
 from kernel_runtime.notebook.widgets.job_graph import layout, operator_names
 from cluster.protocol.metrics import backpressure_level
 from cluster.graph.event_time import MAX_WATERMARK, NO_WATERMARK
-from kernel_runtime.notebook.widgets.metrics import JobMetrics, RateMeter, event_time, source_progress
+from kernel_runtime.notebook.widgets.metrics import (JobMetrics, RateMeter, VertexStats, bottleneck, event_time,
+                                                    load_color, source_progress)
 from kernel_runtime.notebook.widgets.base import Update
 from kernel_runtime.notebook.widgets.feed import Snapshot
 from kernel_runtime.notebook.widgets.progress import ProgressView
@@ -254,3 +255,19 @@ def test_the_source_view_shows_each_kafka_partition_with_its_offset_lag_and_wate
     assert 'data-pending="35">35<' in view.root.value and "2023-11-14 22:13:20.007" in view.root.value
     view.update(Update(Snapshot(2.0, details(subtask("src", 0)) | {"state": "RUNNING"}, {}), [], 2.0))
     assert view.root.value == ""  # no Kafka source: no view
+
+
+def _vertex(vid: str, busy: float, backpressured: float) -> VertexStats:
+    return VertexStats(vid, vid, 1, "RUNNING", 0, 0, 0.0, 0.0, busy=busy, backpressured=backpressured,
+                       idle=max(0.0, 1 - busy - backpressured), busy_max=busy)
+
+
+def test_the_bottleneck_is_the_busiest_vertex_that_is_not_back_pressured():
+    source, step, sink = _vertex("source", 0.05, 0.9), _vertex("step", 0.97, 0.0), _vertex("sink", 0.2, 0.0)
+    assert bottleneck([source, step, sink]) == "step"
+    # waiting for credit is no bottleneck, however busy; nor is a vertex idle half the time
+    assert bottleneck([_vertex("a", 0.6, 0.3), _vertex("b", 0.45, 0.0)]) is None
+    assert bottleneck([]) is None
+    # Flink's colours: the bottleneck red, what waits for it dark grey, an idle vertex blue
+    assert step.load_color == "hsl(6, 75%, 53%)" and source.load_color == "hsl(0, 0%, 26%)"
+    assert load_color(0.0, 0.0) == "hsl(210, 75%, 82%)"

@@ -26,6 +26,7 @@ from jupyter_client import BlockingKernelClient
 from kernel_runtime import JobClient, StreamEnvironment
 from kernel_runtime.deploy.ha import free_port
 from kernel_runtime.notebook.lab_registry import JOB_MIME_TYPE, cluster_id
+from kernel_runtime.notebook.widgets.metrics import load_color
 from kernel_runtime.deploy.local import PROJECT_ROOT, stop_cluster
 
 from ..conftest import rest, running_keyed_count, start_cluster, wait_for
@@ -189,6 +190,9 @@ def test_job_detail(server, cluster, running_job):
     vertices = {v["id"]: v for v in detail["vertices"]}
     assert len(vertices) == 2 and all(v["parallelism"] == 2 for v in vertices.values())
     assert all(v["backpressure"] in ("ok", "low", "high") for v in vertices.values())
+    # coloured as the dashboard's job graph colours a running vertex, from its busy and back-pressured shares
+    assert all(v["status"] == "RUNNING" and 0 <= v["busy"] <= 1 and 0 <= v["backpressured"] <= 1
+               and v["color"] == load_color(v["busy"], v["backpressured"]) for v in vertices.values()), vertices
     (edge,) = detail["edges"]
     assert edge["source"] in vertices and edge["target"] in vertices and edge["ship_strategy"] == "HASH"
     assert detail["exceptions"] == [] and isinstance(detail["checkpoints"], list)

@@ -138,6 +138,11 @@ def _vertex_metrics(executions) -> dict:
     return total
 
 
+def _highest(executions, per_second: str) -> float:
+    """The highest share of time (0..1) of a ...TimeMsPerSecond metric over the vertex's subtasks."""
+    return max((e.metrics.get(per_second, 0.0) / 1000 for e in executions), default=0.0)
+
+
 def plan_json(job) -> dict:
     g = job.job_graph
     nodes = []
@@ -160,15 +165,17 @@ def job_json(d: JobManagerState, job_id: str) -> dict:
     for v in job.job_graph.vertices:
         executions = job.graph.executions_of(v.id)
         counts = job.graph.status_counts(v.id)
+        backpressured = _highest(executions, "backPressuredTimeMsPerSecond")
         vertices.append({
             "id": v.id, "slotSharingGroupId": "default", "name": v.name, "maxParallelism": v.max_parallelism,
             "parallelism": v.parallelism, "status": job.graph.vertex_state(v.id),
             "start-time": job.graph.timestamps[JobState.RUNNING] or -1, "end-time": end, "duration": duration,
             "tasks": counts | {"RECONCILING": 0}, "metrics": _vertex_metrics(executions),
-            # streamlab's own: the worst subtask's level, as GET .../backpressure grades it, so a
-            # view of the whole job (the lab's Streams panel) needs no request per vertex
-            "backpressure-level": backpressure_level(max(
-                (e.metrics.get("backPressuredTimeMsPerSecond", 0.0) / 1000 for e in executions), default=0.0)),
+            # streamlab's own: the worst subtask's level, as GET .../backpressure grades it, and the
+            # highest busy and back-pressured shares of its subtasks, which Flink's job graph colours
+            # a vertex by, so a view of the whole job (the lab's Streams panel) needs no request per vertex
+            "backpressure-level": backpressure_level(backpressured),
+            "busy-ratio": _highest(executions, "busyTimeMsPerSecond"), "backpressured-ratio": backpressured,
         })
     return {
         "jid": job.job_id, "name": job.job_graph.name, "isStoppable": False, "state": job.state,

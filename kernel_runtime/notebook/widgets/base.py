@@ -20,7 +20,9 @@ FONT = "font-family:var(--jp-ui-font-family,sans-serif);font-size:12px"
 STATE_COLORS = {"RUNNING": "#c7e9c0", "FINISHED": "#d9d9d9", "FAILED": "#fcbba1", "CANCELED": "#eeeeee",
                 "CANCELING": "#eeeeee", "FAILING": "#fcbba1", "RESTARTING": "#fff7bc"}
 WAITING_COLOR = "#fff7bc"  # CREATED, SCHEDULED, DEPLOYING, INITIALIZING
-LEVEL_COLORS = {"OK": "#31a354", "LOW": "#e6a700", "HIGH": "#de2d26"}
+# Back pressure grades in the colours of Flink's job graph, where back-pressured is dark: a
+# back-pressured operator waits for a busy one downstream, which is the one to look at (red there)
+LEVEL_COLORS = {"OK": "#4292c6", "LOW": "#737373", "HIGH": "#252525"}
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,12 @@ def badge(level: str) -> str:
     color = LEVEL_COLORS.get(level, "#888")
     return (f'<span data-level="{esc(level)}" style="color:white;background:{color};border-radius:3px;'
             f'padding:0 4px;font-weight:600">{esc(level)}</span>')
+
+
+def swatch(color: str) -> str:
+    """A small square of the vertex's colour in the job graph, beside its name in a table."""
+    return (f'<span class="streamlab-swatch" style="display:inline-block;width:9px;height:9px;margin-right:4px;'
+            f'background:{color};border:1px solid #666"></span>')
 
 
 def percent(share: float) -> str:

@@ -13,8 +13,8 @@ from bokeh.palettes import Category10_10
 from bokeh.plotting import figure
 from jupyter_bokeh import BokehModel
 
-from kernel_runtime.notebook.widgets.base import Component, Update, badge, esc, percent, table
-from kernel_runtime.notebook.widgets.metrics import VertexStats
+from kernel_runtime.notebook.widgets.base import LEVEL_COLORS, Component, Update, badge, esc, percent, swatch, table
+from kernel_runtime.notebook.widgets.metrics import VertexStats, bottleneck
 
 ROLLOVER = 600  # points kept per chart: a few minutes at a few updates a second
 LEGEND_ROW_PX = 16  # the figure grows by a row of legend per two series
@@ -77,6 +77,10 @@ class _ChartWithTable(Component):
         return [(i, stats[vid]) for i, (vid, _) in enumerate(self.vertices) if vid in stats]
 
 
+BOTTLENECK_MARK = (' <span data-bottleneck="1" style="color:#cb181d;font-weight:600" '
+                   'title="busy most of the time and not back-pressured: what holds the job back">bottleneck</span>')
+
+
 class BackpressureView(_ChartWithTable):
     """Back-pressured share of time per vertex (its most back-pressured subtask), over time,
     with Flink's bands: OK up to 10 %, LOW up to 50 %, HIGH above."""
@@ -85,17 +89,18 @@ class BackpressureView(_ChartWithTable):
         chart = TimeSeries("Back pressure (max over subtasks)", "back-pressured share",
                            [(_series_key(i), name, i, "solid") for i, (_, name) in enumerate(vertices)],
                            y_range=Range1d(start=0, end=1.05))
-        for bottom, top, color in ((0, 0.10, "#31a354"), (0.10, 0.5, "#e6a700"), (0.5, 1.05, "#de2d26")):
+        for (bottom, top), color in zip(((0, 0.10), (0.10, 0.5), (0.5, 1.05)), LEVEL_COLORS.values()):
             chart.figure.add_layout(BoxAnnotation(bottom=bottom, top=top, fill_color=color, fill_alpha=0.07))
         super().__init__(chart, vertices, "streamlab-backpressure")
 
     def update(self, update: Update) -> None:
         rows = self._by_vertex(update)
         self.chart.add(update.elapsed, {_series_key(i): s.backpressured for i, s in rows})
+        slowest = bottleneck([s for _, s in rows])
         self._set_table(table(
             ["vertex", "busy", "back-pressured", "idle", "level"],
-            [[esc(s.name), percent(s.busy), percent(s.backpressured), percent(s.idle), badge(s.level)]
-             for _, s in rows]))
+            [[swatch(s.load_color) + esc(s.name) + (BOTTLENECK_MARK if s.vertex_id == slowest else ""),
+              percent(s.busy), percent(s.backpressured), percent(s.idle), badge(s.level)] for _, s in rows]))
 
 
 class ThroughputView(_ChartWithTable):

@@ -1,10 +1,13 @@
-"""The job graph: vertices (chains of operators) with their parallelism, state and back-pressure
-level, and the edges between them with their ship strategy; drawn as SVG from the job's plan."""
+"""The job graph: vertices (chains of operators) with their parallelism, state, busy and
+back-pressured time, and the edges between them with their ship strategy; drawn as SVG from the
+job's plan. A running vertex is filled as Flink's job graph fills it (metrics.load_color): the busy
+bottleneck red, the operators that wait for it dark, idle ones blue."""
 from __future__ import annotations
 
 import re
 
-from kernel_runtime.notebook.widgets.base import FONT, LEVEL_COLORS, HTMLComponent, Update, esc, state_color, title
+from kernel_runtime.notebook.widgets.base import FONT, HTMLComponent, Update, esc, percent, state_color, title
+from kernel_runtime.notebook.widgets.metrics import bottleneck, load_text_color
 
 BOX_W, LINE_H, GAP_X, GAP_Y, PAD = 210, 15, 70, 16, 8
 _OPERATOR = re.compile(r"^(?P<name>.*?) \[(?P<kind>[^\]]+)\](?: \(.*\))?$")
@@ -48,9 +51,10 @@ class JobGraphView(HTMLComponent):
         if not nodes:
             return ""
         states = {v["id"]: v.get("status", "") for v in update.snapshot.details.get("vertices", [])}
-        levels = {s.vertex_id: s.level for s in update.stats}
+        stats = {s.vertex_id: s for s in update.stats}
+        slowest = bottleneck(update.stats)
         places = layout(plan)
-        heights = {vid: (2 + len(operator_names(n.get("description", "")))) * LINE_H + PAD for vid, n in nodes.items()}
+        heights = {vid: (3 + len(operator_names(n.get("description", "")))) * LINE_H + PAD for vid, n in nodes.items()}
         row_h = max(heights.values()) + GAP_Y
         pos: dict[str, tuple[float, float]] = {vid: (PAD + col * (BOX_W + GAP_X), PAD + row * row_h) for vid, (col, row) in places.items()}
         width = max(x for x, _ in pos.values()) + BOX_W + PAD
@@ -71,16 +75,27 @@ class JobGraphView(HTMLComponent):
                              f'font-size="10" fill="#444">{esc(edge.get("ship_strategy", ""))}</text>')
         for vid, node in nodes.items():
             x, y = pos[vid]
-            state, level = states.get(vid, ""), levels.get(vid, "OK")
-            parts.append(f'<g class="streamlab-vertex" data-state="{esc(state)}" data-level="{level}">'
+            state, vertex = states.get(vid, ""), stats.get(vid)
+            level = vertex.level if vertex else "OK"
+            fill, ink, load = state_color(state), "black", ""
+            if vertex is not None:  # the last figures of an ended vertex, on its state's colour
+                load = f"busy {percent(vertex.busy_max)} · back-pressured {percent(vertex.backpressured)}"
+                if vid == slowest:
+                    load = f"bottleneck: busy {percent(vertex.busy_max)}"
+                if state == "RUNNING":
+                    fill, ink = vertex.load_color, load_text_color(vertex.busy_max, vertex.backpressured)
+            parts.append(f'<g class="streamlab-vertex" data-state="{esc(state)}" data-level="{level}" '
+                         f'data-bottleneck="{int(vid == slowest)}" '
+                         f'data-busy="{round(100 * vertex.busy_max) if vertex else 0}" '
+                         f'data-backpressured="{round(100 * vertex.backpressured) if vertex else 0}">'
                          f'<rect x="{x}" y="{y}" width="{BOX_W}" height="{heights[vid]}" rx="4" '
-                         f'fill="{state_color(state)}" stroke="{LEVEL_COLORS.get(level, "#888")}" stroke-width="2"/>')
-            lines = [f"parallelism {node.get('parallelism', '?')} · {state} · {level}"]
+                         f'fill="{fill}" stroke="#666" stroke-width="1"/>')
+            lines = [f"parallelism {node.get('parallelism', '?')} · {state}", load]
             lines += operator_names(node.get("description", ""))
             for i, text in enumerate(lines):
-                weight = "normal" if i == 0 else "600"
+                weight = "normal" if i < 2 else "600"
                 parts.append(f'<text x="{x + 6}" y="{y + PAD + (i + 1) * LINE_H - 3}" font-size="11" '
-                             f'font-weight="{weight}">{esc(text[:34])}</text>')
+                             f'font-weight="{weight}" fill="{ink}">{esc(text[:34])}</text>')
             parts.append("</g>")
         # a wide graph scales down to its column rather than be cut off at the right edge
         svg = (f'<svg viewBox="0 0 {width} {height}" width="{width}" height="{height}" '

@@ -61,11 +61,18 @@ class VertexStats:
     busy: float
     backpressured: float
     idle: float
+    # the highest busy share of its subtasks: with the back-pressured share above (the highest too),
+    # what Flink's job graph colours a vertex by ("Busy (max)", "Backpressured (max)")
+    busy_max: float = 0.0
 
     @property
     def level(self) -> str:
         """OK, LOW or HIGH, as Flink's web UI shows it."""
         return backpressure_level(self.backpressured)
+
+    @property
+    def load_color(self) -> str:
+        return load_color(self.busy_max, self.backpressured)
 
 
 class JobMetrics:
@@ -105,12 +112,38 @@ class JobMetrics:
             # an ended job keeps the figures its subtasks last reported, not zeros
             measured = [sh for s in running or subtasks if (sh := self._shares(t, s)) is not None]
             shown = max(measured, key=lambda sh: (sh["backpressured"], sh["busy"]), default=NO_SHARES)
+            busy_max = max((sh["busy"] for sh in measured), default=0.0)
             stats.append(VertexStats(
                 vertex_id=vertex["id"], name=vertex["name"], parallelism=vertex["parallelism"],
                 status=vertex.get("status", ""), records_in=records_in, records_out=records_out,
                 in_rate=self._rate((vertex["id"], "in"), t, records_in),
-                out_rate=self._rate((vertex["id"], "out"), t, records_out), **shown))
+                out_rate=self._rate((vertex["id"], "out"), t, records_out), busy_max=busy_max, **shown))
         return stats
+
+
+def load_color(busy: float, backpressured: float) -> str:
+    """A vertex's fill as Flink's job graph colours it: the bottleneck, busy, red; an operator that
+    waits for it, back-pressured, dark grey to black; an idle one blue; shades between. Shares 0..1."""
+    if backpressured > busy:
+        return f"hsl(0, 0%, {round(85 - 65 * backpressured)}%)"
+    return f"hsl({round(210 * (1 - busy))}, 75%, {round(82 - 30 * busy)}%)"
+
+
+BOTTLENECK_BUSY = 0.5  # busy at least half the time, and not back-pressured itself
+
+
+def bottleneck(stats: list[VertexStats]) -> Optional[str]:
+    """The vertex that holds the job back, if one does: the busiest of those that are not
+    back-pressured (Flink's OK), busy at least half the time. What waits for it upstream is
+    back-pressured, and is not the problem."""
+    free = [s for s in stats if s.level == "OK" and s.busy_max >= BOTTLENECK_BUSY]
+    return max(free, key=lambda s: s.busy_max).vertex_id if free else None
+
+
+def load_text_color(busy: float, backpressured: float) -> str:
+    """Text that reads on load_color's fill: white on the dark ones."""
+    dark = backpressured > busy and backpressured > 0.5 or backpressured <= busy and busy > 0.7
+    return "white" if dark else "black"
 
 
 NO_SHARES = {"busy": 0.0, "backpressured": 0.0, "idle": 0.0}
