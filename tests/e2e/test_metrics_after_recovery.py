@@ -7,6 +7,7 @@ follows it all along, as in a notebook.
 """
 from __future__ import annotations
 
+import html
 import os
 import re
 import signal
@@ -109,7 +110,12 @@ def test_figures_after_a_taskmanager_loss_are_the_jobs_whole_and_add_up(own_clus
                 'data-state="FINISHED"' in board.status.header.value
         wait_for(settled, 15, "the dashboard's final picture")
         header = board.status.header.value
-        assert 'data-attempt="2"' in header and "TaskManager" not in header and "#a50f15" not in header, header
+        assert 'data-attempt="2"' in header and "#a50f15" not in header, header  # no failure in red
+        # why attempt 2 ran, in the header's grey: the failure it restarted after, the checkpoint it restored
+        restart = html.unescape(re.search(r'class="streamlab-restart"[^>]*>([^<]*)<', header)[1])
+        restored = details["checkpoints"]["latest"]["restored"]["id"]
+        assert re.fullmatch(rf"restarted \d\d:\d\d:\d\d after .+; restored checkpoint {restored}", restart), restart
+        assert details["last-failure"]["taskmanager"] or "tm-" in restart, (restart, details["last-failure"])
         shown = float(re.search(r"([\d.]+) s", header).group(1))
         assert shown == pytest.approx(details["duration"] / 1000, abs=0.06), (shown, details["duration"])
         for vertex in board.metrics.observe(time.monotonic(), details):

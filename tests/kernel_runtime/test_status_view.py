@@ -1,9 +1,11 @@
 """The dashboard header of a failing, restarting and failed job: the root cause in one line, the
 rest (notes, the user's traceback behind a <details>) in a widget that changes only with it."""
+import time
+
 from cluster.common import failures
 from kernel_runtime.notebook.widgets.base import Update
 from kernel_runtime.notebook.widgets.feed import Snapshot
-from kernel_runtime.notebook.widgets.status import StatusView
+from kernel_runtime.notebook.widgets.status import StatusView, restart_note
 
 CAUSE = failures.task_failed("KeyError: 'nope', in operator 'enrich' (In [5], line 4)\n\nTraceback (most recent call "
                              "last):\n  In [5], line 4, in enrich\n    return df['nope']\nKeyError: 'nope'",
@@ -45,3 +47,21 @@ def test_a_job_started_by_an_upgrade_says_from_which_savepoint():
     assert "upgraded from savepoint <code>/tmp/sp/savepoint-ab12</code>" in header
     header, _ = shown(StatusView("job", "j1"), "RUNNING", 500, failure=None)
     assert "upgraded" not in header
+
+
+def test_a_later_attempt_says_what_it_restarted_after_and_what_it_restored():
+    lost = failures.task_failed("TaskManager tm-1 lost: no heartbeat for 2000 ms", "step (1/2)", "tm-1")
+    details = {"state": "RUNNING", "duration": 9000, "failure-cause": None, "attempt": 2,
+               "last-failure": {"cause": lost, "timestamp": 1_700_000_000_000, "task": "step (1/2)", "taskmanager": "tm-1"},
+               "checkpoints": {"latest": {"restored": {"id": 7, "is_savepoint": False}}}}
+    assert restart_note(details, "RUNNING") == (
+        f"restarted {time.strftime('%H:%M:%S', time.localtime(1_700_000_000))} after TaskManager tm-1 lost: "
+        "no heartbeat for 2000 ms; restored checkpoint 7")
+    view = StatusView("job", "j1")
+    view.update(Update(Snapshot(0.0, details, {}), [], 0.0))
+    assert 'class="streamlab-restart"' in view.header.value and "restored checkpoint 7" in view.header.value
+    # nothing to restore: it says so; a first attempt, or a job failing now, has no such note
+    details["checkpoints"] = {"latest": {"restored": None}}
+    assert restart_note(details, "RUNNING").endswith("no checkpoint to restore: it started from the beginning")
+    assert restart_note(details | {"attempt": 1}, "RUNNING") == ""
+    assert restart_note(details, "RESTARTING") == ""

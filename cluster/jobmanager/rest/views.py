@@ -187,9 +187,19 @@ def job_json(d: JobManagerState, job_id: str) -> dict:
         # streamlab's own: the attempt running now (1 for the first, as JobStatus counts), why a
         # job waits, and the failure cause with the user's traceback
         "attempt": job.graph.attempt, "status-reason": job.status_reason, "failure-cause": job.graph.current_failure,
+        # and the failure it last failed or restarted by, while a later attempt runs too
+        "last-failure": _last_failure(job),
         # the dashboard's checkpoint view
         "checkpoints": checkpoints_json(d, job_id),
     }
+
+
+def _last_failure(job) -> Optional[dict]:
+    graph = job.graph
+    if not graph.failure:
+        return None
+    return {"cause": graph.failure, "timestamp": graph.timestamps[JobState.FAILING] or None,
+            "task": graph.failed_task, "taskmanager": graph.failed_on}
 
 
 def backpressure_json(d: JobManagerState, job_id: str, vertex_id: str) -> dict:

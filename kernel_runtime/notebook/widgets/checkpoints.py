@@ -1,5 +1,6 @@
-"""Checkpoints of the job (id, status, duration, size), from job_details()["checkpoints"] in
-the shape of Flink's GET /jobs/<id>/checkpoints; "no checkpoints" while there are none."""
+"""Checkpoints of the job (id, status, duration, size) and the one it restored, from
+job_details()["checkpoints"] in the shape of Flink's GET /jobs/<id>/checkpoints; "no checkpoints"
+while there are none."""
 from __future__ import annotations
 
 from kernel_runtime.notebook.widgets.base import FONT, HTMLComponent, Update, esc, table, title
@@ -33,5 +34,11 @@ class CheckpointsView(HTMLComponent):
                  _size(c.get("checkpointed_size") or c.get("state_size") or 0),
                  esc(c.get("failure_message") or "")]
                 for c in sorted(history, key=lambda c: c.get("id", 0), reverse=True)[:SHOWN]]
-        return (f'{title("Checkpoints")}<div style="{FONT}">{esc(summary)}</div>'
+        restored = (checkpoints.get("latest") or {}).get("restored")
+        if restored:  # the one the running attempt started from (a restart's, or an upgrade's savepoint)
+            kind = "savepoint" if restored.get("is_savepoint") else "checkpoint"
+            summary += f"; restored {kind} {restored['id']}"
+        restored_id = esc(restored["id"]) if restored else ""
+        return (f'{title("Checkpoints")}<div class="streamlab-checkpoint-counts" data-restored-id="{restored_id}" '
+                f'style="{FONT}">{esc(summary)}</div>'
                 + table(["id", "type", "status", "acknowledged", "duration", "size", ""], rows))

@@ -1,4 +1,5 @@
-"""The dashboard's header: the job, its state, how long it runs, why it waits or how it failed.
+"""The dashboard's header: the job, its state, how long it runs, why it waits or how it failed,
+and why a later attempt runs (the failure it restarted after, the checkpoint it restored).
 
 A failing, failed or restarting job's header names the root cause in one line (cluster.common.failures:
 the user's exception, the operator, the cell line); below it, smaller, which task failed and
@@ -8,6 +9,7 @@ the header's clock goes on.
 """
 from __future__ import annotations
 
+import time
 from typing import Optional
 
 import ipywidgets as widgets
@@ -19,6 +21,22 @@ from kernel_runtime.notebook.widgets.base import FONT, Component, Update, esc, s
 
 CAUSE_COLOR = "#a50f15"
 REASON_COLOR = "#555"
+
+
+def restart_note(details: dict, state: str) -> str:
+    """Why a later attempt runs: "restarted 12:01:03 after TaskManager tm-1 lost: no heartbeat for
+    2.0 s; restored checkpoint 7". "" for a first attempt, and while the job fails (the cause
+    line says why)."""
+    last = details.get("last-failure")
+    if int(details.get("attempt") or 1) < 2 or not last or state in JobState.FAILURE:
+        return ""
+    when = time.strftime(" %H:%M:%S", time.localtime(last["timestamp"] / 1000)) if last.get("timestamp") else ""
+    restored = ((details.get("checkpoints") or {}).get("latest") or {}).get("restored")
+    if restored:
+        start = f"restored {'savepoint' if restored.get('is_savepoint') else 'checkpoint'} {restored['id']}"
+    else:
+        start = "no checkpoint to restore: it started from the beginning"
+    return f"restarted{when} after {Failure.parse(last['cause']).headline}; {start}"
 
 
 class StatusView(Component):
@@ -55,6 +73,9 @@ class StatusView(Component):
         if details.get("attempt"):
             parts.append(f'<span class="streamlab-attempt" data-attempt="{int(details["attempt"])}">'
                          f'attempt {int(details["attempt"])}</span>')
+        restart = restart_note(details, state)
+        if restart:
+            parts.append(f'<span class="streamlab-restart" style="color:{REASON_COLOR}">{esc(restart)}</span>')
         failure = Failure.parse(details["failure-cause"]) \
             if details.get("failure-cause") and state in JobState.FAILURE else None
         alarm = failure.headline if failure else snapshot.error
