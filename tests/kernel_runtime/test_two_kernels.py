@@ -2,6 +2,8 @@
 cluster (free ports, never 6123/8081), both getting results; each cluster stops with its kernel."""
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -27,7 +29,11 @@ job.dashboard().feed.deliver = spy
 
 class Kernel:
     def __init__(self, spark_startup: str = "lazy"):
-        self.manager = KernelManager(kernel_name="python3")
+        # over Unix sockets: a TCP kernel's ports are picked free, then bound by the kernel, and
+        # another process of the run bound one of them in between (CI run 19: Address already in use)
+        self.sockets = Path(tempfile.mkdtemp(prefix="sl-kernel-"))
+        self.manager = KernelManager(kernel_name="python3", transport="ipc",
+                                     connection_file=str(self.sockets / "kernel.json"))
         # lazy: these cells need no Spark, so no JVM per TaskManager loads the machine (a notebook's
         # embedded cluster starts Spark eagerly, at %load_ext)
         self.manager.start_kernel(cwd=str(PROJECT_ROOT), env=dict(os.environ), extra_arguments=[
@@ -59,6 +65,7 @@ class Kernel:
             self.shutdown()
         if self.cluster_dir is not None:
             stop_cluster(Path(self.cluster_dir))
+        shutil.rmtree(self.sockets, ignore_errors=True)
 
 
 @pytest.fixture
