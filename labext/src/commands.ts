@@ -72,8 +72,15 @@ function activeCodeCell(tracker: INotebookTracker): { panel: NotebookPanel; mode
   return { panel, model: cell.model as ICodeCellModel };
 }
 
+/** POST .../export: the packages written (a job's named after it), their files, the notebook read. */
+export interface IExported {
+  packages: string[];
+  files: string[][];
+  notebook: string;
+}
+
 /** Saves the notebook and exports its active %%stream cell; resolves to the packages written. */
-export async function exportActiveCell(tracker: INotebookTracker): Promise<{ packages: string[] }> {
+export async function exportActiveCell(tracker: INotebookTracker): Promise<IExported> {
   const { panel, model } = activeCodeCell(tracker);
   const name = streamCellName(model.sharedModel.getSource());
   if (name === undefined) {
@@ -81,15 +88,17 @@ export async function exportActiveCell(tracker: INotebookTracker): Promise<{ pac
   }
   // the export reads the notebook as saved on disk
   await panel.context.save();
-  let result: { packages: string[] };
+  let result: IExported;
   try {
-    result = await postAPI<{ packages: string[] }>(['export'], { path: panel.context.path, cell: name, output: null });
+    result = await postAPI<IExported>(['export'], { path: panel.context.path, cell: name, output: null });
   } catch (error) {
     fail(`Export failed: ${(error as Error).message}`);
   }
-  Notification.success(`Exported ${name === null ? 'the notebook' : `"${name}"`} to ${result.packages.join(', ')}`, {
-    autoClose: 15000
-  });
+  const written = result.packages.map((p, i) => `${p} (${result.files[i].join(', ')})`).join('; ');
+  Notification.success(
+    `Exported ${name === null ? 'the notebook' : `"${name}"`} to ${written}, from ${result.notebook} as just saved`,
+    { autoClose: 15000 }
+  );
   return result;
 }
 

@@ -139,7 +139,7 @@ class KernelClusterHandler(StreamlabHandler):
 class ExportHandler(StreamlabHandler):
     @web.authenticated
     async def post(self) -> None:
-        from kernel_runtime.export.package import export_notebook
+        from kernel_runtime.export.package import export_notebook, slug
         from kernel_runtime.export.slicing import ExportError
         body = self.body(("path", "cell", "output"))
         path = self.optional_str(body, "path")
@@ -149,14 +149,20 @@ class ExportHandler(StreamlabHandler):
         notebook = self.inside_root(path, "path")
         if not notebook.is_file():
             raise web.HTTPError(404, f"no notebook {path!r} under the server root")
-        target = self.inside_root(output, "output") if output else notebook.with_suffix("")
+        if output:
+            target = self.inside_root(output, "output")
+        else:  # one job's package is named after the job (its --name), a whole notebook's after the notebook
+            target = notebook.parent / slug(cell) if cell else notebook.with_suffix("")
         loop = asyncio.get_running_loop()
         try:  # it reads and writes files: off the server's loop
             written = await loop.run_in_executor(None, export_notebook, notebook, target, cell)
         except ExportError as exc:
             raise web.HTTPError(400, f"export: {exc}") from None
         root = self.root()
-        self.reply({"packages": [os.path.relpath(os.path.realpath(d), root) for _, d in written]})
+        # what it wrote, and from which file: the notebook as saved on disk
+        self.reply({"packages": [os.path.relpath(os.path.realpath(d), root) for _, d in written],
+                    "files": [sorted(p.name for p in Path(d).iterdir() if p.is_file()) for _, d in written],
+                    "notebook": path})
 
     def root(self) -> str:
         return os.path.realpath(os.path.expanduser(self.settings["server_root_dir"]))

@@ -363,8 +363,13 @@ def test_export_writes_a_package(server):
     nbformat.write(nb, str(server.root / "work" / "lab.ipynb"))
     status, body = server.api("export", "POST", {"path": "work/lab.ipynb", "cell": "counts", "output": "work/pkg"})
     assert status == 200, body
-    assert body == {"packages": ["work/pkg"]}
+    assert body == {"packages": ["work/pkg"], "files": [sorted(p.name for p in (server.root / "work" / "pkg").iterdir())],
+                    "notebook": "work/lab.ipynb"}
+    assert {"job.py", "config.yaml", "requirements.txt"} <= set(body["files"][0])
     assert "from_generator(count=100)" in (server.root / "work" / "pkg" / "job.py").read_text()
+    # without an output: a job's package is named after the job, beside its notebook
+    status, body = server.api("export", "POST", {"path": "work/lab.ipynb", "cell": "counts", "output": None})
+    assert status == 200 and body["packages"] == ["work/counts"], body
     status, body = server.api("export", "POST", {"path": "work/lab.ipynb", "cell": None, "output": None})
     assert status == 200 and body["packages"] == ["work/lab/counts"], body
     assert (server.root / "work" / "lab" / "counts" / "job.py").is_file()
