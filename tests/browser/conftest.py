@@ -9,11 +9,13 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any, Callable
 
 import pytest
 
@@ -132,3 +134,36 @@ def open_notebook(page, base: str, token: str, root: Path, notebook: str) -> Non
     page.wait_for_function(KERNEL_READY, timeout=60_000)
     page.evaluate("() => window.jupyterapp.commands.execute('notebook:clear-all-cell-outputs')")
     page.wait_for_function(f"() => ({CELLS_DONE})().done === 0")
+
+
+@contextlib.contextmanager
+def tutorial_running(jupyterlab, notebook: str):
+    """A copy of a tutorial (notebooks/) opened in chromium, all its cells started (not awaited);
+    yields the page. The browser closes after."""
+    from playwright.sync_api import sync_playwright
+    base, token, root = jupyterlab
+    shutil.copy(ROOT / "notebooks" / notebook, root / notebook)
+    with sync_playwright() as p:
+        browser = chromium(p)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        try:
+            open_notebook(page, base, token, root, notebook)
+            page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+            page.wait_for_function(f"() => ({CELLS_DONE})().running > 0", timeout=30_000)
+            yield page
+        finally:
+            browser.close()
+
+
+def poll_page(page, probe: str, done: Callable[[Any], bool], what: str, shot: str, timeout: float = 300):
+    """What ``probe`` (a JS function) reads of the page, once ``done`` says it is what the test waits
+    for; a screenshot ``shot`` and a failure naming ``what`` if it never is."""
+    seen = None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        seen = page.evaluate(probe)
+        if done(seen):
+            return seen
+        time.sleep(0.25)
+    screenshot(page, shot)
+    pytest.fail(f"{what}: {seen}")

@@ -7,12 +7,10 @@ source (which only waits for it) grey to black and not named; so must its back p
 from __future__ import annotations
 
 import re
-import shutil
-import time
 
 import pytest
 
-from .conftest import ARTIFACTS, CELLS_DONE, ROOT, chromium, open_notebook, screenshot
+from .conftest import ARTIFACTS, poll_page, tutorial_running
 
 NOTEBOOK = "02-keyed-streams-and-backpressure.ipynb"
 
@@ -53,29 +51,10 @@ def drawn_as_flink_draws_it(graph) -> bool:
 
 
 def test_the_slow_step_of_notebook_02_is_drawn_red_and_named_and_its_source_is_not(jupyterlab):
-    from playwright.sync_api import sync_playwright
-
-    base, token, root = jupyterlab
-    shutil.copy(ROOT / "notebooks" / NOTEBOOK, root / NOTEBOOK)
-    with sync_playwright() as p:
-        browser = chromium(p)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        try:
-            open_notebook(page, base, token, root, NOTEBOOK)
-            page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")  # not awaited
-            page.wait_for_function(f"() => ({CELLS_DONE})().running > 0", timeout=30_000)
-            seen = None
-            deadline = time.monotonic() + 300
-            while time.monotonic() < deadline:
-                seen = page.evaluate(GRAPH)
-                if drawn_as_flink_draws_it(seen) and [r["bottleneck"] for r in seen["rows"]] == [False, True, False]:
-                    break
-                time.sleep(0.25)
-            else:
-                screenshot(page, "bottleneck-timeout.png")
-                pytest.fail(f"the slow step was never drawn red and named, nor the source dark: {seen}")
-            page.locator(".streamlab-dashboard .streamlab-graph").first.scroll_into_view_if_needed()
-            page.screenshot(path=str(ARTIFACTS / "bottleneck-notebook-02-graph.png"))
-        finally:
-            browser.close()
+    with tutorial_running(jupyterlab, NOTEBOOK) as page:
+        seen = poll_page(page, GRAPH, lambda g: drawn_as_flink_draws_it(g) and
+                         [r["bottleneck"] for r in g["rows"]] == [False, True, False],
+                         "the slow step was never drawn red and named, nor the source dark", "bottleneck-timeout.png")
+        page.locator(".streamlab-dashboard .streamlab-graph").first.scroll_into_view_if_needed()
+        page.screenshot(path=str(ARTIFACTS / "bottleneck-notebook-02-graph.png"))
     assert "slow" in next(r["text"] for r in seen["rows"] if r["bottleneck"])

@@ -7,12 +7,10 @@ restarted, after what, and which checkpoint it restored (the checkpoint the job'
 from __future__ import annotations
 
 import re
-import shutil
-import time
 
 import pytest
 
-from .conftest import ARTIFACTS, CELLS_DONE, ROOT, chromium, open_notebook, screenshot
+from .conftest import CELLS_DONE, poll_page, screenshot, tutorial_running
 
 NOTEBOOK = "03-checkpoints-and-recovery.ipynb"
 
@@ -29,36 +27,16 @@ HEADER = """() => {
 
 
 def test_a_killed_taskmanager_is_explained_in_the_header_of_the_restarted_job(jupyterlab):
-    from playwright.sync_api import sync_playwright
-
-    base, token, root = jupyterlab
-    shutil.copy(ROOT / "notebooks" / NOTEBOOK, root / NOTEBOOK)
-    with sync_playwright() as p:
-        browser = chromium(p)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        try:
-            open_notebook(page, base, token, root, NOTEBOOK)
-            page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")  # not awaited
-            page.wait_for_function(f"() => ({CELLS_DONE})().running > 0", timeout=30_000)
-            seen = None
-            deadline = time.monotonic() + 300
-            while time.monotonic() < deadline:
-                seen = page.evaluate(HEADER)
-                if seen and seen["restart"]:
-                    break
-                time.sleep(0.25)
-            else:
-                screenshot(page, "restart-timeout.png")
-                pytest.fail(f"the header never explained the restart: {seen}")
-            screenshot(page, "restart-explained-in-header.png")
-            # the notebook runs on to its end; the restored checkpoint its job's details name
-            page.wait_for_function(f"() => ({CELLS_DONE})().done === ({CELLS_DONE})().total", timeout=240_000)
-            restored = page.evaluate("""() => {
-              const counts = document.querySelector('.streamlab-dashboard .streamlab-checkpoint-counts');
-              return counts ? counts.dataset.restoredId : null; }""")
-            final = page.evaluate(HEADER)
-        finally:
-            browser.close()
+    with tutorial_running(jupyterlab, NOTEBOOK) as page:
+        seen = poll_page(page, HEADER, lambda h: bool(h and h["restart"]), "the header never explained the restart",
+                         "restart-timeout.png")
+        screenshot(page, "restart-explained-in-header.png")
+        # the notebook runs on to its end; the restored checkpoint its job's details name
+        page.wait_for_function(f"() => ({CELLS_DONE})().done === ({CELLS_DONE})().total", timeout=240_000)
+        restored = page.evaluate("""() => {
+          const counts = document.querySelector('.streamlab-dashboard .streamlab-checkpoint-counts');
+          return counts ? counts.dataset.restoredId : null; }""")
+        final = page.evaluate(HEADER)
     assert seen["attempt"] == "attempt 2" and seen["cause"] is None, seen  # news, not a failure in red
     match = re.fullmatch(r"restarted \d\d:\d\d:\d\d after (.+); restored checkpoint (\d+)", seen["restart"])
     assert match, seen
