@@ -103,6 +103,10 @@ export interface IJobDetail {
   edges: IEdge[];
   checkpoints: ICheckpoint[];
   exceptions: IJobException[];
+  /** the operators that keep keyed state, which the view offers to show */
+  keyed_operators: string[];
+  /** execution.checkpointing.interval; 0: checkpointing is off */
+  checkpoint_interval_ms: number;
 }
 
 /** GET .../jobs/<jid>/state: an operator's keyed state at a checkpoint, a page of its keys. */

@@ -72,11 +72,12 @@ export class JobView extends Widget {
       button.addEventListener('click', () => void this._act(action));
       this._actions.append(button);
     }
-    const section = (title: string, body: HTMLElement) => {
+    const section = (title: string, ...body: HTMLElement[]) => {
       const node = el('section', 'streamlab-jobview-section');
-      node.append(el('h3', '', title), body);
+      node.append(el('h3', '', title), ...body);
       return node;
     };
+    this._stateSection = new KeyedStateSection(clusterId, jobId);
     const table = el('table', 'streamlab-checkpoints');
     const header = el('tr');
     for (const h of ['id', 'kind', 'status', 'triggered', 'duration', 'size']) {
@@ -88,8 +89,8 @@ export class JobView extends Widget {
       head,
       this._error,
       section('Job graph', this._graph),
-      section('Checkpoints', table),
-      section('Keyed state', new KeyedStateSection(clusterId, jobId).node),
+      section('Checkpoints', this._checkpointsNote, table),
+      section('Keyed state', this._stateSection.node),
       section('Exceptions', this._exceptions)
     );
     this._error.hidden = true;
@@ -158,7 +159,10 @@ export class JobView extends Widget {
         ` · back pressure ${job.backpressure}`
     );
     const ended = TERMINAL_STATES.has(job.state);
+    // an ended job can be neither cancelled nor stopped, nor give a savepoint
+    this._actions.hidden = ended;
     this._actions.querySelectorAll('button').forEach(b => (b.disabled = ended || this._busy));
+    this._stateSection.setOperators(detail.keyed_operators);
 
     const strategies = new Map<string, string[]>();
     for (const e of detail.edges) {
@@ -236,6 +240,19 @@ export class JobView extends Widget {
     if (!checkpoints.length) {
       setText(this._checkpoints, '');
     }
+    // never a bare table header: say that checkpointing is off, or that none was taken yet
+    const interval = detail.checkpoint_interval_ms;
+    const note =
+      interval === 0
+        ? 'Checkpointing is off for this job: no --checkpoint-interval on its %%stream line ' +
+          '(execution.checkpointing.interval). Checkpoints taken for a fresh look at its keyed state show here.'
+        : checkpoints.length
+          ? ''
+          : `No checkpoint yet: one every ${formatDuration(interval)}.`;
+    setText(this._checkpointsNote, note);
+    setData(this._checkpointsNote, 'interval', String(interval));
+    this._checkpointsNote.hidden = !note;
+    (this._checkpoints.parentElement as HTMLElement).hidden = !checkpoints.length;
 
     syncChildren(
       this._exceptions,
@@ -274,6 +291,8 @@ export class JobView extends Widget {
   private readonly _state = el('span', 'streamlab-job-state');
   private readonly _summary = el('span', 'streamlab-jobview-summary');
   private readonly _actions = el('span', 'streamlab-jobview-actions');
+  private readonly _stateSection: KeyedStateSection;
+  private readonly _checkpointsNote = el('div', 'streamlab-checkpoints-note');
   private readonly _error = el('div', 'streamlab-panel-error');
   private readonly _graph = el('div', 'streamlab-graph');
   private readonly _checkpoints = el('tbody');

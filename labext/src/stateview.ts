@@ -1,6 +1,6 @@
 /**
- * A running job's keyed state in its job view: the user names an operator ("count", or its
- * uid) and reads its state at the newest completed checkpoint, or at one taken for the look
+ * A running job's keyed state in its job view: the user picks an operator (the job's operators
+ * with keyed state are offered, the first filled in) or names one by uid, and reads its state at the newest completed checkpoint, or at one taken for the look
  * ("Fresh"); the job runs on. Read on demand only, never on the view's refresh: a look reads
  * checkpoint files at the JobManager.
  */
@@ -15,6 +15,8 @@ export class KeyedStateSection {
     private readonly jobId: string
   ) {
     this._operator.placeholder = 'operator name or uid, e.g. count';
+    this._choices.id = `streamlab-operators-${jobId}`;
+    this._operator.setAttribute('list', this._choices.id);
     const latest = el('button', 'jp-Button jp-mod-styled streamlab-state-show', 'Latest checkpoint');
     const fresh = el('button', 'jp-Button jp-mod-styled streamlab-state-fresh', 'Fresh checkpoint');
     latest.addEventListener('click', () => void this._show(false));
@@ -25,8 +27,19 @@ export class KeyedStateSection {
       }
     });
     const form = el('div', 'streamlab-state-form');
-    form.append(this._operator, latest, fresh);
+    form.append(this._operator, this._choices, latest, fresh);
     this.node.append(form, this._caption, this._table);
+  }
+
+  /** The job's operators with keyed state, to pick from; the first is filled in until the user types. */
+  setOperators(names: string[]): void {
+    const known = Array.from(this._choices.options).map(o => o.value);
+    if (known.join('\n') !== names.join('\n')) {
+      this._choices.replaceChildren(...names.map(name => Object.assign(el('option'), { value: name })));
+    }
+    if (!this._operator.value && names.length) {
+      this._operator.value = names[0];
+    }
   }
 
   private async _show(fresh: boolean): Promise<void> {
@@ -68,6 +81,7 @@ export class KeyedStateSection {
   }
 
   private readonly _operator = el('input', 'jp-mod-styled streamlab-state-operator');
+  private readonly _choices = el('datalist', 'streamlab-state-operators');
   private readonly _caption = el('div', 'streamlab-state-caption');
   private readonly _table = el('table', 'streamlab-state-table');
 }

@@ -24,6 +24,8 @@ from urllib.parse import quote, urlencode
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
 from kernel_runtime.notebook.lab_registry import REGISTRY_FOLDER, cluster_id
+from cluster.graph.operator_kinds import KINDS
+from kernel_runtime.notebook.widgets.job_graph import operators
 from kernel_runtime.notebook.widgets.metrics import load_color, load_text_color
 from kernel_runtime.client.cluster_info import ClusterInfo, ClusterNotRunning
 from kernel_runtime.deploy.processes import alive
@@ -235,16 +237,25 @@ def vertex_entry(vertex: dict) -> dict:
             "records_out": vertex["metrics"].get("write-records", 0)}
 
 
+def keyed_operators(nodes: list[dict]) -> list[str]:
+    """The names of the plan's operators that keep keyed state (GET .../state?operator=<name>)."""
+    return [name for node in nodes for name, kind in operators(node.get("description", ""))
+            if (declared := KINDS.get(kind)) is not None and declared.keyed and declared.stateful]
+
+
 async def job_detail(known: KnownCluster, job_id: str) -> dict:
     rest = await JobManagerRest.of(known.cluster_dir)
     jid = quote(job_id, safe="")
-    details, exceptions = await asyncio.gather(rest.call(f"/jobs/{jid}"), rest.call(f"/jobs/{jid}/exceptions"))
+    details, exceptions, checkpointing = await asyncio.gather(
+        rest.call(f"/jobs/{jid}"), rest.call(f"/jobs/{jid}/exceptions"), rest.call(f"/jobs/{jid}/checkpoints/config"))
     overview = {"jid": details["jid"], "name": details["name"], "state": details["state"],
                 "start-time": details["start-time"], "duration": details["duration"]}
     nodes = details.get("plan", {}).get("nodes", [])
     return {
         "job": job_entry(overview, details),
         "vertices": [vertex_entry(v) for v in details.get("vertices", [])],
+        # the operators whose keyed state the view can show, to pick from; 0: checkpointing is off
+        "keyed_operators": keyed_operators(nodes), "checkpoint_interval_ms": checkpointing["interval"],
         "edges": [{"source": i["id"], "target": n["id"], "ship_strategy": i["ship_strategy"]}
                   for n in nodes for i in n.get("inputs", [])],
         "checkpoints": [{"id": c["id"], "status": c["status"], "trigger_time": c["trigger_timestamp"],

@@ -109,6 +109,10 @@ def standing_cluster_down(tmp_path, monkeypatch):
     return gone
 
 
+# show the main-area widget that ``test`` (a JS expression of w) picks
+ACTIVATE = "() => window.jupyterapp.shell.activateById([...window.jupyterapp.shell.widgets('main')].find(w => {test}).id)"
+
+
 def test_streams_panel_status_bar_export_and_cancel(standing_cluster_down, jupyterlab):
     from playwright.sync_api import sync_playwright
 
@@ -176,9 +180,14 @@ def test_streams_panel_status_bar_export_and_cancel(standing_cluster_down, jupyt
             page.wait_for_function("() => [...document.querySelectorAll('.streamlab-jobview .streamlab-vertex')]"
                                    ".every(v => v.style.backgroundColor && v.dataset.busy !== undefined)",
                                    timeout=20_000)
-            # Its keyed state: the count's, at a checkpoint taken for the look, one row per user
+            # No bare checkpoint table: this job asked for no checkpoints, and the view says so
+            page.wait_for_function("() => { const n = document.querySelector('.streamlab-jobview "
+                                   ".streamlab-checkpoints-note'); return n && !n.hidden && "
+                                   "n.textContent.startsWith('Checkpointing is off') }", timeout=20_000)
+            # Its keyed state: the count's (offered, and filled in), at a checkpoint taken for the look, one row per user
             view = page.locator(".streamlab-jobview")
-            view.locator(".streamlab-state-operator").fill("count")
+            page.wait_for_function("() => document.querySelector('.streamlab-jobview .streamlab-state-operator')"
+                                   ".value === 'count'", timeout=20_000)
             view.locator(".streamlab-state-fresh").click()
             page.wait_for_selector(".streamlab-jobview .streamlab-state-caption[data-checkpoint-id]:not([data-checkpoint-id=''])",
                                    timeout=60_000)
@@ -186,8 +195,7 @@ def test_streams_panel_status_bar_export_and_cancel(standing_cluster_down, jupyt
             assert len(state_rows) == 7, state_rows  # users 0..6, each counted
             assert {int(r.split()[0]) for r in state_rows} == set(range(7)) and all(int(r.split()[1]) > 0 for r in state_rows), state_rows
             page.screenshot(path=str(ARTIFACTS / "lab-panel-job-view.png"))
-            page.evaluate("() => window.jupyterapp.shell.activateById("
-                          "[...window.jupyterapp.shell.widgets('main')].find(w => w.node.querySelector('.jp-Notebook')).id)")
+            page.evaluate(ACTIVATE.format(test="w.node.querySelector('.jp-Notebook')"))
 
             # Export: the active %%stream cell, after saving, as a package on disk.
             exported = page.evaluate(
@@ -210,6 +218,12 @@ def test_streams_panel_status_bar_export_and_cancel(standing_cluster_down, jupyt
             page.click(".jp-Dialog .jp-mod-accept")
             wait_panel(page, lambda s: s["job"] and s["job"]["state"] == "CANCELED", "the job CANCELED")
             page.screenshot(path=str(ARTIFACTS / "lab-panel-canceled.png"))
+            # its job view, shown again, offers no action that a cancelled job cannot take
+            page.evaluate(ACTIVATE.format(test="w.node.querySelector('.streamlab-jobview')"))
+            page.wait_for_function("() => document.querySelector('.streamlab-jobview').dataset.state === 'CANCELED'"
+                                   " && document.querySelector('.streamlab-jobview .streamlab-jobview-actions').hidden",
+                                   timeout=20_000)
+            page.evaluate(ACTIVATE.format(test="w.node.querySelector('.jp-Notebook')"))
             handle = page.evaluate(KERNEL_PRINT, "print(job.status)")
             assert handle.strip() == "CANCELED", handle
 

@@ -193,6 +193,8 @@ def test_job_detail(server, cluster, running_job):
     # coloured as the dashboard's job graph colours a running vertex, from its busy and back-pressured shares
     assert all(v["status"] == "RUNNING" and 0 <= v["busy"] <= 1 and 0 <= v["backpressured"] <= 1
                and v["color"] == load_color(v["busy"], v["backpressured"]) for v in vertices.values()), vertices
+    # what the view offers to pick for keyed state; this job asked for no checkpoints (the view says so)
+    assert detail["keyed_operators"] == ["count"] and detail["checkpoint_interval_ms"] == 0, detail
     (edge,) = detail["edges"]
     assert edge["source"] in vertices and edge["target"] in vertices and edge["ship_strategy"] == "HASH"
     assert detail["exceptions"] == [] and isinstance(detail["checkpoints"], list)

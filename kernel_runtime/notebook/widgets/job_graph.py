@@ -13,13 +13,18 @@ BOX_W, LINE_H, GAP_X, GAP_Y, PAD = 210, 15, 70, 16, 8
 _OPERATOR = re.compile(r"^(?P<name>.*?) \[(?P<kind>[^\]]+)\](?: \(.*\))?$")
 
 
-def operator_names(description: str) -> list[str]:
-    """The chained operators' names from a plan node's description ("name [kind] (site)<br/>...")."""
-    names = []
+def operators(description: str) -> list[tuple[str, str]]:
+    """The chained operators' (name, kind) from a plan node's description ("name [kind] (site)<br/>...");
+    kind "" where the description has none."""
+    found = []
     for part in description.split("<br/>"):
         match = _OPERATOR.match(part.strip())
-        names.append(match["name"] if match else part.strip())
-    return [n for n in names if n]
+        found.append((match["name"], match["kind"]) if match else (part.strip(), ""))
+    return [(name, kind) for name, kind in found if name]
+
+
+def operator_names(description: str) -> list[str]:
+    return [name for name, _ in operators(description)]
 
 
 def layout(plan: dict) -> dict[str, tuple[int, int]]:
