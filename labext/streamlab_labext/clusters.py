@@ -26,7 +26,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from kernel_runtime.notebook.lab_registry import REGISTRY_FOLDER, cluster_id
 from cluster.graph.operator_kinds import KINDS
 from kernel_runtime.notebook.widgets.job_graph import operators
-from kernel_runtime.notebook.widgets.metrics import load_color, load_text_color
+from kernel_runtime.notebook.widgets.metrics import load_colors
 from kernel_runtime.client.cluster_info import ClusterInfo, ClusterNotRunning
 from kernel_runtime.deploy.processes import alive
 
@@ -225,14 +225,13 @@ def _compose(known: KnownCluster, overview: dict, taskmanagers: dict, jobs: list
 
 def vertex_entry(vertex: dict) -> dict:
     """A vertex of the job view, with the colour Flink's job graph gives it while it runs: the busy
-    bottleneck red, what waits for it dark, idle blue (metrics.load_color, as the dashboard's graph)."""
+    bottleneck red, what waits for it dark, idle blue (metrics.load_colors, as the dashboard's graph)."""
     busy, backpressured = vertex.get("busy-ratio", 0.0), vertex.get("backpressured-ratio", 0.0)
-    running = vertex.get("status") == "RUNNING"
+    color, ink = load_colors(busy, backpressured) if vertex.get("status") == "RUNNING" else (None, None)
     return {"id": vertex["id"], "name": vertex["name"], "parallelism": vertex["parallelism"],
             "status": vertex.get("status", ""), "backpressure": vertex["backpressure-level"],
             "busy": busy, "backpressured": backpressured,
-            "color": load_color(busy, backpressured) if running else None,
-            "ink": load_text_color(busy, backpressured) if running else None,
+            "color": color, "ink": ink,
             "records_in": vertex["metrics"].get("read-records", 0),
             "records_out": vertex["metrics"].get("write-records", 0)}
 

@@ -34,11 +34,11 @@ class CheckpointsView(HTMLComponent):
                  _size(c.get("checkpointed_size") or c.get("state_size") or 0),
                  esc(c.get("failure_message") or "")]
                 for c in sorted(history, key=lambda c: c.get("id", 0), reverse=True)[:SHOWN]]
-        restored = (checkpoints.get("latest") or {}).get("restored")
+        restored, restored_id = (checkpoints.get("latest") or {}).get("restored"), ""
         if restored:  # the one the running attempt started from (a restart's, or an upgrade's savepoint)
             kind = "savepoint" if restored.get("is_savepoint") else "checkpoint"
             summary += f"; restored {kind} {restored['id']}"
-        restored_id = esc(restored["id"]) if restored else ""
+            restored_id = esc(restored["id"])
         return (f'{title("Checkpoints")}<div class="streamlab-checkpoint-counts" data-restored-id="{restored_id}" '
                 f'style="{FONT}">{esc(summary)}</div>'
                 + table(["id", "type", "status", "acknowledged", "duration", "size", ""], rows))

@@ -1,13 +1,13 @@
 """The job graph: vertices (chains of operators) with their parallelism, state, busy and
 back-pressured time, and the edges between them with their ship strategy; drawn as SVG from the
-job's plan. A running vertex is filled as Flink's job graph fills it (metrics.load_color): the busy
+job's plan. A running vertex is filled as Flink's job graph fills it (metrics.load_colors): the busy
 bottleneck red, the operators that wait for it dark, idle ones blue."""
 from __future__ import annotations
 
 import re
 
 from kernel_runtime.notebook.widgets.base import FONT, HTMLComponent, Update, esc, percent, state_color, title
-from kernel_runtime.notebook.widgets.metrics import bottleneck, load_text_color
+from kernel_runtime.notebook.widgets.metrics import bottleneck, load_colors
 
 BOX_W, LINE_H, GAP_X, GAP_Y, PAD = 210, 15, 70, 16, 8
 _OPERATOR = re.compile(r"^(?P<name>.*?) \[(?P<kind>[^\]]+)\](?: \(.*\))?$")
@@ -88,7 +88,7 @@ class JobGraphView(HTMLComponent):
                 if vid == slowest:
                     load = f"bottleneck: busy {percent(vertex.busy_max)}"
                 if state == "RUNNING":
-                    fill, ink = vertex.load_color, load_text_color(vertex.busy_max, vertex.backpressured)
+                    fill, ink = load_colors(vertex.busy_max, vertex.backpressured)
             parts.append(f'<g class="streamlab-vertex" data-state="{esc(state)}" data-level="{level}" '
                          f'data-bottleneck="{int(vid == slowest)}" '
                          f'data-busy="{round(100 * vertex.busy_max) if vertex else 0}" '

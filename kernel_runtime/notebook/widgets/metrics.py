@@ -121,12 +121,17 @@ class JobMetrics:
         return stats
 
 
-def load_color(busy: float, backpressured: float) -> str:
-    """A vertex's fill as Flink's job graph colours it: the bottleneck, busy, red; an operator that
-    waits for it, back-pressured, dark grey to black; an idle one blue; shades between. Shares 0..1."""
+def load_colors(busy: float, backpressured: float) -> tuple[str, str]:
+    """A vertex's fill as Flink's job graph colours it, and the text that reads on it (white on the
+    dark ones): the bottleneck, busy, red; an operator that waits for it, back-pressured, dark grey
+    to black; an idle one blue; shades between. Shares 0..1."""
     if backpressured > busy:
-        return f"hsl(0, 0%, {round(85 - 65 * backpressured)}%)"
-    return f"hsl({round(210 * (1 - busy))}, 75%, {round(82 - 30 * busy)}%)"
+        return f"hsl(0, 0%, {round(85 - 65 * backpressured)}%)", "white" if backpressured > 0.5 else "black"
+    return f"hsl({round(210 * (1 - busy))}, 75%, {round(82 - 30 * busy)}%)", "white" if busy > 0.7 else "black"
+
+
+def load_color(busy: float, backpressured: float) -> str:
+    return load_colors(busy, backpressured)[0]
 
 
 BOTTLENECK_BUSY = 0.5  # busy at least half the time, and not back-pressured itself
@@ -138,12 +143,6 @@ def bottleneck(stats: list[VertexStats]) -> Optional[str]:
     back-pressured, and is not the problem."""
     free = [s for s in stats if s.level == "OK" and s.busy_max >= BOTTLENECK_BUSY]
     return max(free, key=lambda s: s.busy_max).vertex_id if free else None
-
-
-def load_text_color(busy: float, backpressured: float) -> str:
-    """Text that reads on load_color's fill: white on the dark ones."""
-    dark = backpressured > busy and backpressured > 0.5 or backpressured <= busy and busy > 0.7
-    return "white" if dark else "black"
 
 
 NO_SHARES = {"busy": 0.0, "backpressured": 0.0, "idle": 0.0}
