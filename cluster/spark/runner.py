@@ -24,8 +24,7 @@ import pyarrow as pa
 from cluster.conf import TaskConfig
 from cluster.operators.base import TaskCancelled
 from cluster.spark import catalyst
-from cluster.spark.class_data import with_class_data
-from cluster.spark.helpers import classpath_entry
+from cluster.spark.class_data import driver_conf
 from cluster.spark.local import LocalBatches
 from cluster.spark.memory import BatchMemory, budget_of_heap
 from cluster.spark.plans import BatchJobs, PlanCache
@@ -92,19 +91,9 @@ def spark_conf(config: TaskConfig) -> dict[str, str]:
     return conf | config.spark_properties
 
 
-def with_jvm_helpers(conf: dict[str, str]) -> dict[str, str]:
-    """``conf`` with streamlab's Java helpers (helpers.py) on the driver's class path, after the user's own entries
-    (compiled first if this machine has not yet)."""
-    entry = classpath_entry()
-    if entry is None:
-        return conf
-    given = conf.get("spark.driver.extraClassPath")
-    return conf | {"spark.driver.extraClassPath": os.pathsep.join([given, entry]) if given else entry}
-
-
 def session_conf(config: TaskConfig) -> dict[str, str]:
     """The TaskManager's SparkSession's configuration: its own, the helpers' jar, this machine's class data archive."""
-    return with_class_data(with_jvm_helpers(spark_conf(config)))
+    return driver_conf(spark_conf(config))
 
 
 class SparkRunner:

@@ -4,6 +4,8 @@ cluster's TaskManagers (``make setup`` made it: ``python -m cluster.spark archiv
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -56,3 +58,30 @@ def test_the_taskmanagers_spark_jvms_map_this_machines_archive(cluster, client):
     for jvm in found:
         # the JDK's own base archive, and ours on top of it
         assert str(archive) in mapped_archives(jvm.pid), (jvm.pid, os.readlink(f"/proc/{jvm.pid}/exe"))
+
+
+PLANNER = """
+import os, sys
+import pyarrow as pa
+from kernel_runtime.api.sql import analysis
+analysis.analyse("SELECT v, count(*) AS n FROM input GROUP BY v", pa.schema([("v", pa.int64())]))
+gateway = analysis.planner_session().sparkContext._gateway
+print("JVM", gateway.jvm.ProcessHandle.current().pid())
+"""
+
+
+def test_the_client_sql_planners_jvm_maps_the_same_archive(tmp_path: Path):
+    # a process of its own: the suite's planner is its own SparkSession (tests/conftest.py)
+    archive = archive_path(session_conf(TaskConfig.from_dict({})))
+    assert archive is not None and archive.is_file(), f"no class data archive at {archive}: make setup makes it"
+    script = tmp_path / "planner.py"
+    script.write_text(PLANNER + "sys.stdin.read()\n")  # alive until told: its JVM's maps are read meanwhile
+    root = Path(__file__).resolve().parents[2]
+    planner = subprocess.Popen([sys.executable, str(script)], cwd=root, stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(root)})
+    try:
+        line = planner.stdout.readline()
+        assert line.startswith("JVM "), line
+        assert str(archive) in mapped_archives(int(line.split()[1]))
+    finally:
+        planner.communicate("", timeout=60)

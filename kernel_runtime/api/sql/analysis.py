@@ -65,25 +65,23 @@ def _output_to(path: Path):
 
 def _new_session() -> Any:
     from pyspark.sql import SparkSession
+
+    from cluster.spark.class_data import driver_conf
     if session_factory is not None:
         return session_factory()
     # the JVM analyses a few small plans: the C1 compiler alone starts it in about half the CPU
-    saved = os.environ.get("PYSPARK_SUBMIT_ARGS")
-    os.environ["PYSPARK_SUBMIT_ARGS"] = "--driver-java-options -XX:TieredStopAtLevel=1 pyspark-shell"
-    try:
-        with _output_to(LOG_FILE):
-            session = (SparkSession.builder.master("local[1]").appName("streamlab SQL planner")
-                       .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-                       .config("spark.sql.shuffle.partitions", "1")
-                       .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
-                       .getOrCreate())
-        session.sparkContext.setLogLevel("ERROR")
-        return session
-    finally:
-        if saved is None:
-            os.environ.pop("PYSPARK_SUBMIT_ARGS", None)
-        else:
-            os.environ["PYSPARK_SUBMIT_ARGS"] = saved
+    conf = driver_conf({
+        "spark.master": "local[1]", "spark.app.name": "streamlab SQL planner", "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false", "spark.sql.shuffle.partitions": "1",
+        "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
+        "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"})
+    builder = SparkSession.builder
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    with _output_to(LOG_FILE):
+        session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    return session
 
 
 def planner_session() -> Any:
