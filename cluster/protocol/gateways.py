@@ -61,8 +61,8 @@ class JobManagerGateway:
                               registration_id: str) -> None:
         self._send(m.RegisterTaskManager(tm_id, data_address, slots, pid, hardware, registration_id))
 
-    def heartbeat_from_task_manager(self, tm_id: str, tasks: list[dict]) -> None:
-        self._send(m.HeartbeatFromTaskManager(tm_id, tasks))
+    def heartbeat_from_task_manager(self, tm_id: str, tasks: list[dict], spark: str) -> None:
+        self._send(m.HeartbeatFromTaskManager(tm_id, tasks, spark))
 
     def offer_slots(self, tm_id: str, job_id: str, allocation_ids: list[str]) -> None:
         self._send(m.OfferSlots(tm_id, job_id, allocation_ids))

@@ -40,6 +40,9 @@ class HeartbeatFromTaskManager(Message, op="heartbeat-from-task-manager"):
     # One dict per running task: execution_id, job_id, vertex_id, subtask, records-in,
     # records-out, bytes-in, bytes-out, backpressured/idle/busy ms.
     tasks: list[dict]
+    # its SparkSession: "" (not started), "queued", "starting", "ready" or "failed"
+    # (SparkRunner.phase); slots go to the TaskManagers furthest along first
+    spark: str
 
 
 @dataclass(frozen=True)

@@ -108,6 +108,9 @@ class SparkRunner:
     # master and driver address are its own even when a job's task starts the session (lazy
     # startup), whose job configuration is the JobManager's (another taskmanager.host).
     taskmanager_config: Optional[TaskConfig] = None
+    # Called with the new phase when the session's phase changes, on the thread that starts it:
+    # the TaskManager tells the ResourceManager at once, which prefers its slots as it gets ready
+    on_phase: Optional[Callable[[str], None]] = None
 
     def __init__(self, config: TaskConfig, conf: Optional[dict[str, str]] = None):
         self.config = config
@@ -117,6 +120,9 @@ class SparkRunner:
         self.session: Optional[SparkSession] = None
         self.started_at = time.monotonic()
         self.queued = False  # waiting for another TaskManager's JVM start to end before starting its own
+        # queued (until its turn to start a JVM: _start_slot), starting, ready or failed. Written
+        # by the starting thread, read by any (a str: one reference swapped)
+        self.phase = "queued"
         self.startup_seconds: Optional[float] = None
         self.memory = BatchMemory(budget_of_heap(config.spark_driver_memory))  # every Spark job of the TaskManager
         self.plans = PlanCache()  # every job's .sql chains
@@ -141,6 +147,18 @@ class SparkRunner:
     def running(cls) -> Optional["SparkRunner"]:
         return cls._instance
 
+    @classmethod
+    def phase_now(cls) -> str:
+        """The TaskManager's session's phase, "" if none was started (lazy startup, no Spark task yet)."""
+        runner = cls._instance
+        return "" if runner is None else runner.phase
+
+    def _enter(self, phase: str) -> None:
+        self.phase = phase
+        listener = SparkRunner.on_phase
+        if listener is not None:
+            listener(phase)
+
     def status(self) -> str:
         """What a task waiting for the session shows in its job's status."""
         waited = f"starting Spark ({time.monotonic() - self.started_at:.0f} s"
@@ -154,6 +172,7 @@ class SparkRunner:
         slot = None
         try:
             slot = self._start_slot()
+            self._enter("starting")
             log.info("starting the SparkSession")
             from pyspark.sql import SparkSession
             catalyst.set_release_poll(PY4J_RELEASE_POLL_S)
@@ -181,6 +200,7 @@ class SparkRunner:
                 slot.close()  # releases the lock
             self.queued = False
             self.ready.set()
+            self._enter("failed" if self.error else "ready")
 
     def _start_slot(self):
         """A lock file of the cluster directory held while this JVM starts, one per two cores.
@@ -207,6 +227,7 @@ class SparkRunner:
             if not self.queued:
                 self.queued = True
                 log.info("another TaskManager's JVM is starting: this one starts after it")
+                self._enter("queued")
             time.sleep(0.1)
 
     def session_for_task(self, cancelled: threading.Event, waiting: Callable[[str], None]):

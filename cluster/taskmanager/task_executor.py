@@ -110,6 +110,9 @@ class TaskExecutor:
         self.network.start()
         self.endpoint.start()
         self.endpoint.call_soon(self._register)
+        # a heartbeat at once when its SparkSession queues, starts or is ready: the ResourceManager
+        # gives slots to the TaskManagers furthest along (slot_manager.SPARK_ORDER)
+        SparkRunner.on_phase = lambda phase: self.endpoint.call_soon(self._heartbeat)
         if self.conf.get(SparkOptions.STARTUP) == "eager":
             SparkRunner.get(self.spark_config)  # starts in the background
 
@@ -146,6 +149,7 @@ class TaskExecutor:
         self._last_heard_from_rm = time.monotonic()
         if not self._heartbeating:
             self._heartbeating = True
+            self._heartbeat()  # its SparkSession's phase, before a first job asks for slots
             # the heartbeat carries the task metrics, so it goes at least as often as they are due
             interval_ms = min(msg.heartbeat_interval_ms, self.conf.get(MetricOptions.METRIC_FETCHER_UPDATE_INTERVAL))
             self.endpoint.call_every(interval_ms / 1000, self._heartbeat)
@@ -198,7 +202,7 @@ class TaskExecutor:
     def _heartbeat(self) -> None:
         if self.registered:
             self.jobmanager.heartbeat_from_task_manager(
-                self.task_manager_id, [t.metrics_snapshot() for t in self.tasks.values()])
+                self.task_manager_id, [t.metrics_snapshot() for t in self.tasks.values()], SparkRunner.phase_now())
 
     # ------------------------------------------------------------------ slots and tasks
     def _run(self, instructions: list, deployment: Optional[TaskDeploymentDescriptor] = None) -> None:

@@ -163,8 +163,11 @@ def test_a_job_deployed_before_spark_is_ready_waits_and_says_so(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_taskmanagers_start_spark_at_their_start_one_jvm_after_the_other(tmp_path):
+    """... and a first job's tasks go to the TaskManager whose JVM starts first (slot_manager.SPARK_ORDER)."""
     import fcntl
-    from tests.conftest import start_cluster, wait_for
+
+    from kernel_runtime import JobClient
+    from tests.conftest import rest, start_cluster, wait_for
     # one JVM start at a time per two cores: on a machine of more than 3, this process holds the
     # other start slots, so the two TaskManagers take turns there too (cluster/spark/chain.py)
     (tmp_path / "fresh").mkdir()
@@ -173,6 +176,22 @@ def test_taskmanagers_start_spark_at_their_start_one_jvm_after_the_other(tmp_pat
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     local = start_cluster(tmp_path / "fresh", taskmanagers=2, slots=1)  # the default: eager
     try:
+        def phases() -> dict[str, str]:
+            return {tm["spark"]: tm["id"] for tm in rest(local, "/taskmanagers")[1]["taskmanagers"]}
+        starting = wait_for(lambda: set(phases()) == {"starting", "queued"} and phases()["starting"], 120,
+                            "one TaskManager's JVM starting, the other's queued")
+        env = StreamEnvironment(parallelism=1, cluster=local.cluster_dir)
+        (env.from_generator(lambda seq: pd.DataFrame({"v": seq}), count=6, batch_size=3)
+            .sql("SELECT v + 1 AS w FROM input").collect())
+        client = JobClient(local.info)
+        try:
+            handle = env.execute_async("first job", client=client)
+            assert sorted(handle.wait(360).to_pandas().w) == [1, 2, 3, 4, 5, 6]
+            (task,) = client.job_details(handle.job_id)["subtasks"]
+        finally:
+            client.close()
+        assert task["taskmanager_id"] == starting  # one slot each: the other was free too
+
         logs = [local.cluster_dir / "log" / f"taskmanager-{i}.log" for i in range(2)]
         first = wait_for(lambda: [p for p in logs if "SparkSession ready in" in p.read_text()], 360,
                          "a SparkSession ready, no job submitted")[0]

@@ -107,7 +107,7 @@ def test_a_signed_message_speaking_for_another_taskmanager_is_dropped(cluster):
     sock = _dealer(cluster.info.rpc_address)
     try:
         sock.send_multipart(codec.encode(m.DisconnectTaskManager(victim, "forged")))
-        sock.send_multipart(codec.encode(m.HeartbeatFromTaskManager(victim, [])))
+        sock.send_multipart(codec.encode(m.HeartbeatFromTaskManager(victim, [], "")))
         wait_for(lambda: _jm_log(cluster).count(f"speaks for {victim}") >= 2, 10, "the forged messages dropped")
     finally:
         sock.close()

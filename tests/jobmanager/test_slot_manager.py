@@ -21,6 +21,38 @@ def test_requests_fill_one_taskmanager_first_by_default():
     assert [a.task_manager_id for a in third] == ["a", "b"]  # the fuller one first, then the next
 
 
+def test_of_taskmanagers_with_as_many_free_slots_the_one_whose_spark_is_furthest_along_gives_them():
+    sm = SlotManager()
+    for tm_id in "abcd":
+        _tm(sm, tm_id, 2)
+    # a's JVM waits for b's start to end, c and d never started one (lazy), until c's failed
+    for tm_id, phase in (("a", "queued"), ("b", "starting"), ("c", ""), ("d", "")):
+        assert sm.heartbeat(tm_id, 1.0, [], phase)
+    sm.request("first", 2)
+    (granted,) = sm.allocate_pending()
+    assert [a.task_manager_id for a in granted] == ["b", "b"]
+    sm.heartbeat("c", 2.0, [], "failed")
+    sm.request("second", 1)  # a: queued beats d's none, which beats c's failed start
+    sm.request("third", 2)
+    assert [[a.task_manager_id for a in g] for g in sm.allocate_pending()] == [["a"], ["a", "d"]]
+    # fullest first still comes before Spark: a job's tasks share one TaskManager's session
+    sm.free("first")
+    sm.heartbeat("c", 3.0, [], "ready")
+    sm.request("fourth", 1)
+    (fourth,) = sm.allocate_pending()
+    assert [a.task_manager_id for a in fourth] == ["d"]
+
+
+def test_spread_out_slots_break_ties_by_spark_too():
+    sm = SlotManager(spread_out=True)
+    for tm_id, phase in (("a", ""), ("b", "ready"), ("c", "starting")):
+        _tm(sm, tm_id, 2)
+        sm.heartbeat(tm_id, 1.0, [], phase)
+    sm.request("job", 4)
+    (granted,) = sm.allocate_pending()
+    assert [a.task_manager_id for a in granted] == ["b", "c", "a", "b"]
+
+
 def test_requests_are_all_or_nothing_and_spread_evenly():
     sm = SlotManager(spread_out=True)
     _tm(sm, "a", 2)

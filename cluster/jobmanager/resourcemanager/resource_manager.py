@@ -112,8 +112,8 @@ class ResourceManagerState:
         new = self.slot_manager.register(reg)
         return [*out, AcceptRegistration(reg.task_manager_id, new), *self._allocate()]
 
-    def heartbeat_from_task_manager(self, tm_id: str, tasks: list, now: float) -> list:
-        if not self.slot_manager.heartbeat(tm_id, now, tasks):
+    def heartbeat_from_task_manager(self, tm_id: str, tasks: list, now: float, spark: str = "") -> list:
+        if not self.slot_manager.heartbeat(tm_id, now, tasks, spark):
             return [] if tm_id in self.released else [AskToRegister(tm_id)]
         return [AnswerHeartbeat(tm_id), ForwardMetrics(tuple(tasks))]
 
@@ -264,7 +264,7 @@ class ResourceManager:
     def heartbeat_from_task_manager(self, msg: m.HeartbeatFromTaskManager, peer: Peer) -> None:
         if not self.sent_by(msg.task_manager_id, peer, msg):
             return
-        self._run(self.state.heartbeat_from_task_manager(msg.task_manager_id, msg.tasks, self.clock()),
+        self._run(self.state.heartbeat_from_task_manager(msg.task_manager_id, msg.tasks, self.clock(), msg.spark),
                   (msg.task_manager_id, peer))
 
     def disconnect_task_manager(self, msg: m.DisconnectTaskManager, peer: Peer) -> None:

@@ -23,6 +23,7 @@ class TaskManagerRegistration:
     hardware: dict = field(default_factory=dict)
     tasks: list = field(default_factory=list)  # latest per-task metrics from its heartbeat
     registration_id: str = ""  # the TaskManager's registration round (RegisterTaskManager)
+    spark: str = ""  # its SparkSession's phase, from its heartbeats (HeartbeatFromTaskManager)
 
 
 @dataclass(frozen=True)
@@ -33,12 +34,20 @@ class SlotAllocation:
     allocation_id: str
 
 
+# Among TaskManagers with as many free slots, the one whose SparkSession is furthest along gives
+# the slot: a cluster's JVMs start one after the other (SparkRunner._start_slot), so a first job
+# on the TaskManager that starts first has its rows when that one is ready, not the last one
+# (notebook 01's first job: 8 s sooner here), and a restart after a TaskManager loss keeps off
+# the replacement whose JVM has yet to start. A job without a Spark step loses nothing by it.
+SPARK_ORDER = {"ready": 0, "starting": 1, "queued": 2, "": 3, "failed": 4}
+
+
 class SlotManager:
     """``spread_out`` is Flink's cluster.evenly-spread-out-slots: each slot from the TaskManager with
     the most free slots. Otherwise (Flink's default) slots are taken from the fullest TaskManager that
-    has one free, in registration order: a small job's tasks share one TaskManager, and so one
-    SparkSession, where its JVM has the machine's cores to itself (two JVMs on 2 cores made the
-    Spark path 1.5x slower, bench/peers.py)."""
+    has one free: a small job's tasks share one TaskManager, and so one SparkSession, where its JVM
+    has the machine's cores to itself (two JVMs on 2 cores made the Spark path 1.5x slower,
+    bench/peers.py). Ties go by SPARK_ORDER, then registration order."""
 
     def __init__(self, spread_out: bool = False):
         self.spread_out = spread_out
@@ -70,13 +79,17 @@ class SlotManager:
                 lost.append(alloc)
         return lost
 
-    def heartbeat(self, tm_id: str, now: float, tasks: list) -> bool:
+    def heartbeat(self, tm_id: str, now: float, tasks: list, spark: str = "") -> bool:
         reg = self.task_managers.get(tm_id)
         if reg is None:
             return False
         reg.last_heartbeat = now
         reg.tasks = tasks
+        reg.spark = spark
         return True
+
+    def _spark_order(self, tm_id: str) -> int:
+        return SPARK_ORDER.get(self.task_managers[tm_id].spark, SPARK_ORDER[""])
 
     def expired(self, now: float, timeout: float) -> list[str]:
         return [t for t, reg in self.task_managers.items() if now - reg.last_heartbeat > timeout]
@@ -118,10 +131,10 @@ class SlotManager:
         allocations = []
         for _ in range(count):
             with_free = [t for t in self.task_managers if self.free_slots_of(t)]
-            if self.spread_out:
-                tm_id = max(sorted(with_free), key=self.free_slots_of)
-            else:  # min keeps the first of equals: registration order
-                tm_id = min(with_free, key=self.free_slots_of)
+            if self.spread_out:  # min keeps the first of equals: sorted by id
+                tm_id = min(sorted(with_free), key=lambda t: (-self.free_slots_of(t), self._spark_order(t)))
+            else:  # registration order
+                tm_id = min(with_free, key=lambda t: (self.free_slots_of(t), self._spark_order(t)))
             index = next(i for (t, i), a in sorted(self._slots.items()) if t == tm_id and a is None)
             alloc = SlotAllocation(tm_id, index, job_id, new_id())
             self._slots[(tm_id, index)] = alloc

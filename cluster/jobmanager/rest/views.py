@@ -94,6 +94,8 @@ def taskmanagers_json(d: JobManagerState) -> dict:
             "slots": [None if s is None else {"job_id": s.job_id, "allocation_id": s.allocation_id}
                       for s in slots],
             "pid": reg.pid,
+            # streamlab's own: its SparkSession's phase ("" none started, queued, starting, ready, failed)
+            "spark": reg.spark,
         })
     return {"taskmanagers": result}
 
