@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 
 CLUSTER_TOPIC = b"cluster/"
 # the metrics of a subtask a dashboard shows; the rest stay in the full job details
-SUBTASK_METRICS = ("records-in", "records-out", "bytes-in", "bytes-out", "busyTimeMsPerSecond",
+SUBTASK_METRICS = ("records-in", "records-out", "records-sent", "bytes-in", "bytes-out", "busyTimeMsPerSecond",
                    "backPressuredTimeMsPerSecond", "idleTimeMsPerSecond", *EVENT_TIME_METRICS)
 SUMMARY_FIELDS = ("jid", "name", "state", "attempt", "start-time", "end-time", "duration", "now", "status-reason",
                   "failure-cause", "last-failure")

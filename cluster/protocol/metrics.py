@@ -12,7 +12,9 @@ def backpressure_level(ratio: float) -> str:
 # under CHECKPOINTED_COUNTERS beside the operators' state handles, kept in ``_metadata`` apart
 # from them) so that a restored attempt counts on from what the checkpoint covered: the job's
 # figures are then those of one run without failures, exactly once, as its output is.
-COUNTERS = ("records-in", "records-out", "bytes-in", "bytes-out")
+# records-sent: the rows its sinks were given to deliver (Flink's sink metric numRecordsSend), which
+# records-out (what went to other tasks) does not count: a sink's vertex would show 0 out
+COUNTERS = ("records-in", "records-out", "bytes-in", "bytes-out", "records-sent")
 CHECKPOINTED_COUNTERS = "@task-counters"  # never an operator uid (those are hex digests)
 
 

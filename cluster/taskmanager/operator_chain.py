@@ -29,7 +29,7 @@ from cluster.checkpoint.barriers import Barrier
 from cluster.conf import TaskConfig
 from cluster.graph.deployment import TaskDeploymentDescriptor
 from cluster.graph.job_graph import OperatorSpec
-from cluster.graph.operator_kinds import KINDS
+from cluster.graph.operator_kinds import KINDS, Role
 from cluster.operators.base import Operator, OperatorContext, UserFunctionError
 from cluster.protocol.metrics import NEWEST_EVENT_TIMESTAMP, NUM_LATE_RECORDS_DROPPED
 from cluster.spark.chain import SparkChain
@@ -50,8 +50,9 @@ class OperatorChain:
         """The outputs only: the operators come after (``create_operators``), so that a task whose
         operator cannot be loaded still has the writers whose channels it must release."""
         self.tdd, self.task_name, self.config = tdd, task_name, config
-        self.sender, self.cancelled = sender, cancelled
+        self.sender, self.cancelled, self.metrics = sender, cancelled, metrics
         self.operators: list[Operator] = []
+        self.sink_at = -1  # the index of the chain's sink, the last operator, if it ends in one
         self.output_types: list[OutputTypes] = []  # one per operator: its output's column types
         # those whose open() returned, closed or not (the task appends; any thread reads their metrics)
         self.opened: list[Operator] = []
@@ -96,6 +97,8 @@ class OperatorChain:
                 raise UserFunctionError(f"{members[0].where()} could not be loaded on the TaskManager: "
                                         f"{type(exc).__name__}: {exc}") from exc
         self.operators = operators
+        if KINDS[operators[-1].spec.kind].role is Role.SINK:
+            self.sink_at = len(operators) - 1
         self.output_types = [OutputTypes(op.spec.where()) for op in operators]
         self.two_inputs = KINDS[operators[0].spec.kind].two_inputs
 
@@ -158,6 +161,8 @@ class OperatorChain:
                 self.hand_on()
                 return
             op = self.operators[index]
+            if index == self.sink_at:  # what the sink delivers: Flink's numRecordsSend
+                self.metrics.records_sent += sum(table.num_rows for table in tables)
             out = []
             for table in tables:
                 out.extend(op.process(table))

@@ -33,6 +33,7 @@ class _Published(NamedTuple):
     at: float
     records_in: int
     records_out: int
+    records_sent: int
     bytes_in: int
     bytes_out: int
     idle: float            # seconds of waits ended by ``at``
@@ -65,7 +66,7 @@ class TaskMetrics:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic):
         self._clock = clock
-        self.records_in = self.records_out = self.bytes_in = self.bytes_out = 0
+        self.records_in = self.records_out = self.records_sent = self.bytes_in = self.bytes_out = 0
         self._idle = self._backpressured = 0.0
         self._waiting: Optional[tuple[str, float]] = None
         self.started = clock()
@@ -89,12 +90,13 @@ class TaskMetrics:
     def counters(self) -> dict[str, int]:
         """The counters now, as a checkpoint keeps them (cluster.protocol.metrics.COUNTERS)."""
         return {"records-in": self.records_in, "records-out": self.records_out,
-                "bytes-in": self.bytes_in, "bytes-out": self.bytes_out}
+                "bytes-in": self.bytes_in, "bytes-out": self.bytes_out, "records-sent": self.records_sent}
 
     def restore_counters(self, counters: dict[str, int]) -> None:
         """Count on from a restored checkpoint's figures (before the task runs)."""
         self.records_in, self.records_out = counters["records-in"], counters["records-out"]
         self.bytes_in, self.bytes_out = counters["bytes-in"], counters["bytes-out"]
+        self.records_sent = counters.get("records-sent", 0)  # a checkpoint from before it was counted
         self.publish()
 
     def add_idle(self, seconds: float) -> None:
@@ -119,8 +121,8 @@ class TaskMetrics:
         self._published = self._state(now)
 
     def _state(self, now: float) -> _Published:
-        return _Published(now, self.records_in, self.records_out, self.bytes_in, self.bytes_out, self._idle,
-                          self._backpressured, self._waiting, self._window, self._per_second)
+        return _Published(now, self.records_in, self.records_out, self.records_sent, self.bytes_in, self.bytes_out,
+                          self._idle, self._backpressured, self._waiting, self._window, self._per_second)
 
     # ------------------------------------------------------------------ any thread
     def snapshot(self) -> dict:
@@ -133,7 +135,7 @@ class TaskMetrics:
             per_second = time_shares(now - t0, idle - idle0, bp - bp0)
         busy = max(0.0, now - self.started - idle - bp)
         return {"records-in": state.records_in, "records-out": state.records_out,
-                "bytes-in": state.bytes_in, "bytes-out": state.bytes_out,
+                "records-sent": state.records_sent, "bytes-in": state.bytes_in, "bytes-out": state.bytes_out,
                 "backpressured-ms": int(bp * 1000), "idle-ms": int(idle * 1000),
                 "busy-ms": int(busy * 1000)} | per_second
 

@@ -109,3 +109,24 @@ def test_an_update_that_changes_nothing_sends_nothing(dashboard):
     points = len(board.throughput.chart.source.data["t"])
     board.apply(snapshot)
     assert changes == [] and len(board.throughput.chart.source.data["t"]) == points
+
+
+def test_a_sink_shows_the_rows_it_delivered_and_a_short_job_its_totals_without_empty_charts(cluster):
+    env = StreamEnvironment(parallelism=1)
+    (env.from_generator(lambda seq: pd.DataFrame({"v": seq}), count=3_000, batch_size=1_000, name="numbers")
+        .filter(lambda df: df.v % 3 == 0, name="thirds").collect(name="kept"))
+    client = JobClient(cluster.info)
+    handle = client.submit(env.get_job_graph("short"), result_mode=ResultMode())
+    board = Dashboard(handle, poll_interval=0.2, rows=5)
+    try:
+        # source, filter and sink chained in one vertex: nothing goes to another task, 1,000 rows out of the job
+        wait_for(lambda: 'data-state="FINISHED"' in board.status.header.value
+                 and "1,000 <span" in board.throughput.table.value, 60, "the job's totals")
+        (row,) = re.findall(r"<tr>(.*?)</tr>", board.throughput.table.value)[1:]
+        assert re.findall(r"<td[^>]*>([\d,]+)", row)[:2] == ["3,000", "1,000"] and "delivered" in row, row
+        charts = (board.throughput.chart, board.backpressure.chart)
+        wait_for(lambda: all(c.widget.layout.display == ("none" if len(c.source.data["t"]) < 2 else None)
+                             for c in charts), 15, "the charts shown only with two points or more")
+    finally:
+        board.close()
+        client.close()

@@ -136,10 +136,17 @@ def test_a_reader_on_another_thread_sees_consistent_growing_figures():
 def test_a_restored_task_counts_on_from_its_checkpoints_counters():
     clock = Clock()
     m = TaskMetrics(clock)
-    m.restore_counters({"records-in": 5_000, "records-out": 4_000, "bytes-in": 10, "bytes-out": 8})
+    m.restore_counters({"records-in": 5_000, "records-out": 4_000, "bytes-in": 10, "bytes-out": 8,
+                        "records-sent": 3_000})
     assert m.snapshot()["records-in"] == 5_000  # published at once, before the task runs
     m.records_in += 100
     m.records_out += 100
+    m.records_sent += 50
     m.publish()
-    assert m.counters() == {"records-in": 5_100, "records-out": 4_100, "bytes-in": 10, "bytes-out": 8}
+    assert m.counters() == {"records-in": 5_100, "records-out": 4_100, "bytes-in": 10, "bytes-out": 8,
+                            "records-sent": 3_050}
+    assert m.snapshot()["records-sent"] == 3_050
     assert {k: m.snapshot()[k] for k in ("records-in", "records-out")} == {"records-in": 5_100, "records-out": 4_100}
+    # a checkpoint taken before sinks counted what they delivered: from 0
+    m.restore_counters({"records-in": 1, "records-out": 1, "bytes-in": 1, "bytes-out": 1})
+    assert m.counters()["records-sent"] == 0

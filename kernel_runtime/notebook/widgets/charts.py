@@ -13,6 +13,7 @@ from bokeh.palettes import Category10_10
 from bokeh.plotting import figure
 from jupyter_bokeh import BokehModel
 
+from cluster.protocol.states import JobState
 from kernel_runtime.notebook.widgets.base import LEVEL_COLORS, Component, Update, badge, esc, percent, swatch, table
 from kernel_runtime.notebook.widgets.metrics import VertexStats, bottleneck
 
@@ -66,7 +67,15 @@ class _ChartWithTable(Component):
         self.root.add_class(css_class)
 
     def synced(self) -> list[widgets.Widget]:
-        return [self.table]
+        return [self.table, self.chart.widget]
+
+    def _chart_or_totals(self, update: Update) -> None:
+        """A job that ended before its chart had two points (shorter than a second or two) would
+        leave empty axes from -1 to 1 above its table: the table of its totals shows alone."""
+        points = len(self.chart.source.data["t"])
+        display = "none" if update.snapshot.state in JobState.GLOBALLY_TERMINAL and points < 2 else None
+        if self.chart.widget.layout.display != display:
+            self.chart.widget.layout.display = display
 
     def _set_table(self, text: str) -> None:
         if text != self.table.value:
@@ -96,6 +105,7 @@ class BackpressureView(_ChartWithTable):
     def update(self, update: Update) -> None:
         rows = self._by_vertex(update)
         self.chart.add(update.elapsed, {_series_key(i): s.backpressured for i, s in rows})
+        self._chart_or_totals(update)
         slowest = bottleneck([s for _, s in rows])
         self._set_table(table(
             ["vertex", "busy", "back-pressured", "idle", "level"],
@@ -103,8 +113,13 @@ class BackpressureView(_ChartWithTable):
               percent(s.busy), percent(s.backpressured), percent(s.idle), badge(s.level)] for _, s in rows]))
 
 
+DELIVERED = (' <span class="streamlab-delivered" title="of them, rows its sinks delivered out of the job '
+             '(Flink\'s numRecordsSend)" style="color:#666">delivered</span>')
+
+
 class ThroughputView(_ChartWithTable):
-    """Records per second out of (solid) and into (dashed) each vertex, and the totals."""
+    """Records per second out of (solid) and into (dashed) each vertex, and the totals. A sink's
+    vertex counts what it delivered as out (records-sent), as Flink counts a sink's records out."""
 
     def __init__(self, vertices: list[tuple[str, str]]):
         series = []
@@ -120,8 +135,9 @@ class ThroughputView(_ChartWithTable):
             values[_series_key(i, "out")] = s.out_rate
             values[_series_key(i, "in")] = s.in_rate
         self.chart.add(update.elapsed, values)
+        self._chart_or_totals(update)
         self._set_table(table(
             ["vertex", "records in", "records out", "in/s", "out/s"],
-            [[esc(s.name), f"{s.records_in:,}", f"{s.records_out:,}", f"{s.in_rate:,.0f}", f"{s.out_rate:,.0f}"]
-             for _, s in rows],
+            [[esc(s.name), f"{s.records_in:,}", f"{s.records_out:,}" + (DELIVERED if s.records_sent else ""),
+              f"{s.in_rate:,.0f}", f"{s.out_rate:,.0f}"] for _, s in rows],
             attrs='class="streamlab-records"'))

@@ -64,6 +64,9 @@ class VertexStats:
     # the highest busy share of its subtasks: with the back-pressured share above (the highest too),
     # what Flink's job graph colours a vertex by ("Busy (max)", "Backpressured (max)")
     busy_max: float = 0.0
+    # of records_out: the rows its sinks delivered (Flink's numRecordsSend); the rest went to
+    # other tasks. A sink's vertex sends nothing on, so without it it would show 0 out
+    records_sent: int = 0
 
     @property
     def level(self) -> str:
@@ -107,7 +110,8 @@ class JobMetrics:
         for vertex in details.get("vertices", []):
             subtasks = by_vertex.get(vertex["id"], [])
             records_in = sum((s.get("metrics") or {}).get("records-in", 0) for s in subtasks)
-            records_out = sum((s.get("metrics") or {}).get("records-out", 0) for s in subtasks)
+            records_sent = sum((s.get("metrics") or {}).get("records-sent", 0) for s in subtasks)
+            records_out = records_sent + sum((s.get("metrics") or {}).get("records-out", 0) for s in subtasks)
             running = [s for s in subtasks if s.get("status") == "RUNNING"]
             # an ended job keeps the figures its subtasks last reported, not zeros
             measured = [sh for s in running or subtasks if (sh := self._shares(t, s)) is not None]
@@ -117,7 +121,8 @@ class JobMetrics:
                 vertex_id=vertex["id"], name=vertex["name"], parallelism=vertex["parallelism"],
                 status=vertex.get("status", ""), records_in=records_in, records_out=records_out,
                 in_rate=self._rate((vertex["id"], "in"), t, records_in),
-                out_rate=self._rate((vertex["id"], "out"), t, records_out), busy_max=busy_max, **shown))
+                out_rate=self._rate((vertex["id"], "out"), t, records_out), busy_max=busy_max,
+                records_sent=records_sent, **shown))
         return stats
 
 
