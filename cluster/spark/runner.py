@@ -25,6 +25,7 @@ from cluster.conf import TaskConfig
 from cluster.operators.base import TaskCancelled
 from cluster.spark import catalyst
 from cluster.spark.class_data import driver_conf
+from cluster.spark.helpers import cache_root
 from cluster.spark.local import LocalBatches
 from cluster.spark.memory import BatchMemory, budget_of_heap
 from cluster.spark.plans import BatchJobs, PlanCache
@@ -96,6 +97,35 @@ def session_conf(config: TaskConfig) -> dict[str, str]:
     return driver_conf(spark_conf(config))
 
 
+def _start_seconds_file(config: TaskConfig) -> Optional[Path]:
+    """Where the last start of a local session is kept; a cluster master's start varies with the
+    cluster, so none is kept for it."""
+    if not config.spark_local:
+        return None
+    return cache_root() / "spark-start-seconds"
+
+
+def read_start_seconds(config: TaskConfig) -> Optional[float]:
+    path = _start_seconds_file(config)
+    try:
+        return float(path.read_text()) if path is not None else None
+    except (OSError, ValueError):
+        return None
+
+
+def write_start_seconds(config: TaskConfig, seconds: float) -> None:
+    path = _start_seconds_file(config)
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staged = path.with_name(f"{path.name}.{os.getpid()}")
+        staged.write_text(f"{seconds:.1f}")
+        staged.replace(path)  # whole: TaskManagers of a machine write it one after the other
+    except OSError as exc:
+        log.warning("could not keep the SparkSession's start time in %s: %s", path, exc)
+
+
 class SparkRunner:
     """The TaskManager's SparkSession: started once, shared by every slot."""
 
@@ -124,6 +154,8 @@ class SparkRunner:
         # by the starting thread, read by any (a str: one reference swapped)
         self.phase = "queued"
         self.startup_seconds: Optional[float] = None
+        # what the last JVM start of this machine's TaskManagers took (lock to ready), if known
+        self.usual_start_s = read_start_seconds(config)
         self.memory = BatchMemory(budget_of_heap(config.spark_driver_memory))  # every Spark job of the TaskManager
         self.plans = PlanCache()  # every job's .sql chains
         self.local_batches: Optional[LocalBatches] = None  # small batches without a Spark job, if it works
@@ -160,9 +192,12 @@ class SparkRunner:
             listener(phase)
 
     def status(self) -> str:
-        """What a task waiting for the session shows in its job's status."""
+        """What a task waiting for the session shows in its job's status: how long it has waited,
+        and what a JVM start of this machine took last time, once its own has begun."""
         waited = f"starting Spark ({time.monotonic() - self.started_at:.0f} s"
-        return waited + (", after another TaskManager's)" if self.queued else ")")
+        if self.phase == "queued":
+            return waited + ", after another TaskManager's)"
+        return waited + (f"; about {self.usual_start_s:.0f} s here)" if self.usual_start_s else ")")
 
     def _start(self) -> None:
         os.environ.setdefault("SPARK_LOCAL_IP", driver_host(self.config))
@@ -172,6 +207,7 @@ class SparkRunner:
         slot = None
         try:
             slot = self._start_slot()
+            jvm_started = time.monotonic()
             self._enter("starting")
             log.info("starting the SparkSession")
             from pyspark.sql import SparkSession
@@ -192,6 +228,7 @@ class SparkRunner:
             gc.freeze()
             self.startup_seconds = time.monotonic() - self.started_at
             log.info("SparkSession ready in %.1f s", self.startup_seconds)
+            write_start_seconds(self.config, time.monotonic() - jvm_started)
         except Exception as exc:  # reported to every task that needs Spark
             self.error = f"the TaskManager's SparkSession failed to start: {type(exc).__name__}: {exc}"
             log.exception("SparkSession failed to start")
