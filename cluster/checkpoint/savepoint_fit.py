@@ -3,7 +3,11 @@ scheduler restores from, and what a client checks before it upgrades a job (kern
 %%stream upgrade) without asking the cluster."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from cluster.checkpoint.storage import local_path, read_metadata
 
 from cluster.graph.job_graph import JobGraph, OperatorSpec
 from cluster.graph.operator_kinds import KINDS
@@ -32,6 +36,7 @@ class SavepointFit:
     empty: list[OperatorSpec]            # stateful operators of the job that start without state
     unclaimed: dict[str, dict]           # uid -> entry: state of operators the job does not have
     changed: list[tuple[OperatorSpec, dict]]  # same uid, another kind of operator (another state)
+    saved_keys: dict[str, list[str]] = field(default_factory=dict)  # uid -> key columns, where saved
 
     @property
     def misfits(self) -> bool:
@@ -44,6 +49,32 @@ class SavepointFit:
                      f"'{spec.name}' of that uid is {spec.kind}" for spec, e in self.changed]
         return ("; ".join(problems) + ". Start without that state with execution.savepoint.ignore-unclaimed-state: "
                 "true (--allow-non-restored-state), or give the operators the uids they had")
+
+    def preview(self, specs: list[OperatorSpec], allow_non_restored_state: bool) -> list[dict]:
+        """What starting ``specs`` (a job's operators, in order) from the savepoint does with each
+        one's state, and with the savepoint's state that no operator takes: a row per operator,
+        its ``state`` one of restored, started empty, dropped (left out, as
+        --allow-non-restored-state allows), refused (the same, not allowed: the start fails) or
+        no state (an operator that keeps none)."""
+        kept, changed = {s.uid for s in self.kept}, {s.uid: e for s, e in self.changed}
+        empty = {s.uid for s in self.empty}
+        left_out = "dropped" if allow_non_restored_state else "refused"
+        rows = []
+        for spec in specs:
+            if spec.uid in changed:
+                state = f"started empty ({left_out}: its {changed[spec.uid]['kind']} state)"
+            elif spec.uid in kept:
+                state = "restored"
+                was, now = self.saved_keys.get(spec.uid), list(spec.params.get("key") or [])
+                if was is not None and was != now:  # older savepoints do not say
+                    state += f" (its key was {', '.join(was) or 'none'}, now {', '.join(now) or 'none'})"
+            else:
+                state = "started empty" if spec.uid in empty else "no state"
+            rows.append({"operator": spec.name, "uid": spec.uid, "kind": spec.kind, "state": state})
+        for uid, entry in sorted(self.unclaimed.items()):
+            rows.append({"operator": entry.get("name") or entry.get("vertex", "?"), "uid": uid,
+                         "kind": entry.get("kind", ""), "state": left_out})
+        return rows
 
     def claimed_body(self, body: dict) -> dict:
         """The savepoint's metadata with only the state the job takes."""
@@ -66,4 +97,15 @@ def savepoint_fit(body: dict, job_graph: JobGraph) -> SavepointFit:
         else:
             kept.append(spec)
     uids = {spec.uid for spec in specs}
-    return SavepointFit(kept, empty, {uid: e for uid, e in saved.items() if uid not in uids}, changed)
+    keys = {uid: list(e["key"]) for uid, e in saved.items() if isinstance(e.get("key"), list)}
+    return SavepointFit(kept, empty, {uid: e for uid, e in saved.items() if uid not in uids}, changed, keys)
+
+
+def upgrade_preview(location: str, job_graph: JobGraph,
+                    allow_non_restored_state: bool) -> tuple[list[dict], Optional[str]]:
+    """What starting ``job_graph`` from the savepoint at ``location`` would do with each operator's
+    state (SavepointFit.preview), and why the start would be refused, if it would; OSError or
+    ValueError where this process does not see the savepoint's storage."""
+    fit = savepoint_fit(read_metadata(Path(local_path(location))), job_graph)
+    rows = fit.preview([o for v in job_graph.vertices for o in v.operators], allow_non_restored_state)
+    return rows, fit.refusal() if fit.misfits and not allow_non_restored_state else None

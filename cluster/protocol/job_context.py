@@ -9,3 +9,5 @@ CONTEXT_DETACHED = "STREAMLAB_CONTEXT_DETACHED"  # "1": submit and return the jo
 CONTEXT_VERBOSE = "STREAMLAB_CONTEXT_VERBOSE"  # "1": print the job's progress
 CONTEXT_SAVEPOINT = "STREAMLAB_CONTEXT_SAVEPOINT"  # start from this savepoint
 CONTEXT_ALLOW_NON_RESTORED = "STREAMLAB_CONTEXT_ALLOW_NON_RESTORED"  # "1": leave out its state that fits no operator
+# "1": print what starting from the savepoint would do with each operator's state, submit nothing
+CONTEXT_DRY_RUN = "STREAMLAB_CONTEXT_DRY_RUN"

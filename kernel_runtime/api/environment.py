@@ -11,14 +11,17 @@ import hashlib
 import math
 import os
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NoReturn, Optional
+
+import pandas as pd
 
 from cluster.conf import Configuration, ConfigError
 from cluster.graph.chaining import StreamEdge, StreamNode, build_job_graph
 from cluster.graph.job_graph import GraphValidationError, JobGraph, OperatorSpec, ShipStrategy
 from cluster.graph.operator_kinds import KINDS, Role, upsert_key
+from cluster.checkpoint.savepoint_fit import upgrade_preview
 from cluster.protocol.job_context import (CONTEXT_ALLOW_NON_RESTORED, CONTEXT_CLUSTER_DIR, CONTEXT_DETACHED,
-                                          CONTEXT_SAVEPOINT, CONTEXT_VERBOSE)
+                                          CONTEXT_DRY_RUN, CONTEXT_SAVEPOINT, CONTEXT_VERBOSE)
 from cluster.conf.options import CoreOptions, PipelineOptions
 
 from kernel_runtime.client.job_client import JobClient
@@ -272,8 +275,12 @@ class StreamEnvironment:
         return client.submit(graph, detached=detached)
 
     def execute(self, name: str = "streamlab job") -> JobExecutionResult | JobHandle:
-        """Run the job and wait for it; inside `streamlab run -d`, submit it and return its handle."""
+        """Run the job and wait for it; inside `streamlab run -d`, submit it and return its handle;
+        inside `streamlab run --dry-run -s PATH`, print what starting from the savepoint would do
+        with each operator's state and exit (1 if the start would be refused), submitting nothing."""
         graph = self.get_job_graph(name)
+        if os.environ.get(CONTEXT_DRY_RUN) == "1":
+            _print_preview(graph)
         cluster_dir = self._given_cluster_dir()
         if cluster_dir is not None:
             client = JobClient(ClusterInfo.load(cluster_dir))
@@ -286,6 +293,17 @@ class StreamEnvironment:
                 return _run(client, graph, detached=False, verbose=False)
             finally:
                 client.close()
+
+
+def _print_preview(graph: JobGraph) -> NoReturn:
+    location = graph.config["execution.savepoint.path"]
+    rows, refusal = upgrade_preview(location, graph, bool(graph.config.get("execution.savepoint.ignore-unclaimed-state")))
+    print(f"Dry run of job {graph.name!r} from the savepoint {location}: nothing submitted.")
+    print(pd.DataFrame(rows, columns=["operator", "uid", "kind", "state"]).to_string(index=False))
+    if refusal is not None:
+        print(f"The start would be refused: {refusal}.")
+        raise SystemExit(1)
+    raise SystemExit(0)
 
 
 Sentinels = Optional[tuple[int, int] | list[tuple[int, int]]]

@@ -16,7 +16,7 @@ from cluster.conf import ConfigError
 from cluster.protocol.endpoint import RpcError
 
 from cluster.protocol.job_context import (CONTEXT_ALLOW_NON_RESTORED, CONTEXT_CLUSTER_DIR, CONTEXT_DETACHED,
-                                          CONTEXT_SAVEPOINT, CONTEXT_VERBOSE)
+                                          CONTEXT_DRY_RUN, CONTEXT_SAVEPOINT, CONTEXT_VERBOSE)
 from kernel_runtime.cli.options import dynamic_option, dynamic_properties
 from kernel_runtime.client.job_client import JobClient
 from kernel_runtime.client.job_handle import JobCancelledError, JobExecutionError
@@ -134,10 +134,13 @@ def cluster_rest_token(cluster_dir) -> None:
 @click.option("--fromSavepoint", "-s", "savepoint", help="Start from this savepoint (or retained checkpoint).")
 @click.option("--allowNonRestoredState", "--allow-non-restored-state", "-n", "allow_non_restored", is_flag=True,
               help="Start from the savepoint even if some of its state fits no operator of the job: leave it out.")
+@click.option("--dry-run", is_flag=True,
+              help="With -s: print what starting from the savepoint would do with each operator's state "
+                   "(restored, started empty, dropped, refused) and submit nothing; exit 1 if it would be refused.")
 @cluster_dir_option
 @click.argument("script", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def run(detached, savepoint, allow_non_restored, cluster_dir, script, args) -> None:
+def run(detached, savepoint, allow_non_restored, dry_run, cluster_dir, script, args) -> None:
     """Run a job script on the cluster (as `flink run`): its execute() submits there."""
     info = ClusterInfo.load(cluster_dir) if cluster_dir else None
     try:
@@ -149,6 +152,9 @@ def run(detached, savepoint, allow_non_restored, cluster_dir, script, args) -> N
     os.environ[CONTEXT_VERBOSE] = "1"
     if allow_non_restored and not savepoint:
         raise click.UsageError("--allow-non-restored-state (-n) goes with --fromSavepoint (-s)")
+    if dry_run and not savepoint:
+        raise click.UsageError("--dry-run previews a start from a savepoint: give --fromSavepoint (-s)")
+    os.environ[CONTEXT_DRY_RUN] = "1" if dry_run else "0"
     if savepoint:
         os.environ[CONTEXT_SAVEPOINT] = savepoint
         os.environ[CONTEXT_ALLOW_NON_RESTORED] = "1" if allow_non_restored else "0"

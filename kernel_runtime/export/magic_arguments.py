@@ -38,6 +38,7 @@ class StreamArgs:
     max_rows: int
     restart: bool = False  # a running job of this --name: cancel it and start afresh, not upgrade it
     allow_non_restored_state: bool = False  # an upgrade may leave out state that fits no operator
+    dry_run: bool = False  # say what an upgrade would do with each operator's state; run nothing
 
     def job_config(self) -> dict:
         """Per-cell overrides of the job configuration (Flink's keys)."""
@@ -94,6 +95,10 @@ class ClusterAddress:
 @argument("--allow-non-restored-state", action="store_true",
           help="Upgrade even if some of the savepoint's state fits no operator of the edited pipeline "
                "(one removed, or of another kind under the same uid): start without it (Flink's -n).")
+@argument("--dry-run", action="store_true",
+          help="With the --name of a running job: a table of what upgrading it to this cell would do with "
+               "each operator's state (restored, started empty, dropped, refused), from a savepoint taken "
+               "while it runs. Nothing is stopped or submitted.")
 def stream(line, cell=None):
     """Run the cell's pipeline as a streaming job and return its handle.
 
@@ -183,11 +188,15 @@ def parse_stream_args(line: str) -> StreamArgs:
         ClusterAddress.parse(args.cluster)  # reports a bad port now
     if args.restart and args.allow_non_restored_state:
         raise UsageError("--restart starts without any state: --allow-non-restored-state goes with an upgrade")
+    if args.dry_run and (args.restart or not args.name or args.detached):
+        raise UsageError("--dry-run previews the upgrade of the running job of a --name: give --name, "
+                         "without --restart or --detached")
     return StreamArgs(name=args.name, parallelism=_positive(args.parallelism, "--parallelism"),
                       checkpoint_interval=args.checkpoint_interval, detached=args.detached,
                       cluster=args.cluster, output=args.output, mode=args.mode,
                       max_rows=_positive(int(args.max_rows), "--max-rows"),  # it has a default
-                      restart=args.restart, allow_non_restored_state=args.allow_non_restored_state)
+                      restart=args.restart, allow_non_restored_state=args.allow_non_restored_state,
+                      dry_run=args.dry_run)
 
 
 def parse_export_args(line: str):

@@ -203,11 +203,15 @@ def notebook_cells(raw_cells: Sequence[Any]) -> list[Cell]:
             first = f"%%stream {sql_line}"
         stream_line = _magic(first, "%%stream")
         if stream_line is not None:
-            cell.stream_line = stream_line
             try:
-                cell.args = parse_stream_args(cell.stream_line)
+                args = parse_stream_args(stream_line)
             except UsageError as exc:  # a bad option, as the magic would say
                 raise ExportError(f"{cell.label}: {exc}") from None
+            if args.dry_run:  # previews an upgrade; runs no job
+                cell.statements = []
+                cells.append(cell)
+                continue
+            cell.stream_line, cell.args = stream_line, args
             source = _transform(rest)
             # the cell's -o variable is a job handle; env is bound for its body only
             cell.statements = [Statement(position, cell, None, "", {"env"}, set(), "the `env` of a %%stream cell")]

@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 from typing import Optional
 
+import pandas as pd
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from traitlets import Bool, Dict, Float, Int
@@ -74,7 +75,7 @@ class StreamMagics(Magics):
 
     # ------------------------------------------------------------------ %%stream
     @cell_magic
-    def stream(self, line: str, cell: str) -> JobHandle:
+    def stream(self, line: str, cell: str) -> "JobHandle | pd.DataFrame":
         args = parse_stream_args(line)
         sites = CellSites(self.ipython)
         try:
@@ -85,7 +86,7 @@ class StreamMagics(Magics):
         return self._submit(args, env)
 
     @cell_magic
-    def stream_sql(self, line: str, cell: str) -> Optional[JobHandle]:
+    def stream_sql(self, line: str, cell: str) -> "JobHandle | pd.DataFrame | None":
         args, explain = parse_stream_sql_args(line)
         shell = self.ipython
         # the query as the cell's code, so that its site reads "In [5], line 2" (line 1: the %%stream_sql line)
@@ -103,12 +104,23 @@ class StreamMagics(Magics):
         result.collect(name)
         return self._submit(args, env)
 
-    def _submit(self, args, env: StreamEnvironment) -> JobHandle:
+    def _submit(self, args, env: StreamEnvironment) -> "JobHandle | pd.DataFrame":
         """Submit the pipeline a cell built on ``env`` (an upgrade if a job of its --name runs) and
-        show its dashboard."""
+        show its dashboard; with --dry-run, the upgrade's preview (a pandas DataFrame) instead."""
         sites = CellSites(self.ipython)
         name = args.name or f"cell {running_cell(self.ipython)}"
         upgrade: Optional[Upgrade] = None
+        if args.dry_run:
+            try:
+                rows, verdict = self.upgrades.preview(self.session.client(args.cluster), name,
+                                                      env.get_job_graph(name), args.allow_non_restored_state)
+            except EXPECTED_ERRORS as exc:
+                raise expected_error(exc, sites) from None
+            print(f"Dry run, nothing stopped or submitted. {verdict}")
+            preview = pd.DataFrame(rows, columns=["operator", "uid", "kind", "state"])
+            if args.output:
+                self.ipython.user_ns[args.output] = preview
+            return preview
         try:
             graph = env.get_job_graph(name)
             result_mode = ResultMode(args.mode, args.max_rows)

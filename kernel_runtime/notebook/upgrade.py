@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from cluster.checkpoint.savepoint_fit import SavepointFit, saved_operator, savepoint_fit
+from cluster.checkpoint.savepoint_fit import SavepointFit, saved_operator, savepoint_fit, upgrade_preview
 from cluster.checkpoint.storage import local_path, read_metadata
 from cluster.protocol.states import JobState
 from cluster.graph.job_graph import JobGraph, OperatorSpec
@@ -98,6 +98,16 @@ def _check_fit(client: JobClient, name: str, job_id: str, graph: JobGraph) -> No
                              f"state: {fit.refusal()}. The job runs on; --restart replaces it without its state.")
 
 
+def _preview_at(location: str, graph: JobGraph, allow_non_restored_state: bool) -> tuple[list[dict], str]:
+    try:
+        rows, refusal = upgrade_preview(location, graph, allow_non_restored_state)
+    except OSError as exc:  # a cluster whose storage this kernel does not see
+        raise ValueError(f"no preview: the savepoint {location} is not readable here ({exc})") from None
+    if refusal is not None:
+        return rows, f"The upgrade would be refused, and the job would run on: {refusal}."
+    return rows, "The upgrade would stop the job with a savepoint and start this pipeline from it."
+
+
 def _wait_ended(client: JobClient, job_id: str, timeout: float = 60.0) -> None:
     """Until the job is over (its slots are free for the job that replaces it)."""
     deadline = time.monotonic() + timeout
@@ -120,6 +130,36 @@ class JobUpgrades:
         """Keep ``upgrade`` for the cell's next run (with --allow-non-restored-state, say)."""
         self._refused[(str(client.cluster.cluster_dir), name)] = upgrade
 
+    def preview(self, client: JobClient, name: str, graph: JobGraph,
+                allow_non_restored_state: bool) -> tuple[list[dict], str]:
+        """What upgrading the running job of this name to ``graph`` would do with each operator's
+        state (SavepointFit.preview), and a sentence on the whole, from a savepoint taken while it
+        runs (then disposed of), or from that of an upgrade whose new job was refused. Stops nothing."""
+        running = self._running(client, name)
+        pending = self._refused.get((str(client.cluster.cluster_dir), name))
+        if not running:
+            if pending is None:
+                raise ValueError(f"no job named {name!r} runs on the cluster: there is nothing to upgrade "
+                                 "(without --dry-run the cell starts it)")
+            rows, verdict = _preview_at(pending.location, graph, allow_non_restored_state)
+            return rows, f"From the savepoint {pending.location} of job {pending.old_job_id}. {verdict}"
+        job_id = running[0]["jid"]
+        probe = client.trigger_savepoint(job_id, stop=False)
+        try:
+            rows, verdict = _preview_at(probe, graph, allow_non_restored_state)
+        finally:
+            client.dispose_savepoint(probe)
+        return rows, f"Job {name!r} ({job_id}) runs on. {verdict}"
+
+    @staticmethod
+    def _running(client: JobClient, name: str) -> list[dict]:
+        running = [j for j in client.list_jobs()
+                   if j["name"] == name and j["state"] not in JobState.GLOBALLY_TERMINAL]
+        if len(running) > 1:
+            raise ValueError(f"{len(running)} jobs named {name!r} run on the cluster ("
+                             + ", ".join(j["jid"] for j in running) + "): cancel all but one to upgrade it")
+        return running
+
     def replace_running(self, client: JobClient, name: str, restart: bool, graph: Optional[JobGraph] = None,
                         allow_non_restored_state: bool = False) -> Optional[Upgrade]:
         """The running job of this name on the client's cluster, if any, stopped with a savepoint
@@ -129,11 +169,7 @@ class JobUpgrades:
         Before it stops the job, the state of a savepoint taken while it runs is checked against
         ``graph``, the edited pipeline: an upgrade that would be refused raises UpgradeRefused and
         leaves the job running."""
-        running = [j for j in client.list_jobs()
-                   if j["name"] == name and j["state"] not in JobState.GLOBALLY_TERMINAL]
-        if len(running) > 1:
-            raise ValueError(f"{len(running)} jobs named {name!r} run on the cluster ("
-                             + ", ".join(j["jid"] for j in running) + "): cancel all but one to upgrade it")
+        running = self._running(client, name)
         # a job of the name that runs now is newer than the savepoint of a refused upgrade
         pending = self._refused.pop((str(client.cluster.cluster_dir), name), None)
         if restart:

@@ -75,6 +75,16 @@ def test_cli_session(shell_env, tmp_path):
     # the pipeline edited, its count removed: the count's state fits no operator, and -n leaves it out
     lean = tmp_path / "live_views.py"
     lean.write_text((ROOT / "examples" / "live_counts.py").read_text().replace('.key_by("page").count()', ""))
+    # previewed first: nothing submitted, a row per operator, exit 1 where the start would be refused
+    jobs = sh(["list"], shell_env).stdout.count("\n")
+    preview = sh(["run", "--dry-run", "-s", final, str(lean)], shell_env, check=False)
+    assert preview.returncode == 1 and "nothing submitted" in preview.stdout, preview.stdout + preview.stderr
+    assert "refused" in preview.stdout and "The start would be refused" in preview.stdout, preview.stdout
+    assert re.search(r"^\s*count\s+\S+\s+keyed-count\s+refused$", preview.stdout, re.M), preview.stdout
+    assert re.search(r"^\s*page views\s+\S+\s+generator-source\s+restored$", preview.stdout, re.M), preview.stdout
+    allowed_preview = sh(["run", "--dry-run", "-s", final, "-n", str(lean)], shell_env).stdout
+    assert re.search(r"^\s*count\s+\S+\s+keyed-count\s+dropped$", allowed_preview, re.M), allowed_preview
+    assert sh(["list"], shell_env).stdout.count("\n") == jobs  # no job submitted
     refused = sh(["run", "-d", "-s", final, str(lean)], shell_env, check=False)
     assert refused.returncode != 0 and "operator 'count' (uid " in refused.stderr, refused.stderr
     assert "--allow-non-restored-state" in refused.stderr

@@ -358,6 +358,38 @@ def test_an_operator_of_another_kind_under_the_same_uid_is_a_changed_state_type(
     assert "the state of operator 'count' (uid tally) is keyed-count state" in fit.refusal()
 
 
+def preview(old, new, allow=False):
+    fit = savepoint_fit(savepoint_of(old), new)
+    return [(row["operator"], row["state"]) for row in fit.preview([o for v in new.vertices for o in v.operators],
+                                                                    allow)]
+
+
+def test_an_upgrades_preview_says_per_operator_what_becomes_of_its_state():
+    assert preview(pipeline_graph(), pipeline_graph(filter_after=True)) == [
+        ("generator", "restored"), ("count", "restored"), ("filter", "no state"), ("collect", "no state")]
+    assert preview(pipeline_graph(without_count=True), pipeline_graph()) == [
+        ("generator", "restored"), ("count", "started empty"), ("collect", "no state")]
+    old = pipeline_graph()
+    assert preview(old, pipeline_graph(without_count=True))[-1] == ("count", "refused")
+    assert preview(old, pipeline_graph(without_count=True), allow=True)[-1] == ("count", "dropped")
+    env = StreamEnvironment(parallelism=2)
+    env.from_generator(count=10).key_by("seq").process(lambda k, r, st: None, name="count").uid("tally").collect()
+    assert preview(pipeline_graph(count_uid="tally"), env.get_job_graph("t"), allow=True)[1] == (
+        "count", "started empty (dropped: its keyed-count state)")
+
+
+def test_an_upgrades_preview_says_when_a_restored_operators_key_changed():
+    old = pipeline_graph(count_uid="tally")
+    body = savepoint_of(old)
+    body["operators"]["tally"]["key"] = ["user"]  # as a checkpoint of the job keyed by user saved it
+    new = pipeline_graph(count_uid="tally")
+    rows = savepoint_fit(body, new).preview([o for v in new.vertices for o in v.operators], False)
+    assert rows[1]["state"] == "restored (its key was user, now seq)"
+    body["operators"]["tally"]["key"] = ["seq"]
+    assert savepoint_fit(body, new).preview([o for v in new.vertices for o in v.operators], False)[1]["state"] \
+        == "restored"
+
+
 def restorable(config):
     conf = Configuration(dict(config), "test")
     return s.DefaultScheduler(pipeline_graph(without_count=True), conf, Clock(), None, lambda: (4, 4))

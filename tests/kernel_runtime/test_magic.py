@@ -34,6 +34,7 @@ def test_every_option_is_parsed():
     assert ClusterAddress.parse("~/.streamlab/cluster") == ClusterAddress(directory="~/.streamlab/cluster")
     assert (parse_stream_args("--restart").restart, parse_stream_args("--allow-non-restored-state")
             .allow_non_restored_state) == (True, True)
+    assert parse_stream_args("--name x --dry-run").dry_run and not parse_stream_args("--name x").dry_run
     defaults = parse_stream_args("")
     assert (defaults.mode, defaults.max_rows, defaults.detached, defaults.job_config()) == (None, 10_000, False, {})
     assert parse_cluster_args("start --taskmanagers 3 --slots 4") == (parse_cluster_args("start -t 3 -s 4"))
@@ -51,6 +52,8 @@ def test_every_option_is_parsed():
     ("--frobnicate", "unrecognized arguments: --frobnicate"),
     ("--restart --allow-non-restored-state", "--restart starts without any state: --allow-non-restored-state goes "
                                              "with an upgrade"),
+    ("--dry-run", "--dry-run previews the upgrade of the running job of a --name: give --name"),
+    ("--name x --dry-run --restart", "--dry-run previews the upgrade of the running job of a --name"),
 ])
 def test_argument_mistakes_are_usage_errors_naming_the_argument(shell, line, message):
     with pytest.raises(UsageError, match=None) as info:

@@ -110,3 +110,40 @@ def test_a_removed_count_refuses_the_upgrade_and_the_job_runs_on_until_its_state
         for job in first.client.list_jobs():
             if job["name"] == "shrink" and job["state"] not in JobState.GLOBALLY_TERMINAL:
                 first.client.cancel(job["jid"])
+
+
+def test_a_dry_run_previews_per_operator_what_the_upgrade_then_does_and_stops_nothing(shell, cluster):
+    nothing, out = cell(shell, cluster, "--name preview --dry-run", source(None) + NO_COUNT)
+    assert nothing is None and "no job named 'preview' runs on the cluster" in out, out
+
+    first, out = cell(shell, cluster, "--name preview", source(None) + COUNT)
+    assert first is not None, out
+    wait_for(lambda: first.row_count() > 5 * USERS, 30, "counts")
+    (count_uid,) = [o.uid for v in first.job_graph.vertices for o in v.operators if o.kind == "keyed-count"]
+    try:
+        refused, out = cell(shell, cluster, "--name preview --dry-run", source(None) + NO_COUNT)
+        assert f"Job 'preview' ({first.job_id}) runs on. The upgrade would be refused" in out, out
+        assert dict(zip(refused.operator, refused.state)) == {
+            "generator": "restored", "filter": "no state", "collect": "no state", "count": "refused"}
+        assert refused.set_index("operator").uid["count"] == count_uid
+        allowed, out = cell(shell, cluster, "--name preview --dry-run --allow-non-restored-state",
+                            source(None) + NO_COUNT)
+        assert "would stop the job with a savepoint and start this pipeline from it" in out, out
+        assert dict(zip(allowed.operator, allowed.state))["count"] == "dropped"
+        # nothing stopped: the job runs on, counting
+        assert state(first) == JobState.RUNNING
+        seen = first.row_count()
+        wait_for(lambda: first.row_count() > seen, 30, "counts of the job that runs on")
+
+        upgraded, out = cell(shell, cluster, "--name preview --allow-non-restored-state", source(None) + NO_COUNT)
+        assert upgraded is not None and state(first) == JobState.FINISHED, out
+        # what the upgrade did is what the preview said
+        restored = ", ".join(repr(o) for o in allowed.operator[allowed.state == "restored"])
+        assert f"kept their state: {restored}" in out and "started empty: none" in out, out
+        assert f"state left out (--allow-non-restored-state): operator 'count' (uid {count_uid})" in out
+        wait_for(lambda: upgraded.row_count() > 0, 30, "rows of the upgraded job")
+        assert upgraded.results["seq"].min() > 0  # the source's state restored, as previewed
+    finally:
+        for job in first.client.list_jobs():
+            if job["name"] == "preview" and job["state"] not in JobState.GLOBALLY_TERMINAL:
+                first.client.cancel(job["jid"])

@@ -228,11 +228,11 @@ def _assert_all_gone(cluster_dir: Path) -> None:
 
 
 def stream_cells(nb: nbformat.NotebookNode) -> list[tuple[int, nbformat.NotebookNode]]:
-    """The notebook's %%stream and %%stream_sql cells that run a job (not --explain), by index
-    among all its cells."""
+    """The notebook's %%stream and %%stream_sql cells that run a job (not --explain, not --dry-run),
+    by index among all its cells."""
     return [(i, c) for i, c in enumerate(nb.cells)
             if c.cell_type == "code" and re.match(r"%%stream(_sql)?(\s|$)", c.source.lstrip())
-            and "--explain" not in c.source.lstrip().partition("\n")[0]]
+            and not {"--explain", "--dry-run"} & set(c.source.lstrip().partition("\n")[0].split())]
 
 
 def tags(cell) -> set[str]:

@@ -218,6 +218,9 @@ class JobCheckpointing:
                                                    # what a restore checks its operator against
                                                    "name": spec.name if spec else None,
                                                    "kind": spec.kind if spec else None,
+                                                   # a keyed operator's key columns (an upgrade's preview
+                                                   # says when they changed)
+                                                   "key": list(spec.params.get("key") or []) if spec else [],
                                                    "max_parallelism": execution.vertex.max_parallelism,
                                                    "subtasks": []})
                 entry["subtasks"].append(dict(handle, subtask=execution.subtask,
