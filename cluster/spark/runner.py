@@ -149,7 +149,6 @@ class SparkRunner:
         self.error: Optional[str] = None
         self.session: Optional[SparkSession] = None
         self.started_at = time.monotonic()
-        self.queued = False  # waiting for another TaskManager's JVM start to end before starting its own
         # queued (until its turn to start a JVM: _start_slot), starting, ready or failed. Written
         # by the starting thread, read by any (a str: one reference swapped)
         self.phase = "queued"
@@ -235,7 +234,6 @@ class SparkRunner:
         finally:
             if slot is not None:
                 slot.close()  # releases the lock
-            self.queued = False
             self.ready.set()
             self._enter("failed" if self.error else "ready")
 
@@ -251,6 +249,7 @@ class SparkRunner:
         import fcntl
         files = [open(self.lock_dir / f"spark-start-{i}.lock", "a")
                  for i in range(max(1, (os.cpu_count() or 1) // 2))]
+        waited = False
         while True:
             for f in files:
                 try:
@@ -261,10 +260,10 @@ class SparkRunner:
                     if other is not f:
                         other.close()
                 return f
-            if not self.queued:
-                self.queued = True
+            if not waited:
+                waited = True
                 log.info("another TaskManager's JVM is starting: this one starts after it")
-                self._enter("queued")
+                self._enter("queued")  # the same phase, said now: the ResourceManager hears it at once
             time.sleep(0.1)
 
     def session_for_task(self, cancelled: threading.Event, waiting: Callable[[str], None]):
