@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Optional
 
 from cluster.checkpoint.storage import local_path, read_metadata
-
 from cluster.graph.job_graph import JobGraph, OperatorSpec
 from cluster.graph.operator_kinds import KINDS
 
@@ -26,6 +25,9 @@ def saved_operator(uid: str, entry: dict) -> str:
     """An operator of a savepoint as a message names it: its name and uid (older savepoints
     carry no name: their vertex's)."""
     return f"operator '{entry.get('name') or entry.get('vertex', '?')}' (uid {uid})"
+
+
+PREVIEW_COLUMNS = ["operator", "uid", "kind", "state"]  # a row of SavepointFit.preview
 
 
 @dataclass(frozen=True)
@@ -101,11 +103,17 @@ def savepoint_fit(body: dict, job_graph: JobGraph) -> SavepointFit:
     return SavepointFit(kept, empty, {uid: e for uid, e in saved.items() if uid not in uids}, changed, keys)
 
 
+def fit_at(location: str, job_graph: JobGraph) -> SavepointFit:
+    """How the savepoint at ``location`` fits ``job_graph``; OSError or ValueError where this
+    process does not see the savepoint's storage."""
+    return savepoint_fit(read_metadata(Path(local_path(location))), job_graph)
+
+
 def upgrade_preview(location: str, job_graph: JobGraph,
                     allow_non_restored_state: bool) -> tuple[list[dict], Optional[str]]:
     """What starting ``job_graph`` from the savepoint at ``location`` would do with each operator's
-    state (SavepointFit.preview), and why the start would be refused, if it would; OSError or
-    ValueError where this process does not see the savepoint's storage."""
-    fit = savepoint_fit(read_metadata(Path(local_path(location))), job_graph)
+    state (SavepointFit.preview: a row of PREVIEW_COLUMNS each), and why the start would be
+    refused, if it would; OSError or ValueError as fit_at."""
+    fit = fit_at(location, job_graph)
     rows = fit.preview([o for v in job_graph.vertices for o in v.operators], allow_non_restored_state)
     return rows, fit.refusal() if fit.misfits and not allow_non_restored_state else None

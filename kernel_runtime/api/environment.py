@@ -15,11 +15,11 @@ from typing import Any, Callable, NoReturn, Optional
 
 import pandas as pd
 
+from cluster.checkpoint.savepoint_fit import PREVIEW_COLUMNS, upgrade_preview
 from cluster.conf import Configuration, ConfigError
 from cluster.graph.chaining import StreamEdge, StreamNode, build_job_graph
 from cluster.graph.job_graph import GraphValidationError, JobGraph, OperatorSpec, ShipStrategy
 from cluster.graph.operator_kinds import KINDS, Role, upsert_key
-from cluster.checkpoint.savepoint_fit import upgrade_preview
 from cluster.protocol.job_context import (CONTEXT_ALLOW_NON_RESTORED, CONTEXT_CLUSTER_DIR, CONTEXT_DETACHED,
                                           CONTEXT_DRY_RUN, CONTEXT_SAVEPOINT, CONTEXT_VERBOSE)
 from cluster.conf.options import CoreOptions, PipelineOptions
@@ -299,7 +299,7 @@ def _print_preview(graph: JobGraph) -> NoReturn:
     location = graph.config["execution.savepoint.path"]
     rows, refusal = upgrade_preview(location, graph, bool(graph.config.get("execution.savepoint.ignore-unclaimed-state")))
     print(f"Dry run of job {graph.name!r} from the savepoint {location}: nothing submitted.")
-    print(pd.DataFrame(rows, columns=["operator", "uid", "kind", "state"]).to_string(index=False))
+    print(pd.DataFrame(rows, columns=PREVIEW_COLUMNS).to_string(index=False))
     if refusal is not None:
         print(f"The start would be refused: {refusal}.")
         raise SystemExit(1)

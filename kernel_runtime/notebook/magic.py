@@ -20,6 +20,7 @@ from IPython.core.interactiveshell import InteractiveShell
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from traitlets import Bool, Dict, Float, Int
 
+from cluster.checkpoint.savepoint_fit import PREVIEW_COLUMNS
 from cluster.graph.job_graph import GraphValidationError
 
 from kernel_runtime.api import StreamEnvironment
@@ -117,7 +118,7 @@ class StreamMagics(Magics):
             except EXPECTED_ERRORS as exc:
                 raise expected_error(exc, sites) from None
             print(f"Dry run, nothing stopped or submitted. {verdict}")
-            preview = pd.DataFrame(rows, columns=["operator", "uid", "kind", "state"])
+            preview = pd.DataFrame(rows, columns=PREVIEW_COLUMNS)
             if args.output:
                 self.ipython.user_ns[args.output] = preview
             return preview

@@ -13,11 +13,9 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Optional
 
-from cluster.checkpoint.savepoint_fit import SavepointFit, saved_operator, savepoint_fit, upgrade_preview
-from cluster.checkpoint.storage import local_path, read_metadata
+from cluster.checkpoint.savepoint_fit import SavepointFit, fit_at, saved_operator, upgrade_preview
 from cluster.protocol.states import JobState
 from cluster.graph.job_graph import JobGraph, OperatorSpec
 from cluster.protocol.endpoint import RpcError
@@ -49,7 +47,7 @@ class Upgrade:
         lines = [f"Upgraded job {self.name!r}: job {self.old_job_id} stopped with savepoint {self.location}; "
                  f"job {graph.job_id} starts from it."]
         try:
-            fit = _fit(self.location, graph)
+            fit = fit_at(self.location, graph)
         except (OSError, ValueError) as exc:  # a cluster whose storage this kernel does not see
             return lines + [f"  (which operators kept their state is not known here: {exc})"]
         return lines + upgrade_lines(fit)
@@ -66,12 +64,6 @@ def upgrade_lines(fit: SavepointFit) -> list[str]:
     return lines
 
 
-def _fit(location: str, graph: JobGraph) -> SavepointFit:
-    """How the savepoint at ``location`` fits ``graph``; OSError or ValueError where this kernel
-    does not see the cluster's storage."""
-    return savepoint_fit(read_metadata(Path(local_path(location))), graph)
-
-
 class UpgradeRefused(ValueError):
     """The edited pipeline does not fit the running job's state; the job runs on."""
 
@@ -85,7 +77,7 @@ def _check_fit(client: JobClient, name: str, job_id: str, graph: JobGraph) -> No
     except (RpcError, TimeoutError):
         return  # stopping it with a savepoint says what failed
     try:
-        fit = _fit(probe, graph)
+        fit = fit_at(probe, graph)
     except (OSError, ValueError):
         return
     finally:

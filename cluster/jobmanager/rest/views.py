@@ -236,8 +236,7 @@ def watermarks_json(d: JobManagerState, job_id: str, vertex_id: str) -> list[dic
 
 # A task's metrics under Flink's names (MetricNames), as its metric store lists them for a vertex
 FLINK_TASK_METRICS = {"numRecordsIn": "records-in", "numRecordsOut": "records-out", "numRecordsSend": "records-sent",
-                      "numBytesIn": "bytes-in",
-                      "numBytesOut": "bytes-out", "busyTimeMsPerSecond": "busyTimeMsPerSecond",
+                      "numBytesIn": "bytes-in", "numBytesOut": "bytes-out", "busyTimeMsPerSecond": "busyTimeMsPerSecond",
                       "backPressuredTimeMsPerSecond": "backPressuredTimeMsPerSecond",
                       "idleTimeMsPerSecond": "idleTimeMsPerSecond"} | {name: name for name in EVENT_TIME_METRICS}
 

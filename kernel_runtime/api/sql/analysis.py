@@ -64,11 +64,11 @@ def _output_to(path: Path):
 
 
 def _new_session() -> Any:
+    if session_factory is not None:
+        return session_factory()
     from pyspark.sql import SparkSession
 
     from cluster.spark.class_data import driver_conf
-    if session_factory is not None:
-        return session_factory()
     # the JVM analyses a few small plans: the C1 compiler alone starts it in about half the CPU
     conf = driver_conf({
         "spark.master": "local[1]", "spark.app.name": "streamlab SQL planner", "spark.ui.enabled": "false",
