@@ -33,7 +33,7 @@ from cluster.graph.execution_graph import ExecutionGraph
 from cluster.protocol import messages as m
 from cluster.protocol.codec import Codec
 from cluster.protocol.endpoint import Peer, RpcEndpoint
-from cluster.protocol.metrics import EVENT_TIME_METRICS
+from cluster.protocol.metrics import EVENT_TIME_METRICS, LATE_ROWS
 from cluster.protocol.sockets import advertised_address, bind_broadcast, bound_address, make_socket
 from cluster.protocol.states import JobState
 
@@ -49,9 +49,9 @@ log = logging.getLogger(__name__)
 CLUSTER_TOPIC = b"cluster/"
 # the metrics of a subtask a dashboard shows; the rest stay in the full job details
 SUBTASK_METRICS = ("records-in", "records-out", "records-sent", "bytes-in", "bytes-out", "busyTimeMsPerSecond",
-                   "backPressuredTimeMsPerSecond", "idleTimeMsPerSecond", *EVENT_TIME_METRICS)
+                   "backPressuredTimeMsPerSecond", "idleTimeMsPerSecond", *EVENT_TIME_METRICS, LATE_ROWS)
 SUMMARY_FIELDS = ("jid", "name", "state", "attempt", "start-time", "end-time", "duration", "now", "status-reason",
-                  "failure-cause", "last-failure")
+                  "failure-cause", "last-failure", "window-waits")
 VOLATILE_FIELDS = ("duration", "now")  # move with the clock: not a change worth an event
 CHECKPOINTS_SHOWN = 10  # the newest checkpoints in a summary
 SEND_HIGH_WATER_MARK = 1000  # events queued per subscriber; beyond it a slow one loses some (a gap)

@@ -50,7 +50,7 @@ class IntervalJoin(JoinOperator, kind="interval-join"):
 
     def process_side(self, side: int, table: pa.Table) -> list[pa.Table]:
         ts = self._event_times(side, table)
-        table, ts = self._drop_late(table, ts, ts < self.watermark)
+        table, ts = self._drop_late(side, table, ts, ts < self.watermark)
         if table.num_rows == 0:
             return []
         table = table.replace_schema_metadata(None)

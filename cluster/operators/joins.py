@@ -41,8 +41,10 @@ from cluster.common.frames import to_table
 from cluster.operators.base import OperatorSnapshot
 from cluster.operators.join_state import Chunks, by_key_group
 from cluster.operators.keyed import KeyedOperator
+from cluster.operators.late_rows import LateRows
 from cluster.operators.timers import TimerService
 from cluster.operators.windowing.watermarks import rowtime_ms
+from cluster.protocol.metrics import LATE_ROWS, NEWEST_EVENT_TIMESTAMP, NUM_LATE_RECORDS_DROPPED
 from cluster.state.key_groups import key_groups_of
 
 LEFT, RIGHT = 0, 1
@@ -83,7 +85,7 @@ class JoinOperator(KeyedOperator):
         self.schemas: list[Optional[pa.Schema]] = [None, None]
         self.timers = TimerService(self.backend)
         self.watermark = NO_WATERMARK
-        self.late_records = 0
+        self.late = LateRows(self.spec.uid, self.spec.name, None)  # joins drop late rows (no side output)
         self.newest = NO_WATERMARK
         self.next_chunk = 0  # the number of the next chunk (Chunks) this subtask writes
 
@@ -114,10 +116,11 @@ class JoinOperator(KeyedOperator):
         assert ts is not None, "open() checks that both rowtimes are given"
         return ts
 
-    def _drop_late(self, table: pa.Table, ts: np.ndarray, late: np.ndarray) -> tuple[pa.Table, np.ndarray]:
+    def _drop_late(self, side: int, table: pa.Table, ts: np.ndarray,
+                   late: np.ndarray) -> tuple[pa.Table, np.ndarray]:
         if not late.any():
             return table, ts
-        self.late_records += int(late.sum())
+        self.late.record(table.filter(pa.array(late)), ts[late], self.watermark, False, SIDES[side])
         keep = ~late
         return table.filter(pa.array(keep)), ts[keep]
 
@@ -237,4 +240,5 @@ class JoinOperator(KeyedOperator):
         self.next_chunk = max((h.get("next_chunk", 0) for h in handles), default=0)
 
     def metrics(self) -> dict:
-        return {"numLateRecordsDropped": self.late_records, "newestEventTimestamp": self.newest}
+        return {NUM_LATE_RECORDS_DROPPED: self.late.dropped, NEWEST_EVENT_TIMESTAMP: self.newest,
+                LATE_ROWS: self.late.report()}

@@ -57,7 +57,7 @@ class TemporalJoin(JoinOperator, kind="temporal-join"):
             return self._join_latest(batch) if side == LEFT else self._update_latest(batch)
         ts = self._event_times(side, table)
         if side == LEFT:
-            table, ts = self._drop_late(table, ts, ts < self.watermark)
+            table, ts = self._drop_late(side, table, ts, ts < self.watermark)
         if table.num_rows == 0:
             return []
         table = table.replace_schema_metadata(None)

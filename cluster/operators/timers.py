@@ -20,7 +20,7 @@ Thread use: the owning operator's task thread only.
 from __future__ import annotations
 
 import heapq
-from typing import Any, Iterable, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Iterable, NamedTuple, Optional, Sequence
 
 EVENT_TIME, PROCESSING_TIME = "event", "processing"
 DOMAINS = (EVENT_TIME, PROCESSING_TIME)
@@ -145,6 +145,17 @@ class TimerService:
 
     def next_time(self, domain: str) -> Optional[int]:
         return self._index[domain].next_time()
+
+    def earliest(self, domain: str, wanted: Callable[[int, Any], bool]) -> Optional[tuple[int, Any]]:
+        """(time, namespace) of the earliest pending timer for which ``wanted(time, namespace)``.
+        Any thread: it reads copies (the heap's list and each time's set, each copied in one step
+        under the GIL), so it may miss what the task thread adds meanwhile; stale times are skipped."""
+        index = self._index[domain]
+        for timestamp in sorted(set(index.times)):
+            for _, _, namespace in set(index.at.get(timestamp, ())):
+                if wanted(timestamp, namespace):
+                    return timestamp, namespace
+        return None
 
     def pending(self, domain: str) -> int:
         return len(self._index[domain])

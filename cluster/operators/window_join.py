@@ -13,7 +13,7 @@ import pyarrow as pa
 
 from cluster.graph.windows import SessionWindows, SlidingWindows, TumblingWindows, assigner_of
 from cluster.operators.join_state import Chunks, by_key_group, concat
-from cluster.operators.joins import LEFT, RIGHT, JoinOperator
+from cluster.operators.joins import LEFT, RIGHT, SIDES, JoinOperator
 from cluster.operators.timers import EVENT_TIME
 
 
@@ -48,7 +48,9 @@ class WindowJoin(JoinOperator, kind="window-join"):
         live = self._fire_time(starts) > self.watermark
         alive = np.zeros(table.num_rows, dtype=bool)
         alive[rows_of[live]] = True
-        self.late_records += int(table.num_rows - alive.sum())
+        if not alive.all():
+            late = ~alive
+            self.late.record(table.filter(pa.array(late)), ts[late], self.watermark, False, SIDES[side])
         if not live.any():
             return []
         rows_of, starts = rows_of[live], starts[live]

@@ -1,6 +1,9 @@
 """What the task metrics in heartbeats mean to their readers (the REST API, the dashboard)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Optional
+
 
 def backpressure_level(ratio: float) -> str:
     """Flink's grading of the share of time a subtask was back-pressured, with the names of its
@@ -41,3 +44,42 @@ NUM_LATE_RECORDS_DROPPED = "numLateRecordsDropped"
 NEWEST_EVENT_TIMESTAMP = "newestEventTimestamp"
 EVENT_TIME_METRICS = (CURRENT_INPUT_WATERMARK, CURRENT_OUTPUT_WATERMARK, NUM_LATE_RECORDS_DROPPED,
                       NEWEST_EVENT_TIMESTAMP)
+# streamlab's own, for what holds a window back (cluster.jobmanager.window_waits): a task's input
+# channels' watermarks, {"<edge>/<producer subtask>": [watermark, idle]}; whether its output is
+# idle; a window operator's oldest window not yet fired, [start, end] (epoch ms)
+INPUT_WATERMARKS = "inputWatermarks"
+OUTPUT_IDLE = "outputIdle"
+OLDEST_OPEN_WINDOW = "oldestOpenWindow"
+# streamlab's own: per operator uid that finds rows late, how many and the newest few of them
+# (cluster.operators.late_rows.LateRows.report), for the dashboard and JobHandle.late_rows
+LATE_ROWS = "late-rows"
+
+
+@dataclass(frozen=True)
+class OperatorLateRows:
+    """An operator's late rows over its subtasks: the ``late-rows`` reports added up."""
+    uid: str
+    name: str
+    count: int                  # every late row
+    dropped: int                # those not sent to a side output
+    side_output: Optional[str]  # its late side output's tag, None when late rows are dropped
+    schema: dict                # column -> Arrow type (text) of the sampled rows
+    sample: list                # the newest reported entries, oldest first, each with its "subtask"
+
+
+def late_rows(subtasks: list[dict]) -> list[OperatorLateRows]:
+    """Per operator that finds rows late (windows, joins), from job details' ``subtasks`` (each
+    with ``subtask`` and ``metrics``), in the order the operators first appear."""
+    reports: dict[str, list[tuple[int, dict]]] = {}
+    for subtask in subtasks:
+        for uid, report in ((subtask.get("metrics") or {}).get(LATE_ROWS) or {}).items():
+            reports.setdefault(uid, []).append((subtask.get("subtask", 0), report))
+    out = []
+    for uid, entries in reports.items():
+        first = entries[0][1]
+        sample = sorted(({**row, "subtask": subtask} for subtask, report in entries for row in report["sample"]),
+                        key=lambda row: (row["at"], row["subtask"]))
+        out.append(OperatorLateRows(uid, first["name"], sum(r["count"] for _, r in entries),
+                                    sum(r["dropped"] for _, r in entries), first["side_output"],
+                                    next((r["schema"] for _, r in entries if r["schema"]), {}), sample))
+    return out

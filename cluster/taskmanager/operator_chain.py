@@ -31,7 +31,7 @@ from cluster.graph.deployment import TaskDeploymentDescriptor
 from cluster.graph.job_graph import OperatorSpec
 from cluster.graph.operator_kinds import KINDS, Role
 from cluster.operators.base import Operator, OperatorContext, UserFunctionError
-from cluster.protocol.metrics import NEWEST_EVENT_TIMESTAMP, NUM_LATE_RECORDS_DROPPED
+from cluster.protocol.metrics import LATE_ROWS, NEWEST_EVENT_TIMESTAMP, NUM_LATE_RECORDS_DROPPED
 from cluster.spark.chain import SparkChain
 from cluster.spark.fusion import FusionGroup
 from cluster.spark.stage import SparkStage
@@ -257,5 +257,7 @@ class OperatorChain:
                     value = max(value, metrics[name])
                 elif name == NUM_LATE_RECORDS_DROPPED and name in metrics:
                     value += metrics[name]
+                elif name == LATE_ROWS and name in metrics:
+                    value = metrics[name] | value  # keyed by operator uid
                 metrics[name] = value
         return metrics

@@ -40,7 +40,8 @@ from cluster.graph.event_time import MAX_WATERMARK
 from cluster.protocol.states import ExecutionState
 from cluster.operators.base import Operator, SourceOperator, TaskCancelled
 from cluster.protocol.messages import AddCredit
-from cluster.protocol.metrics import CURRENT_INPUT_WATERMARK, CURRENT_OUTPUT_WATERMARK
+from cluster.protocol.metrics import (CURRENT_INPUT_WATERMARK, CURRENT_OUTPUT_WATERMARK, INPUT_WATERMARKS,
+                                     OUTPUT_IDLE)
 from cluster.protocol.serde import ipc_to_table
 from cluster.taskmanager.network import WAIT_SLICE, ChannelSender, InputGate, NetworkEnvironment
 from cluster.taskmanager.operator_chain import OperatorChain
@@ -128,8 +129,13 @@ class StreamTask:
         chain = self._chain
         operator_metrics = {} if chain is None else chain.operator_metrics()
         clock = None if chain is None else chain.time
-        time_metrics = {} if clock is None else {CURRENT_INPUT_WATERMARK: clock.input_watermark,
-                                                 CURRENT_OUTPUT_WATERMARK: clock.output_watermark}
+        time_metrics: dict = {} if clock is None else {CURRENT_INPUT_WATERMARK: clock.input_watermark,
+                                                       CURRENT_OUTPUT_WATERMARK: clock.output_watermark,
+                                                       OUTPUT_IDLE: clock.output_idle}
+        if clock is not None and clock.valve is not None:
+            # channel ids are <job>/<attempt>/<edge>/<producer>/<consumer>: the JobManager knows the edges
+            time_metrics[INPUT_WATERMARKS] = {"/".join(channel.split("/")[2:4]): [watermark, idle]
+                                              for channel, (watermark, idle) in clock.valve.channels().items()}
         return {"execution_id": self.execution_id, "job_id": self.tdd.job_id,
                 "vertex_id": self.tdd.vertex["id"], "subtask": self.tdd.subtask, "detail": self.detail,
                 "input-queue": self._gate.queued() if self._gate else 0} | self.metrics.snapshot() \

@@ -20,7 +20,8 @@ from cluster.protocol.sockets import local_address_towards
 
 from kernel_runtime.client.cluster_info import ClusterInfo
 from kernel_runtime.client.events import ClusterEvents, JobView, JobWatch
-from kernel_runtime.client.job_handle import JobHandle, ResultReceiver
+from kernel_runtime.client.job_handle import JobHandle
+from kernel_runtime.client.result_receiver import ResultReceiver
 from kernel_runtime.client.leader import LeaderWatch
 from kernel_runtime.client.results import KEEP_ALL, ResultMode
 

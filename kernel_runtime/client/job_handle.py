@@ -1,9 +1,8 @@
-"""JobHandle: one submitted job as the client follows it, and the plumbing of its results.
+"""JobHandle: one submitted job as the client follows it.
 
-A handle tells the job's status, its live results as pandas, its metrics and keyed state, its
-end; it waits by following the job's events (kernel_runtime.client.events), never by asking in
-a loop. The ResultReceiver is the socket of the client's own to which collect sinks stream Arrow
-batches straight from the TaskManagers, kept per job and sink exactly once across restarts.
+A handle tells the job's status, its live results as pandas (received by the client's
+ResultReceiver, result_receiver.py), its metrics, late rows and keyed state, its end; it waits by
+following the job's events (kernel_runtime.client.events), never by asking in a loop.
 
 A handle asks the client that submitted its job (JobService: the JobClient, named by what it
 does, so the two modules do not import each other). What a notebook adds to a handle, the live
@@ -11,33 +10,25 @@ dashboard and the rich display, kernel_runtime.notebook registers when imported 
 """
 from __future__ import annotations
 
-import logging
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Optional, Protocol
 
 import pandas as pd
-import pyarrow as pa
-import zmq
 
 from cluster.common.failures import Failure
 from cluster.protocol.states import JobState
 from cluster.graph.job_graph import JobGraph
 from cluster.protocol import messages as m
-from cluster.protocol.codec import Codec
 from cluster.protocol.endpoint import R
-from cluster.protocol.sockets import bind_socket, make_socket
-from cluster.protocol.serde import ipc_to_table
+from cluster.protocol.metrics import LATE_ROWS
 
 from kernel_runtime.client.cluster_info import ClusterInfo
 from kernel_runtime.client.events import JobView, JobWatch
-from kernel_runtime.client.results import ResultBuffer
+from kernel_runtime.client.result_receiver import ResultReceiver, ResultSummary
 
-log = logging.getLogger(__name__)
 ROWS_CHECK_S = 0.1  # wait_for_rows looks at the rows received (here, in this process) this often
 HOOKS_EVERY_S = 1.0  # a wait without news still runs its hooks this often
-
 
 
 class JobExecutionError(RuntimeError):
@@ -65,144 +56,6 @@ class JobCancelledError(RuntimeError):
     def __init__(self, message: str, results: Optional[dict[str, pd.DataFrame]] = None):
         super().__init__(message)
         self.results = results or {}
-
-
-class _SinkResults:
-    """The rows one collect sink delivered, exactly once across restarts.
-
-    Each batch carries its epoch (the last checkpoint barrier before it) and the checkpoint its
-    attempt restored from. When a newer attempt's first batch arrives, the rows of epochs from
-    the restored checkpoint on are dropped, because the new attempt replays them; with no
-    checkpoint to restore (0), everything the old attempts sent is void. A barrier is answered
-    with an acknowledgement for the JobManager: the rows before it came first on the same
-    ordered channel, so the client holds them all."""
-
-    def __init__(self, parallelism: int, buffer: ResultBuffer):
-        self.parallelism = parallelism
-        self.attempt = 0  # the attempt whose rows the buffer holds
-        self.latest_attempt = 0  # the newest attempt heard of
-        self.buffer = buffer
-        self.ended: dict[int, set[int]] = {}  # attempt -> subtasks that ended
-        self.error: Optional[str] = None
-        self.first_row_at: Optional[float] = None  # time.perf_counter() of the first row kept
-
-    def receive(self, msg: m.CollectBatch | m.CollectBarrier | m.CollectEnd,
-                table: Optional[pa.Table] = None) -> Optional[m.AcknowledgeCollect]:
-        self.latest_attempt = max(self.latest_attempt, msg.attempt)
-        if isinstance(msg, m.CollectEnd):
-            self.ended.setdefault(msg.attempt, set()).add(msg.subtask)
-        elif isinstance(msg, m.CollectBarrier):
-            return m.AcknowledgeCollect(msg.job_id, msg.attempt, msg.sink, msg.subtask, msg.checkpoint_id)
-        elif table is not None and msg.attempt >= self.attempt:  # else a straggler from before a restart
-            if msg.attempt > self.attempt:
-                self.attempt, self.error = msg.attempt, None
-                self.buffer = self.buffer.restored(msg.restored_from)
-            self.buffer.add(table, msg.epoch)
-            if self.first_row_at is None and table.num_rows:
-                self.first_row_at = time.perf_counter()
-        return None
-
-    @property
-    def complete(self) -> bool:
-        return len(self.ended.get(self.latest_attempt, ())) == self.parallelism
-
-
-@dataclass(frozen=True)
-class ResultSummary:
-    """Where one collect sink stands: rows received and kept, the mode, a few rows to show."""
-
-    received: int
-    kept: int
-    mode: str
-    preview: pd.DataFrame
-    error: Optional[str] = None
-    first_row_at: Optional[float] = None  # time.perf_counter() when the first row arrived
-
-
-class ResultReceiver:
-    """A ROUTER socket on 127.0.0.1 and a thread that files incoming batches by job and sink."""
-
-    def __init__(self, codec: Codec, acknowledge: Callable[[m.AcknowledgeCollect], None], host: str = "127.0.0.1"):
-        self.codec = codec
-        self.acknowledge = acknowledge  # called on the receiver thread: must not block
-        self._sock = make_socket(zmq.Context.instance(), zmq.ROUTER)
-        self.address = bind_socket(self._sock, f"tcp://{host}:0", codec)
-        self._lock = threading.Condition()
-        self._jobs: dict[str, dict[str, _SinkResults]] = {}
-        self._running = True
-        self._thread = threading.Thread(target=self._run, name="results", daemon=True)
-        self._thread.start()
-
-    def expect(self, job_id: str, sinks: dict[str, tuple[int, ResultBuffer]]) -> None:
-        """Be ready for a job's collect sinks: uid -> (parallelism, the buffer that keeps its rows)."""
-        with self._lock:
-            self._jobs[job_id] = {uid: _SinkResults(p, buffer) for uid, (p, buffer) in sinks.items()}
-
-    def _run(self) -> None:
-        try:
-            while self._running:
-                if not self._sock.poll(100):
-                    continue
-                frames = self._sock.recv_multipart(copy=False)[1:]
-                try:
-                    msg, _, payload = self.codec.decode(frames)
-                    if not isinstance(msg, (m.CollectBatch, m.CollectBarrier, m.CollectEnd)):
-                        raise m.MalformedMessage(f"{msg.op} is not a result message")
-                    table = ipc_to_table(payload[0].buffer) if isinstance(msg, m.CollectBatch) else None
-                except Exception as exc:
-                    log.warning("result socket: dropped a malformed message: %s", exc)
-                    continue
-                ack = None
-                with self._lock:
-                    sink = self._jobs.get(msg.job_id, {}).get(msg.sink)
-                    if sink is not None:
-                        try:
-                            ack = sink.receive(msg, table)
-                        except Exception as exc:  # e.g. rows without the update mode's key
-                            sink.error = f"{type(exc).__name__}: {exc}"
-                            log.warning("result socket: job %s sink %s: %s", msg.job_id, msg.sink, sink.error)
-                        self._lock.notify_all()
-                if ack is not None:
-                    self.acknowledge(ack)
-        finally:
-            self._sock.close(0)
-
-    def _sink(self, job_id: str, sink: str) -> _SinkResults:
-        results = self._jobs[job_id][sink]
-        if results.error:
-            raise RuntimeError(f"the rows of collect sink {sink} could not be kept: {results.error}")
-        return results
-
-    def frame(self, job_id: str, sink: str) -> pd.DataFrame:
-        with self._lock:
-            return self._sink(job_id, sink).buffer.frame()
-
-    def summary(self, job_id: str, sink: str, n: int) -> "ResultSummary":
-        with self._lock:
-            results = self._jobs[job_id][sink]
-            buffer = results.buffer
-            preview = buffer.preview(n) if not results.error else pd.DataFrame()
-            return ResultSummary(buffer.total, len(buffer), buffer.describe(), preview, results.error,
-                                 results.first_row_at)
-
-    def rows(self, job_id: str, sink: str) -> int:
-        """Rows received from the current attempt, kept or not."""
-        with self._lock:
-            return self._jobs[job_id][sink].buffer.total
-
-    def wait_complete(self, job_id: str, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        with self._lock:
-            while not all(s.complete for s in self._jobs[job_id].values()):
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return False
-                self._lock.wait(remaining)
-            return True
-
-    def close(self) -> None:
-        self._running = False
-        self._thread.join(1)
 
 
 @dataclass
@@ -357,12 +210,48 @@ class JobHandle:
                            uid=answer.operator["uid"], sources=answer.sources)
         return frame
 
+    def late_rows(self, operator: str) -> pd.DataFrame:
+        """The newest rows ``operator`` (a window or join: its name or uid) found late, as pandas:
+        the rows' own columns, then their ``event_time``, the ``watermark`` that made them late,
+        ``late_by`` (the one minus the other), the join ``input`` they came on and the ``subtask``,
+        oldest first; at most 20 per subtask. ``attrs``: ``count`` (every late row so far),
+        ``dropped`` (those not sent to a side output), ``side_output`` (its tag, or None),
+        ``operator`` and ``uid``. Empty while the operator has found none."""
+        from cluster.protocol.metrics import OperatorLateRows, late_rows
+        from kernel_runtime.client.late_rows import late_rows_frame
+        reports = late_rows(self.client.job_details(self.job_id)["subtasks"])
+        report = next((r for r in reports if operator in (r.name, r.uid)), None)
+        if report is None:
+            known = [] if self.job_graph is None else [
+                op for v in self.job_graph.vertices for op in v.operators if operator in (op.name, op.uid)]
+            if not known:
+                raise KeyError(f"job '{self.name}' ({self.job_id}) has no window or join operator named "
+                               f"{operator!r} reporting late rows; those that do: {[r.name for r in reports]}")
+            report = OperatorLateRows(known[0].uid, known[0].name, 0, 0, None, {}, [])  # not open yet
+        return late_rows_frame(report)
+
+    def window_waits(self, timeout: float = 0.0) -> list[dict]:
+        """Why the job's event-time windows have not fired: per window operator with a window still
+        open, its oldest one (``window``: start and end, epoch ms), its ``watermark`` and what holds
+        that back (``held_by``: the source subtask, or its split, followed upstream from the
+        smallest input), with a ``text`` sentence; GET /jobs/<id>'s ``window-waits``. ``timeout``:
+        wait up to so many seconds for one to show (a job just started has read nothing yet)."""
+        deadline = time.monotonic() + timeout
+        with self.client.follow(self.job_id) as watch:
+            view = watch.view
+            while not view.summary.get("window-waits") and not view.ended and not watch.closed:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                view = watch.wait_for_change(view.version, remaining)
+        return view.summary.get("window-waits") or self.client.job_details(self.job_id).get("window-waits") or []
+
     def metrics(self) -> pd.DataFrame:
         """One row per subtask: vertex, subtask, attempt, status, TaskManager, slot and its metrics."""
         rows = []
         for subtask in self.client.job_details(self.job_id)["subtasks"]:
             row = {k: v for k, v in subtask.items() if k != "metrics"}
-            row.update((k, v) for k, v in subtask["metrics"].items() if k not in row and k != "job_id")
+            row.update((k, v) for k, v in subtask["metrics"].items() if k not in row and k not in ("job_id", LATE_ROWS))
             rows.append(row)
         return pd.DataFrame(rows)
 

@@ -9,13 +9,12 @@ import contextlib
 import json
 import os
 import secrets
-import shutil
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import pytest
 
@@ -137,12 +136,16 @@ def open_notebook(page, base: str, token: str, root: Path, notebook: str) -> Non
 
 
 @contextlib.contextmanager
-def tutorial_running(jupyterlab, notebook: str):
+def tutorial_running(jupyterlab, notebook: str, until: Optional[str] = None):
     """A copy of a tutorial (notebooks/) opened in chromium, all its cells started (not awaited);
-    yields the page. The browser closes after."""
+    yields the page. ``until``: the copy ends before the cell of that id (a job the test looks at
+    keeps running). The browser closes after."""
     from playwright.sync_api import sync_playwright
     base, token, root = jupyterlab
-    shutil.copy(ROOT / "notebooks" / notebook, root / notebook)
+    tutorial = json.loads((ROOT / "notebooks" / notebook).read_text())
+    if until is not None:
+        tutorial["cells"] = tutorial["cells"][:[c.get("id") for c in tutorial["cells"]].index(until)]
+    (root / notebook).write_text(json.dumps(tutorial))
     with sync_playwright() as p:
         browser = chromium(p)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})

@@ -8,8 +8,10 @@ so no record is late and the windows are exact whatever the timing (tests/connec
 """
 from __future__ import annotations
 
+import os
 import random
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -19,7 +21,7 @@ from kernel_runtime.api import Duration, KafkaSink, KafkaSource, Time, TumblingE
 from tests.conftest import start_cluster, wait_for
 from tests.connectors.kafka_topics import new_topic, produce_rows, read_frame
 from tests.connectors.test_kafka_jobs import SCHEMA, expected_windows, orders, windows_of
-from tests.e2e.test_exactly_once import FAULTS, kill_repeatedly
+from tests.e2e.test_exactly_once import FAULTS, attempt_running, kill_repeatedly
 
 # a replacement TaskManager starts its SparkSession (for .sql) before a restart needs it, and
 # three of them leave warm slots to restart on
@@ -30,13 +32,18 @@ N = 24_000
 BATCH = 50
 
 
-def slowly(df: pd.DataFrame) -> pd.DataFrame:
-    # a job long enough for the kills: each source batch takes some 20 ms more
-    time.sleep(0.02)
-    return df
+def held_back_while(gate: str):
+    """The job's map step: while the test kills TaskManagers (the ``gate`` file exists) each source
+    batch takes half a second more, so that the job cannot end before the last kill however fast
+    the machine; once the gate is gone, the job runs at full speed to its end."""
+    def slowly(df: pd.DataFrame) -> pd.DataFrame:
+        if os.path.exists(gate):
+            time.sleep(0.5)
+        return df
+    return slowly
 
 
-def submit(local, servers: str, source: str, outs: dict[str, str], savepoint: str = ""):
+def submit(local, servers: str, source: str, outs: dict[str, str], gate: str, savepoint: str = ""):
     """One job, the windows written to a topic per delivery guarantee (``outs``: guarantee -> topic)."""
     config = {"execution.checkpointing.interval": "500 ms", "restart-strategy.type": "fixed-delay",
               "restart-strategy.fixed-delay.attempts": 100, "restart-strategy.fixed-delay.delay": "200 ms"}
@@ -47,7 +54,7 @@ def submit(local, servers: str, source: str, outs: dict[str, str], savepoint: st
         KafkaSource.json(servers, source, schema=SCHEMA, bounded=True, batch_size=BATCH),
         WatermarkStrategy.for_bounded_out_of_orderness(Duration.of_millis(0)).with_timestamp_column("ts"))
     windows = (stream.sql("SELECT user, amount * 2 AS amount2, ts FROM input WHERE amount > 2")
-               .map_batches(slowly, name="slowly")
+               .map_batches(held_back_while(gate), name="slowly")
                .key_by("user").window(TumblingEventTimeWindows.of(Time.seconds(1)))
                .aggregate(n=("amount2", "count"), total=("amount2", "sum")))
     for delivery, out in outs.items():
@@ -72,18 +79,18 @@ def input_topic(kafka_broker):
     return topic, expected_windows(frame)
 
 
-def run_with_kills(local, servers: str, source: str, outs: dict[str, str], kills: int, savepoint: str = "",
-                   stop_in: str = "") -> str:
-    """Submit, SIGKILL a busy TaskManager ``kills`` times, then wait for the end, or stop with a
-    savepoint into ``stop_in`` (returned)."""
-    client, handle = submit(local, servers, source, outs, savepoint)
+def run_with_kills(local, servers: str, source: str, outs: dict[str, str], kills: int, gate: Path,
+                   savepoint: str = "", stop_in: str = "") -> str:
+    """Submit, SIGKILL a busy TaskManager ``kills`` times while the job is held back, then let it
+    run to its end, or stop it with a savepoint into ``stop_in`` (returned) while still held back."""
+    gate.touch()
+    client, handle = submit(local, servers, source, outs, str(gate), savepoint)
     try:
         kill_repeatedly(local, handle, client, kills=kills, running_within=240)
         if stop_in:  # once the attempt after the last kill runs (a failing job takes no savepoint)
-            wait_for(lambda: (s := handle.job_status()).state == "RUNNING" and s.attempt == kills + 1 and all(
-                t["status"] == "RUNNING" for t in client.job_details(handle.job_id)["subtasks"]), 240,
-                f"attempt {kills + 1} running")
+            wait_for(lambda: attempt_running(local, handle, client, kills + 1), 240, f"attempt {kills + 1} running")
         location = handle.stop(target_directory=stop_in) if stop_in else ""
+        gate.unlink()
         assert handle.wait(300).state.name == "FINISHED"
         return location
     finally:
@@ -96,8 +103,9 @@ def test_exactly_once_through_kills_and_a_stop_with_savepoint(fault_cluster, kaf
     source, expected = input_topic
     # the same windows through the same kills, written exactly once and at least once
     outs = {"exactly-once": new_topic(servers, 2), "at-least-once": new_topic(servers, 2)}
-    savepoint = run_with_kills(fault_cluster, servers, source, outs, 3, stop_in=str(tmp_path / "savepoints"))
-    run_with_kills(fault_cluster, servers, source, outs, 2, savepoint=savepoint)
+    gate = tmp_path / "held-back"
+    savepoint = run_with_kills(fault_cluster, servers, source, outs, 3, gate, stop_in=str(tmp_path / "savepoints"))
+    run_with_kills(fault_cluster, servers, source, outs, 2, gate, savepoint=savepoint)
     got = windows_of(read_frame(servers, outs["exactly-once"]))
     pd.testing.assert_frame_equal(got, expected, check_dtype=False)
     # at least once: a window fired again after a restart writes the same row again; nothing else may differ

@@ -34,6 +34,10 @@ def events(seq):
     return pd.DataFrame({"k": seq % 3, "v": seq % 11, "ts": ts, "seq": seq})
 
 
+def epoch_ms(times: pd.Series) -> pd.Series:
+    return (times.dt.tz_localize(None) if times.dt.tz is not None else times).astype("datetime64[ms]").astype("int64")
+
+
 def strategy(bound=BOUND):
     return WatermarkStrategy.for_bounded_out_of_orderness(Duration.of_millis(bound)).with_timestamp_column("ts")
 
@@ -111,13 +115,19 @@ def test_windows_with_lateness_equal_the_reference(cluster, client, assigner, st
     windowed.changelog().collect("changes")
     windowed.collect("table")
     windowed.get_side_output("late").collect("late")
-    result = env.execute_async("windows with lateness", client=client).wait(120)
+    handle = env.execute_async("windows with lateness", client=client)
+    result = handle.wait(120)
     pd.testing.assert_frame_equal(sorted_windows(result.results["table"]), final, check_dtype=False)
     changes = result.results["changes"]
     firsts = changes.groupby(["k", "window_start"], as_index=False).head(1)
     pd.testing.assert_frame_equal(sorted_windows(firsts), first, check_dtype=False)
     assert len(changes) > len(final)  # late records within the lateness updated their windows' rows
     assert sorted(result.results["late"]["seq"]) == sorted(late.seq)
+    # and they are seen where the job runs: the newest 20 (one subtask), as they came
+    seen = handle.late_rows("window")
+    assert seen["seq"].tolist() == late.seq.tolist()[-20:]
+    assert (seen.attrs["count"], seen.attrs["dropped"], seen.attrs["side_output"]) == (len(late), 0, "late")
+    assert (epoch_ms(seen["event_time"]) == seen["ts"]).all() and (seen["late_by"] > pd.Timedelta(0)).all()
 
 
 def test_late_records_without_a_side_output_are_counted(cluster, client):
@@ -131,6 +141,18 @@ def test_late_records_without_a_side_output_are_counted(cluster, client):
     dropped = sum(s["metrics"]["numLateRecordsDropped"] for s in client.job_details(handle.job_id)["subtasks"]
                   if s["vertex_id"] == window["id"])
     assert dropped == len(late) > 0
+    # counted before the exchange, the rows are gone: the late partials stand for them, per key and
+    # window at its last instant, the newest 20 in REST and in the handle
+    status, (report,) = rest(cluster, f"/jobs/{handle.job_id}/late-rows")
+    assert status == 200 and (report["name"], report["count"], report["dropped"], report["side-output"]) == (
+        "window", len(late), len(late), None)
+    partials = handle.late_rows("window")
+    assert list(partials.columns[:4]) == ["k", "window_start", "window_end", "rows"] and len(partials) == 20
+    late_windows = set(zip(late.k, late.ts - late.ts % 1000))
+    assert set(zip(partials.k, epoch_ms(partials.window_start))) <= late_windows
+    assert (epoch_ms(partials["event_time"]) == epoch_ms(partials["window_end"]) - 1).all()
+    with pytest.raises(KeyError, match="no window or join operator named 'windw'.*'window'"):
+        handle.late_rows("windw")
 
 
 def sessions_reference(frame: pd.DataFrame, gap: int) -> pd.DataFrame:
@@ -220,6 +242,15 @@ def test_an_idle_split_holds_the_watermark_back_only_without_idleness(cluster, c
                      "the window task idle two more seconds")
             assert handle.row_count() == 0
             assert all(m["currentInputWatermark"] == NO_WATERMARK for m in metrics(window))
+            # and the job says why: the oldest window waits for subtask 1, which read no row
+            status, job = rest(cluster, f"/jobs/{handle.job_id}")
+            (wait,) = job["window-waits"]
+            first = int(frame.ts.min()) - int(frame.ts.min()) % 1_000
+            assert status == 200 and (wait["operator"], wait["window"]) == ("window", [first, first + 1_000])
+            held = wait["held_by"]
+            assert (held["vertex_id"], held["subtask"], held["watermark"], held["idle"]) == (
+                source, 1, NO_WATERMARK, False)
+            assert "waits for subtask 1 of 'Source: " in wait["text"] and "with_idleness" in wait["text"]
         handle.cancel()
         wait_for(lambda: handle.job_status().state == "CANCELED", 30, "the job cancelled")
 

@@ -80,6 +80,18 @@ def kill_a_busy_taskmanager(local, job_id: str, client) -> None:
     local.start_taskmanager()  # the replacement
 
 
+def attempt_running(local, handle, client, attempt: int) -> bool:
+    """Whether ``attempt`` of the job runs, every task of it; a later attempt than that (a restart
+    no kill caused) fails the test at once, with the failure that restarted the job."""
+    status = handle.job_status()
+    if status.attempt > attempt:
+        failure = (rest(local, f"/jobs/{handle.job_id}")[1].get("last-failure") or {}).get("cause")
+        raise AssertionError(f"attempt {status.attempt} while waiting for attempt {attempt}: the job restarted "
+                             f"by itself, after {failure}")
+    return status.state == "RUNNING" and status.attempt == attempt and all(
+        t["status"] == "RUNNING" for t in client.job_details(handle.job_id)["subtasks"])
+
+
 def kill_repeatedly(local, handle, client, kills: int, longest_pause: float = 1.5, running_within: float = 60) -> None:
     """SIGKILL a busy TaskManager ``kills`` times, each at a random moment of a running attempt,
     once a first checkpoint completed (so that every restart restores, and the job progresses).
@@ -89,9 +101,8 @@ def kill_repeatedly(local, handle, client, kills: int, longest_pause: float = 1.
     for killed in range(kills):
         # the attempt after the last kill, restored and running (the kill itself is noticed only
         # after heartbeat.timeout)
-        wait_for(lambda: (s := handle.job_status()).state == "RUNNING" and s.attempt == killed + 1 and all(
-            t["status"] == "RUNNING" for t in client.job_details(handle.job_id)["subtasks"]), running_within,
-            f"attempt {killed + 1} running")
+        wait_for(lambda: attempt_running(local, handle, client, killed + 1), running_within,
+                 f"attempt {killed + 1} running")
         time.sleep(random.uniform(0.3, longest_pause))  # a random moment of processing
         assert handle.status == "RUNNING", f"the job ended after only {killed} kills; make it longer"
         kill_a_busy_taskmanager(local, handle.job_id, client)

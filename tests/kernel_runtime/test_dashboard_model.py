@@ -1,18 +1,20 @@
 """What the dashboard derives from the JobManager's answers (pure: dicts in, values out)."""
+import re
+
 import pytest
 
 from kernel_runtime import StreamEnvironment
 from kernel_runtime.api import FileSource
 from kernel_runtime.notebook.widgets.job_graph import layout, operator_names
 from cluster.protocol.metrics import backpressure_level
-from cluster.graph.event_time import MAX_WATERMARK, NO_WATERMARK
+from cluster.graph.event_time import MAX_WATERMARK, NO_WATERMARK, duration_text, time_text
 from kernel_runtime.notebook.widgets.metrics import (JobMetrics, RateMeter, VertexStats, bottleneck, event_time,
                                                     load_color, source_progress)
 from kernel_runtime.notebook.widgets.base import Update
 from kernel_runtime.notebook.widgets.feed import Snapshot
 from kernel_runtime.notebook.widgets.progress import ProgressView
 from kernel_runtime.notebook.widgets.slots import slot_table
-from kernel_runtime.notebook.widgets.watermarks import WatermarksView, duration_text, time_text
+from kernel_runtime.notebook.widgets.watermarks import WatermarksView
 
 
 @pytest.mark.parametrize("ratio, level", [(0.0, "ok"), (0.10, "ok"), (0.11, "low"), (0.5, "low"), (0.51, "high"),
@@ -271,3 +273,27 @@ def test_the_bottleneck_is_the_busiest_vertex_that_is_not_back_pressured():
     # Flink's colours: the bottleneck red, what waits for it dark grey, an idle vertex blue
     assert step.load_color == "hsl(6, 75%, 53%)" and source.load_color == "hsl(0, 0%, 26%)"
     assert load_color(0.0, 0.0) == "hsl(210, 75%, 82%)"
+
+
+def late_report(uid: str, name: str, seqs: list[int], side_output=None) -> dict:
+    return {uid: {"name": name, "count": len(seqs) * 10, "dropped": 0 if side_output else len(seqs) * 10,
+                  "side_output": side_output, "schema": {"k": "int64", "seq": "int64"},
+                  "sample": [{"at": T + s, "event_time": T + s * 100, "watermark": T + s * 100 + 2_500, "input": "",
+                              "row": {"k": s % 3, "seq": s}} for s in seqs]}}
+
+
+def test_the_view_lists_each_windows_newest_late_rows_over_its_subtasks():
+    view = WatermarksView()
+    win0 = timed("win", 0, T + 9_000, newest=T + 12_000)
+    win0["metrics"]["late-rows"] = late_report("u1", "window", [1, 4, 7])
+    win1 = timed("win", 1, T + 9_000, newest=T + 12_000)
+    win1["metrics"]["late-rows"] = late_report("u1", "window", [2, 5, 8])
+    quiet = timed("join", 0, T + 9_000)
+    quiet["metrics"]["late-rows"] = late_report("u2", "join", [])
+    view.update(Update(Snapshot(1.0, details(win0, win1, quiet) | {"state": "RUNNING"}, {}), [], 1.0))
+    text = view.root.value
+    assert 'data-operator="window" data-count="60"' in text and "60 (dropped)" in text
+    assert 'data-operator="join"' not in text  # none late: no table
+    shown = [int(s) for s in re.findall(r"seq=(\d+)", text)]
+    assert shown == [8, 7, 5, 4, 2]  # the newest five of both subtasks, newest first
+    assert "k=2, seq=8" in text and "2.50 s" in text

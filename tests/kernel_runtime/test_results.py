@@ -4,7 +4,7 @@ import pytest
 
 from cluster.protocol import messages as m
 from kernel_runtime import StreamEnvironment
-from kernel_runtime.client.job_handle import _SinkResults
+from kernel_runtime.client.result_receiver import _SinkResults
 from kernel_runtime.client.results import (KEEP_ALL, AppendBuffer, ResultMode, SingleRowBuffer, UpsertBuffer, upsert_key)
 
 

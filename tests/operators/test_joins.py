@@ -213,6 +213,9 @@ def test_interval_join_equals_pandas_on_out_of_order_input(backend, merge_at, tm
 
     late = drive(join, left, right, late_ts=lambda wm: wm - 1, check=only_useful_rows_wait)
     assert len(late) > 0 and join.metric("numLateRecordsDropped") == len(late)
+    sampled = [e for op in join.ops for report in op.metrics()["late-rows"].values() for e in report["sample"]]
+    assert sorted(e["row"]["lid"] for e in sampled) == sorted(late["lid"])[:20]  # the newest: most negative
+    assert {e["input"] for e in sampled} == {"left"} and all(e["watermark"] - e["event_time"] == 1 for e in sampled)
 
     merged = left.drop(columns="arrival").merge(right.drop(columns="arrival"), on="k", suffixes=("", "_right"))
     gap = merged.ts_right - merged.ts

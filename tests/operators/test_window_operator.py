@@ -20,7 +20,9 @@ from cluster.operators.base import OperatorContext
 from cluster.operators.windowing.contents import BLOCK
 from cluster.graph.event_time import MAX_WATERMARK, NO_WATERMARK
 from cluster.operators.windowing.watermarks import TimestampError
+from cluster.protocol.metrics import late_rows
 from cluster.state.key_groups import key_groups_of_frame, operator_index_for_key_group
+from kernel_runtime.client.late_rows import late_rows_frame
 
 MAX_PARALLELISM = 128
 BASE = 1_700_000_000_000  # epoch ms
@@ -208,6 +210,18 @@ def test_tumbling_aggregate_equals_pandas_and_late_rows_go_to_the_side_output(ba
     assert side["seq"].tolist() == late["seq"].tolist()
     assert list(side.columns) == ["k", "v", "ts", "seq"]  # the rows as they came
     assert driven.op.metrics()["numLateRecordsDropped"] == 0  # they went to the side output instead
+    report, = driven.op.metrics()["late-rows"].values()  # and are seen: the newest 20 of them
+    assert (report["count"], report["dropped"], report["side_output"]) == (len(late), 0, "late")
+    assert [e["row"]["seq"] for e in report["sample"]] == late["seq"].tolist()[-20:]
+    assert all(e["event_time"] <= e["watermark"] for e in report["sample"])
+    assert report["schema"] == {"k": "string", "v": "int64", "ts": "timestamp[ns]", "seq": "int64"}
+    # as handle.late_rows gives them: the rows in their own types, then when and how late
+    frame = late_rows_frame(late_rows([{"subtask": 0, "metrics": driven.op.metrics()}])[0])
+    newest = late.tail(20).reset_index(drop=True)
+    pd.testing.assert_frame_equal(frame[["k", "v", "ts", "seq"]], newest[["k", "v", "ts", "seq"]], check_dtype=False)
+    assert list(frame.columns[4:]) == ["event_time", "watermark", "late_by", "subtask"]
+    assert (frame["event_time"].dt.tz_localize(None) == newest["ts"].dt.floor("ms")).all()
+    assert (frame["late_by"] >= pd.Timedelta(0)).all() and frame.attrs["count"] == len(late)
     assert driven.op.metrics()["newestEventTimestamp"] == max(
         int(r["ts"].astype("datetime64[ms]").astype("int64").max()) for r, _ in batches)
     # Arrow types of the output: windows as timestamp[ms]
@@ -226,6 +240,9 @@ def test_sliding_count_equals_pandas_and_counts_late_rows_without_a_side_output(
     pd.testing.assert_frame_equal(final_view(got), expected, check_dtype=False)
     assert emissions(got) == counts
     assert driven.op.metrics()["numLateRecordsDropped"] == len(late) > 0
+    report, = driven.op.metrics()["late-rows"].values()
+    assert (report["count"], report["dropped"], report["side_output"]) == (len(late), len(late), None)
+    assert [e["row"]["seq"] for e in report["sample"]] == late["seq"].tolist()[-20:]
 
 
 def test_allowed_lateness_fires_updated_rows_and_clears_state_after_it(backend, tmp_path):
@@ -255,11 +272,14 @@ def test_the_boundaries_of_firing_lateness_and_cleanup_are_flinks(backend, tmp_p
         counts = lambda tables: [(r["window_start"] - BASE, r["count"]) for r in emitted(tables).to_dict("records")] \
             if tables else []  # noqa: E731
         assert driven.op.process(row(10)) == [] and driven.op.process_watermark(BASE + 998)[0] == []
+        assert driven.op.metrics()["oldestOpenWindow"] == [BASE, BASE + 1000]  # what the watermark waits to fire
         assert counts(driven.op.process_watermark(BASE + 999)[0]) == [(0, 1)]
+        assert "oldestOpenWindow" not in driven.op.metrics()  # fired: a clean-up timer alone is no open window
         late_again = counts(driven.op.process(row(999)))
         assert late_again == ([] if lateness == 0 else [(0, 2)])
         assert driven.op.metrics()["numLateRecordsDropped"] == (1 if lateness == 0 else 0)
         assert counts(driven.op.process(row(1000))) == []  # the next window is not late
+        assert driven.op.metrics()["oldestOpenWindow"] == [BASE + 1000, BASE + 2000]
         driven.op.process_watermark(BASE + 999 + lateness)
         # one block per key group and window, its first array the keys
         assert [(k, v[0].tolist()) for k, v in driven.op.backend.items("window")] == \

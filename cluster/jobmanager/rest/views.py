@@ -15,7 +15,8 @@ from typing import Callable, Mapping, Optional, Protocol
 from cluster.common.clock import now_ms
 from cluster.protocol.states import ExecutionState, JobState
 from cluster.protocol.endpoint import RpcEndpoint
-from cluster.protocol.metrics import CURRENT_INPUT_WATERMARK, EVENT_TIME_METRICS, backpressure_level
+from cluster.jobmanager.rest.window_waits import split_watermarks, window_waits
+from cluster.protocol.metrics import CURRENT_INPUT_WATERMARK, EVENT_TIME_METRICS, backpressure_level, late_rows
 
 from cluster.jobmanager.jobmaster.job_master import JobMaster
 from cluster.jobmanager.resourcemanager.resource_manager import ResourceManager
@@ -193,6 +194,9 @@ def job_json(d: JobManagerState, job_id: str) -> dict:
         "last-failure": _last_failure(job),
         # the dashboard's checkpoint view
         "checkpoints": checkpoints_json(d, job_id),
+        # why a window has not fired yet: what holds its watermark back (window_waits.py)
+        "window-waits": window_waits(job.job_graph, {(e.vertex.id, e.subtask): e.metrics
+                                                     for e in job.graph.executions.values()}),
     }
 
 
@@ -225,13 +229,20 @@ def watermarks_json(d: JobManagerState, job_id: str, vertex_id: str) -> list[dic
     """GET /jobs/<id>/vertices/<vid>/watermarks, as Flink's JobVertexWatermarksHandler: each
     subtask's input watermark, ``{"id": "<subtask>.currentInputWatermark", "value": "<ms>"}``, the
     value a string as Flink's metric store keeps it (NO_WATERMARK is "-9223372036854775808"), a
-    subtask that has reported none yet left out. A bare list: Flink's MetricCollectionResponseBody
-    serialises as its list of metrics."""
+    subtask that has reported none yet left out. A source subtask that reads several splits at once
+    (Kafka partitions) adds each split's, ``<subtask>.split.<split>.currentWatermark``, and
+    ``...idle`` ("true"/"false"), as its metrics name them. A bare list: Flink's
+    MetricCollectionResponseBody serialises as its list of metrics."""
     job = job_master(d, job_id)
     job_vertex(job, vertex_id)
-    return [{"id": f"{e.subtask}.{CURRENT_INPUT_WATERMARK}", "value": str(e.metrics[CURRENT_INPUT_WATERMARK])}
-            for e in sorted(job.graph.executions_of(vertex_id), key=lambda e: e.subtask)
-            if CURRENT_INPUT_WATERMARK in e.metrics]
+    out = []
+    for e in sorted(job.graph.executions_of(vertex_id), key=lambda e: e.subtask):
+        if CURRENT_INPUT_WATERMARK in e.metrics:
+            out.append({"id": f"{e.subtask}.{CURRENT_INPUT_WATERMARK}", "value": str(e.metrics[CURRENT_INPUT_WATERMARK])})
+        for split, (watermark, idle) in sorted(split_watermarks(e.metrics).items()):
+            out += [{"id": f"{e.subtask}.split.{split}.currentWatermark", "value": str(watermark)},
+                    {"id": f"{e.subtask}.split.{split}.idle", "value": str(idle).lower()}]
+    return out
 
 
 # A task's metrics under Flink's names (MetricNames), as its metric store lists them for a vertex
@@ -299,6 +310,14 @@ def subtasks_json(d: JobManagerState, job_id: str) -> list[dict]:
              "status": e.state, "taskmanager_id": e.task_manager_id, "slot": slots.get(e.allocation_id),
              "metrics": dict(e.metrics)}
             for e in sorted(job.graph.executions.values(), key=lambda e: (e.vertex.id, e.subtask))]
+
+
+def late_rows_json(d: JobManagerState, job_id: str) -> list[dict]:
+    """streamlab's own GET /jobs/<id>/late-rows: per window or join operator, the rows it found late
+    over its subtasks (how many, how many dropped, its side output) and the newest of them, each
+    with its event time and the watermark that made it late (cluster.operators.late_rows)."""
+    return [{"uid": r.uid, "name": r.name, "count": r.count, "dropped": r.dropped, "side-output": r.side_output,
+             "schema": r.schema, "sample": r.sample} for r in late_rows(subtasks_json(d, job_id))]
 
 
 def exceptions_json(job, d: JobManagerState) -> dict:

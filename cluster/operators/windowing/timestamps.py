@@ -86,8 +86,10 @@ class TimestampsAndWatermarks(Operator, kind="timestamps-watermarks"):
             self.generator.max_timestamp = max(self.generator.max_timestamp, min(seen))
 
     def metrics(self) -> dict:
-        """Any thread. With per-split watermarks, each split's too (the dashboard's source view)."""
-        figures = {"newestEventTimestamp": self.newest}
-        for split, generator in list(self.splits.splits.items()):
-            figures[f"split.{split}.currentWatermark"] = generator.max_timestamp - generator.bound - 1
+        """Any thread. With per-split watermarks, each split's too, and whether it is idle (the
+        dashboard's source view, and what holds a window back: cluster.jobmanager.window_waits)."""
+        figures: dict = {"newestEventTimestamp": self.newest}
+        for split, (watermark, idle) in self.splits.states().items():
+            figures[f"split.{split}.currentWatermark"] = watermark
+            figures[f"split.{split}.idle"] = idle
         return figures

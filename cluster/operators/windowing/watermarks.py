@@ -92,6 +92,11 @@ class SplitWatermarks:
     def on_batch(self, split: str, max_timestamp: int) -> None:
         self.splits.setdefault(split, self._make()).on_batch(max_timestamp)
 
+    def states(self) -> dict[str, tuple[int, bool]]:
+        """Each split's watermark and whether it is idle. Any thread: a copy of the dict, each
+        generator's figures read once."""
+        return {split: (g.max_timestamp - g.bound - 1, g.idle) for split, g in dict(self.splits).items()}
+
     def on_periodic_emit(self) -> Optional[tuple[int, bool]]:
         if not self.splits:
             return None
@@ -118,6 +123,12 @@ class WatermarkValve:
     @property
     def idle(self) -> bool:
         return not any(self._active.values())
+
+    def channels(self) -> dict[str, tuple[int, bool]]:
+        """Each channel's watermark and whether it is idle. Any thread: it reads copies of the
+        dicts (their keys never change after init; a copy is one step under the GIL)."""
+        watermarks, active = dict(self._watermark), dict(self._active)
+        return {c: (w, not active[c]) for c, w in watermarks.items()}
 
     def on_watermark(self, channel: str, watermark: int) -> Optional[int]:
         if not self._active[channel]:

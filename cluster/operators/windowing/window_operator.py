@@ -8,8 +8,9 @@ ProcessingTimeTrigger) decides from the watermark and the timers per (key, windo
 fires and when it is purged, allowed lateness included; session windows merge per key
 (sessions.py). A window is late once the trigger says so (``end - 1 + allowed_lateness <=
 watermark``): rows for it are skipped, and a row all of whose windows are late goes to the late
-side output (or counts in numLateRecordsDropped). A row for a window that fired but is not late
-fires it again at once: an updated row for that window.
+side output (or counts in numLateRecordsDropped); either way the newest few are kept to be seen
+(late_rows.py). A row for a window that fired but is not late fires it again at once: an updated
+row for that window.
 
 Batches are handled whole, not row by row: the watermark does not move within a batch, so every
 decision Flink makes per row is the same for the batch's rows; a window that several rows of one
@@ -39,6 +40,7 @@ from cluster.graph.job_graph import OperatorSpec
 from cluster.graph.windows import SessionWindows, assigner_of
 from cluster.operators.base import OperatorContext, OperatorSnapshot
 from cluster.operators.keyed import KeyedOperator
+from cluster.operators.late_rows import LateRows
 from cluster.operators.timers import EVENT_TIME, PROCESSING_TIME, TimerService
 from cluster.operators.windowing.blocks import BlockContents
 from cluster.operators.windowing.contents import (BLOCK, AggregateContents, ProcessContents, ReduceContents,
@@ -47,6 +49,8 @@ from cluster.operators.windowing.pre_aggregation import LATEST, assign
 from cluster.operators.windowing.sessions import MergingWindowSet
 from cluster.operators.windowing.triggers import EventTimeTrigger, ProcessingTimeTrigger, Trigger, TriggerResult
 from cluster.operators.windowing.watermarks import rowtime_ms
+from cluster.protocol.metrics import (LATE_ROWS, NEWEST_EVENT_TIMESTAMP, NUM_LATE_RECORDS_DROPPED,
+                                     OLDEST_OPEN_WINDOW)
 from cluster.state.key_groups import key_groups_of_frame
 
 _first, _second, _third = itemgetter(0), itemgetter(1), itemgetter(2)
@@ -99,7 +103,7 @@ class WindowOperator(KeyedOperator, kind="window"):
         self.merging = MergingWindowSet(self.assigner, self, self.contents, self.trigger, self.timers) \
             if isinstance(self.assigner, SessionWindows) else None
         self.watermark = NO_WATERMARK
-        self.late_dropped = 0
+        self.late = LateRows(self.spec.uid, self.spec.name, self.late_tag)
         self.newest = NO_WATERMARK
 
     def _contents_of(self, function: str, where: str) -> WindowContents:
@@ -182,18 +186,18 @@ class WindowOperator(KeyedOperator, kind="window"):
             rows, starts, ends = rows[keep], starts[keep], ends[keep]
             skipped = np.bincount(rows, minlength=len(ts)) == 0
         if skipped.any():
-            self._late(table, np.flatnonzero(skipped))
+            self._late(table, ts, np.flatnonzero(skipped))
         if len(rows) == 0:
             return []
         everyone = len(rows) == len(frame) and bool((rows == np.arange(len(rows))).all())
         pairs = frame if everyone else frame.take(rows)
         return self.contents.add(pairs.reset_index(drop=True), starts, ends)
 
-    def _late(self, table: pa.Table, rows: np.ndarray) -> None:
+    def _late(self, table: pa.Table, ts: np.ndarray, rows: np.ndarray) -> None:
+        late = table.take(pa.array(rows))
         if self.late_tag is not None:
-            self.side_output(self.late_tag, table.take(pa.array(rows)))
-        else:
-            self.late_dropped += len(rows)
+            self.side_output(self.late_tag, late)
+        self.late.record(late, ts[rows], self.watermark, self.late_tag is not None)
 
     def _process_partials(self, table: pa.Table) -> list[pa.Table]:
         assert isinstance(self.contents, BlockContents)  # open checked: only blocks take partials
@@ -207,7 +211,12 @@ class WindowOperator(KeyedOperator, kind="window"):
         self.newest = max(self.newest, int(ends.max()) - 1)  # the rows' own times were aggregated away
         keep = ~self.trigger.is_late(ends - 1, self.watermark)
         if not keep.all():
-            self.late_dropped += int(frame[LATEST].to_numpy()[~keep].sum())
+            # the rows were aggregated away upstream: their partials stand for them, one per key and
+            # window, at the window's last instant; a row counts once, in its latest window
+            late = frame.loc[~keep, self.key + ["window_start", "window_end", LATEST]].rename(columns={LATEST: "rows"})
+            late[["window_start", "window_end"]] = late[["window_start", "window_end"]].astype("datetime64[ms]")
+            self.late.record(pa.Table.from_pandas(late, preserve_index=False), ends[~keep] - 1, self.watermark,
+                             False, rows=int(late["rows"].sum()))
             frame = frame[keep]
         if frame.empty:
             return []
@@ -271,4 +280,12 @@ class WindowOperator(KeyedOperator, kind="window"):
                                  "version of it")
 
     def metrics(self) -> dict:
-        return {"numLateRecordsDropped": self.late_dropped, "newestEventTimestamp": self.newest}
+        """Any thread (the timers' ``earliest`` reads copies)."""
+        figures = {NUM_LATE_RECORDS_DROPPED: self.late.dropped, NEWEST_EVENT_TIMESTAMP: self.newest,
+                   LATE_ROWS: self.late.report()}
+        if self.trigger.domain == EVENT_TIME:
+            # a window's fire timer is at its last instant (its clean-up timer, with lateness, later)
+            fires = self.timers.earliest(EVENT_TIME, lambda at, window: at == window[1] - 1)
+            if fires is not None:
+                figures[OLDEST_OPEN_WINDOW] = [int(fires[1][0]), int(fires[1][1])]
+        return figures

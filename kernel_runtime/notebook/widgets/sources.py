@@ -7,8 +7,9 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
+from cluster.graph.event_time import time_text
+
 from kernel_runtime.notebook.widgets.base import HTMLComponent, Update, esc, table, title
-from kernel_runtime.notebook.widgets.watermarks import time_text
 
 # what cluster/connectors/kafka/source.py and the timestamps operator after it report
 _READER = re.compile(r"^KafkaSourceReader\.topic\.(.+)\.partition\.(\d+)\.(currentOffset|pendingRecords)$")

@@ -1,38 +1,13 @@
 """Event time per vertex: its watermark, how far it trails the newest event time of the job, and
-the late records it dropped. Nothing at all for a job without event time."""
+the late records it dropped; then the newest late rows of each window or join that found some.
+Nothing at all for a job without event time."""
 from __future__ import annotations
 
-from datetime import datetime, timezone
-
-from cluster.graph.event_time import MAX_WATERMARK, NO_WATERMARK
+from cluster.graph.event_time import duration_text, time_text
+from cluster.protocol.metrics import OperatorLateRows, late_rows
 
 from kernel_runtime.notebook.widgets.base import FONT, HTMLComponent, Update, esc, table, title
 from kernel_runtime.notebook.widgets.metrics import event_time
-
-
-def time_text(ms: int) -> str:
-    """An event time or watermark as a UTC date and time to the millisecond, or what it stands for."""
-    if ms == NO_WATERMARK:
-        return "no watermark"
-    if ms == MAX_WATERMARK:
-        return "end of input"
-    try:
-        when = datetime.fromtimestamp(ms / 1000, timezone.utc)
-    except (OverflowError, OSError, ValueError):  # beyond what datetime holds: the number itself
-        return f"{ms:,} ms"
-    return when.strftime("%Y-%m-%d %H:%M:%S.") + f"{ms % 1000:03d}"
-
-
-def duration_text(ms: int) -> str:
-    """A lag as a person reads it: 350 ms, 1.25 s, 2 min 05 s, 3 h 02 min."""
-    if ms < 1000:
-        return f"{ms} ms"
-    if ms < 60_000:
-        return f"{ms / 1000:.2f} s"
-    seconds = ms // 1000
-    if seconds < 3600:
-        return f"{seconds // 60} min {seconds % 60:02d} s"
-    return f"{seconds // 3600:,} h {seconds % 3600 // 60:02d} min"
 
 
 class WatermarksView(HTMLComponent):
@@ -51,4 +26,33 @@ class WatermarksView(HTMLComponent):
                  f'<span class="streamlab-late" data-late="{v.late_dropped}">{v.late_dropped:,}</span>']
                 for v in job.vertices]
         return (f'{title("Event time")}<div style="{FONT}">newest event time: {esc(newest)} (UTC)</div>'
-                + table(["vertex", "watermark (UTC)", "lag behind newest", "late records dropped"], rows))
+                + "".join(wait_line(wait) for wait in update.snapshot.details.get("window-waits") or []
+                          if update.snapshot.details.get("state") == "RUNNING")
+                + table(["vertex", "watermark (UTC)", "lag behind newest", "late records dropped"], rows)
+                + "".join(late_table(report) for report in late_rows(update.snapshot.details.get("subtasks", []))
+                          if report.count))
+
+
+def wait_line(wait: dict) -> str:
+    """Why a window has not fired (cluster.jobmanager.rest.window_waits), one sentence."""
+    held = wait["held_by"]
+    return (f'<div class="streamlab-window-wait" data-operator="{esc(wait["operator"])}" '
+            f'data-held-vertex="{esc(held["vertex"])}" data-held-subtask="{held["subtask"]}" '
+            f'data-held-split="{esc(held["split"] or "")}" style="{FONT};margin:2px 0;color:#8c510a">'
+            f'{esc(wait["text"])}</div>')
+
+
+LATE_SHOWN = 5  # per operator, the newest first: handle.late_rows(operator) has the rest of the sample
+
+
+def late_table(report: OperatorLateRows) -> str:
+    went = f'to side output "{report.side_output}"' if report.side_output else "dropped"
+    newest = report.sample[::-1][:LATE_SHOWN]
+    rows = [[esc(time_text(entry["event_time"])), esc(time_text(entry["watermark"])),
+             esc(duration_text(max(0, entry["watermark"] - entry["event_time"]))),
+             esc(", ".join(f"{k}={v}" for k, v in entry["row"].items())), str(entry["subtask"])]
+            for entry in newest]
+    return (f'<div class="streamlab-late-rows" data-operator="{esc(report.name)}" data-count="{report.count}" '
+            f'style="{FONT};margin-top:4px">Late rows of <b>{esc(report.name)}</b>: {report.count:,} ({went}); '
+            f'the newest {len(newest)} (handle.late_rows("{esc(report.name)}") has up to 20 per subtask)</div>'
+            + table(["event time (UTC)", "watermark then", "late by", "row", "subtask"], rows))
