@@ -5,6 +5,20 @@ from dataclasses import dataclass
 from typing import Optional
 
 
+# Flink's rule of thumb for the vertex that limits a job: busy, and not back-pressured itself (what
+# waits for it upstream is back-pressured, and is not the problem); here, busy at least half the time
+BOTTLENECK_BUSY = 0.5
+
+
+def busiest_free(vertices: list[tuple[str, float, float]]) -> Optional[str]:
+    """The bottleneck among (vertex id, highest busy share, highest back-pressured share of its
+    subtasks): the busiest vertex graded "ok" for back pressure, if busy at least BOTTLENECK_BUSY.
+    The dashboard and GET /jobs/<id>/bottleneck both name the vertex this gives."""
+    free = [(busy, vertex) for vertex, busy, backpressured in vertices
+            if backpressure_level(backpressured) == "ok" and busy >= BOTTLENECK_BUSY]
+    return max(free, key=lambda f: f[0])[1] if free else None
+
+
 def backpressure_level(ratio: float) -> str:
     """Flink's grading of the share of time a subtask was back-pressured, with the names of its
     REST API: "ok" up to 10 %, "low" up to 50 %, "high" above."""
@@ -50,6 +64,9 @@ EVENT_TIME_METRICS = (CURRENT_INPUT_WATERMARK, CURRENT_OUTPUT_WATERMARK, NUM_LAT
 INPUT_WATERMARKS = "inputWatermarks"
 OUTPUT_IDLE = "outputIdle"
 OLDEST_OPEN_WINDOW = "oldestOpenWindow"
+# streamlab's own, for a hot key (cluster.jobmanager.bottleneck): per hash edge a task writes to,
+# the rows it sent and the key groups it sent the most, {"<edge>": [rows, [[key group, rows], ...]]}
+KEY_GROUP_ROWS_OUT = "keyGroupRowsOut"
 # streamlab's own: per operator uid that finds rows late, how many and the newest few of them
 # (cluster.operators.late_rows.LateRows.report), for the dashboard and JobHandle.late_rows
 LATE_ROWS = "late-rows"

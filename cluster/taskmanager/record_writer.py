@@ -49,6 +49,9 @@ class RecordWriter:
         for _ in range(subtask % n):  # spread the first batches of each producer
             next(self._round_robin)
         self._sequence = itertools.count()
+        # rows sent per key group on a hash edge: where a hot key lands (cluster.jobmanager.bottleneck)
+        self.key_group_rows = np.zeros(desc.max_parallelism if desc.ship_strategy == ShipStrategy.HASH else 0,
+                                       dtype=np.int64)
 
     def channel_ids(self) -> list[str]:
         return [cid for cid, _ in self.desc.channels]
@@ -58,9 +61,9 @@ class RecordWriter:
             return
         strategy = self.desc.ship_strategy
         if strategy == ShipStrategy.HASH:
-            targets = operator_index_for_key_group(
-                key_groups_of(table, self.desc.key, self.desc.max_parallelism),
-                self.desc.max_parallelism, len(self.desc.channels))
+            groups = key_groups_of(table, self.desc.key, self.desc.max_parallelism)
+            self.key_group_rows += np.bincount(groups, minlength=self.desc.max_parallelism)
+            targets = operator_index_for_key_group(groups, self.desc.max_parallelism, len(self.desc.channels))
             # which channels get rows: counted, not sorted (np.unique sorts every row's target)
             used = np.flatnonzero(np.bincount(targets, minlength=len(self.desc.channels)))
             if len(used) == 1:
@@ -75,6 +78,13 @@ class RecordWriter:
             self._buffer(next(self._round_robin), table)
         else:  # FORWARD: the one channel to the same subtask index
             self._buffer(0, table)
+
+    def hot_key_groups(self, n: int = 3) -> list:
+        """[rows sent in all, [[key group, rows], ...]]: the ``n`` key groups this writer sent the
+        most rows to, most first. Any thread: it reads a copy (a torn count is off by a batch at most)."""
+        rows = self.key_group_rows.copy()
+        top = np.argsort(rows)[::-1][:n]
+        return [int(rows.sum()), [[int(group), int(rows[group])] for group in top if rows[group] > 0]]
 
     def _buffer(self, index: int, table: pa.Table) -> None:
         if self.buffer_timeout_s <= 0:

@@ -37,11 +37,12 @@ from cluster.common import failures
 from cluster.conf import TaskConfig
 from cluster.graph.deployment import TaskDeploymentDescriptor
 from cluster.graph.event_time import MAX_WATERMARK
+from cluster.graph.job_graph import ShipStrategy
 from cluster.protocol.states import ExecutionState
 from cluster.operators.base import Operator, SourceOperator, TaskCancelled
 from cluster.protocol.messages import AddCredit
 from cluster.protocol.metrics import (CURRENT_INPUT_WATERMARK, CURRENT_OUTPUT_WATERMARK, INPUT_WATERMARKS,
-                                     OUTPUT_IDLE)
+                                     KEY_GROUP_ROWS_OUT, OUTPUT_IDLE)
 from cluster.protocol.serde import ipc_to_table
 from cluster.taskmanager.network import WAIT_SLICE, ChannelSender, InputGate, NetworkEnvironment
 from cluster.taskmanager.operator_chain import OperatorChain
@@ -136,6 +137,10 @@ class StreamTask:
             # channel ids are <job>/<attempt>/<edge>/<producer>/<consumer>: the JobManager knows the edges
             time_metrics[INPUT_WATERMARKS] = {"/".join(channel.split("/")[2:4]): [watermark, idle]
                                               for channel, (watermark, idle) in clock.valve.channels().items()}
+        hashed = {} if chain is None else {str(w.desc.edge): w.hot_key_groups() for w in chain.all_writers()
+                                           if w.desc.ship_strategy == ShipStrategy.HASH}
+        if hashed:
+            time_metrics[KEY_GROUP_ROWS_OUT] = hashed
         return {"execution_id": self.execution_id, "job_id": self.tdd.job_id,
                 "vertex_id": self.tdd.vertex["id"], "subtask": self.tdd.subtask, "detail": self.detail,
                 "input-queue": self._gate.queued() if self._gate else 0} | self.metrics.snapshot() \

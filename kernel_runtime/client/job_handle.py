@@ -230,6 +230,13 @@ class JobHandle:
             report = OperatorLateRows(known[0].uid, known[0].name, 0, 0, None, {}, [])  # not open yet
         return late_rows_frame(report)
 
+    def bottleneck(self) -> dict:
+        """The vertex that limits the job now, by Flink's rule of thumb (busy, not back-pressured),
+        its busy share, whether it is ``chronic`` (over the last minutes) or transient, a skewed key
+        (``skew``: the busy subtask and the key group the upstream tasks sent the most rows), and a
+        ``text`` saying what helps; GET /jobs/<id>/bottleneck. ``vertex-id`` None: nothing limits it."""
+        return self.client.job_details(self.job_id)["bottleneck"]
+
     def window_waits(self, timeout: float = 0.0) -> list[dict]:
         """Why the job's event-time windows have not fired: per window operator with a window still
         open, its oldest one (``window``: start and end, epoch ms), its ``watermark`` and what holds

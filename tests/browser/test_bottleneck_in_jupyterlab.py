@@ -2,7 +2,8 @@
 
 Its first job's slow step holds the job back and back-pressures the source. The dashboard's job
 graph must draw it as Flink's job graph does: the slow step red and named the bottleneck, the
-source (which only waits for it) grey to black and not named; so must its back pressure table.
+source (which only waits for it) grey to black and not named; so must its back pressure table, and
+its header must say it in words.
 """
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ GRAPH = """() => {
     state: g.dataset.state, bottleneck: g.dataset.bottleneck}));
   const rows = [...board.querySelectorAll('.streamlab-backpressure table tr')].slice(1).map(tr => ({
     text: tr.textContent, bottleneck: !!tr.querySelector('[data-bottleneck]')}));
-  return {vertices, rows};
+  const named = board.querySelector('.streamlab-bottleneck-text');
+  return {vertices, rows, named: named && {vertex: named.dataset.vertex, text: named.textContent}};
 }"""
 
 
@@ -53,8 +55,10 @@ def drawn_as_flink_draws_it(graph) -> bool:
 def test_the_slow_step_of_notebook_02_is_drawn_red_and_named_and_its_source_is_not(jupyterlab):
     with tutorial_running(jupyterlab, NOTEBOOK) as page:
         seen = poll_page(page, GRAPH, lambda g: drawn_as_flink_draws_it(g) and
-                         [r["bottleneck"] for r in g["rows"]] == [False, True, False],
+                         [r["bottleneck"] for r in g["rows"]] == [False, True, False] and g["named"] is not None,
                          "the slow step was never drawn red and named, nor the source dark", "bottleneck-timeout.png")
         page.locator(".streamlab-dashboard .streamlab-graph").first.scroll_into_view_if_needed()
         page.screenshot(path=str(ARTIFACTS / "bottleneck-notebook-02-graph.png"))
     assert "slow" in next(r["text"] for r in seen["rows"] if r["bottleneck"])
+    # and the header says it in words, with what helps (GET /jobs/<id>/bottleneck)
+    assert "enrich (slow)" in seen["named"]["vertex"] and "limits the job" in seen["named"]["text"]

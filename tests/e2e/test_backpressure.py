@@ -3,9 +3,12 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
+import pandas as pd
 import psutil
 import pytest
 
+from cluster.state.key_groups import key_groups_of_frame, operator_index_for_key_group
 from kernel_runtime import StreamEnvironment
 from tests.conftest import rest, wait_for
 
@@ -76,6 +79,11 @@ def test_slow_sink_makes_upstream_report_high_backpressure_with_bounded_memory(c
         sink_metrics = next(s["metrics"] for s in client.job_details(handle.job_id)["subtasks"]
                             if s["vertex_id"] == sink["id"])
         assert sink_metrics["busyTimeMsPerSecond"] > 500
+        # named the bottleneck (a map step at parallelism 1, before the collect sink's own vertex)
+        named = wait_for(lambda: (b := rest(cluster, f"/jobs/{handle.job_id}/bottleneck")[1])["vertex-id"] and b,
+                         30, "a bottleneck named")
+        assert (named["vertex-id"], named["sink"], named["skew"]) == (sink["id"], False, None)
+        assert named["text"].startswith(f"'{sink['name']}' limits the job") and "More parallelism" in named["text"]
 
         procs = _processes(cluster)
         assert {"jobmanager", "taskmanager-0", "taskmanager-1"} <= set(procs)
@@ -99,3 +107,30 @@ def test_slow_sink_makes_upstream_report_high_backpressure_with_bounded_memory(c
     finally:
         handle.cancel()
         wait_for(lambda: handle.status == "CANCELED", 30, "cancelled")
+
+
+def test_a_skewed_key_is_named_with_its_key_group(cluster, client):
+    """Nine rows in ten have one key: the subtask that owns it is busy, its sibling is not."""
+    hot = 100
+    group = int(key_groups_of_frame(pd.DataFrame({"k": [hot]}), 128)[0])
+    owner = int(operator_index_for_key_group(group, 128, 2))
+
+    def per_row(key, rows, state):
+        time.sleep(len(rows) * 0.0005)  # half a millisecond a row, whatever the key
+        return pd.DataFrame({"k": [key], "n": [len(rows)]})
+
+    env = StreamEnvironment(parallelism=2, cluster=cluster.cluster_dir)
+    (env.from_generator(lambda s: pd.DataFrame({"k": np.where(s % 10 == 0, s % 7, hot)}), rate=4_000)
+        .key_by("k").process(per_row, name="per row")
+        .collect())
+    handle = env.execute_async("skew", client=client)
+    try:
+        def skew_named():
+            said = rest(cluster, f"/jobs/{handle.job_id}/bottleneck")[1]
+            return said.get("skew") and said["skew"]["key-group"] is not None and said
+        said = wait_for(skew_named, 60, "a skewed key named")
+        assert said["name"].startswith("per row") and said["skew"]["subtask"] == owner
+        assert said["skew"]["key-group"] == group and said["skew"]["key-group-share"] > 0.8
+        assert f"key group {group} carries" in said["text"] and "salt the hot key" in said["text"]
+    finally:
+        handle.cancel()

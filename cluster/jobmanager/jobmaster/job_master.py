@@ -31,6 +31,7 @@ from cluster.protocol.endpoint import DeferredReply, Peer, RpcBusy, RpcEndpoint,
 from cluster.checkpoint.inspection import StateQueryError, find_operator, operator_info, read_checkpoint_state
 
 from cluster.jobmanager.jobmaster import instructions as ins, scheduler as s, scheduler_events as ev
+from cluster.jobmanager.jobmaster.bottleneck import BottleneckHistory, current as current_bottleneck
 from cluster.jobmanager.jobmaster.checkpointing import JobCheckpointing
 from cluster.jobmanager.resourcemanager.resource_manager import ResourceManager
 from cluster.jobmanager.resourcemanager.slot_manager import SlotAllocation
@@ -70,6 +71,7 @@ class JobMaster:
         self.scheduler = s.DefaultScheduler(job_graph, conf, now_ms, result_address,
                                             lambda: (sm.free_slots, sm.total_slots))
         self._timers: dict[str, Any] = {}
+        self.bottlenecks = BottleneckHistory()  # what each metrics report showed (GET /jobs/<id>/bottleneck)
         self._savepoint_replies: dict[str, DeferredReply] = {}
         # a checkpoint requested for a state query: request id -> what to do once it ends
         self._checkpoint_requests: dict[str, Callable[[Optional[CompletedCheckpoint], Optional[str]], None]] = {}
@@ -169,6 +171,13 @@ class JobMaster:
 
     def on_task_metrics(self, tasks: list[dict]) -> None:
         self._feed(ev.TaskMetricsReported(tuple(tasks)))
+        if self.state == JobState.RUNNING:
+            limit = current_bottleneck(self.job_graph, self.task_metrics())
+            self.bottlenecks.observe(now_ms(), None if limit is None else limit.vertex_id)
+
+    def task_metrics(self) -> dict[tuple[str, int], dict]:
+        """Each subtask's latest metrics, by (vertex id, subtask)."""
+        return {(e.vertex.id, e.subtask): e.metrics for e in self.graph.executions.values()}
 
     def on_task_manager_lost(self, tm_id: str, reason: str) -> None:
         self._feed(ev.TaskManagerLost(tm_id, reason))

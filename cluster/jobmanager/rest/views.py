@@ -15,6 +15,7 @@ from typing import Callable, Mapping, Optional, Protocol
 from cluster.common.clock import now_ms
 from cluster.protocol.states import ExecutionState, JobState
 from cluster.protocol.endpoint import RpcEndpoint
+from cluster.jobmanager.jobmaster.bottleneck import report as bottleneck_report
 from cluster.jobmanager.rest.window_waits import split_watermarks, window_waits
 from cluster.protocol.metrics import CURRENT_INPUT_WATERMARK, EVENT_TIME_METRICS, backpressure_level, late_rows
 
@@ -195,8 +196,9 @@ def job_json(d: JobManagerState, job_id: str) -> dict:
         # the dashboard's checkpoint view
         "checkpoints": checkpoints_json(d, job_id),
         # why a window has not fired yet: what holds its watermark back (window_waits.py)
-        "window-waits": window_waits(job.job_graph, {(e.vertex.id, e.subtask): e.metrics
-                                                     for e in job.graph.executions.values()}),
+        "window-waits": window_waits(job.job_graph, job.task_metrics()),
+        # the vertex that limits the job, and what helps (GET /jobs/<id>/bottleneck)
+        "bottleneck": bottleneck_json(d, job_id),
     }
 
 
@@ -310,6 +312,12 @@ def subtasks_json(d: JobManagerState, job_id: str) -> list[dict]:
              "status": e.state, "taskmanager_id": e.task_manager_id, "slot": slots.get(e.allocation_id),
              "metrics": dict(e.metrics)}
             for e in sorted(job.graph.executions.values(), key=lambda e: (e.vertex.id, e.subtask))]
+
+
+def bottleneck_json(d: JobManagerState, job_id: str) -> dict:
+    """streamlab's own GET /jobs/<id>/bottleneck (cluster.jobmanager.jobmaster.bottleneck)."""
+    job = job_master(d, job_id)
+    return bottleneck_report(job.job_graph, job.task_metrics(), job.bottlenecks, now_ms())
 
 
 def late_rows_json(d: JobManagerState, job_id: str) -> list[dict]:

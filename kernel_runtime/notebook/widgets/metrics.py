@@ -15,7 +15,7 @@ from typing import NamedTuple, Optional
 from cluster.graph.operator_kinds import source_ends
 from cluster.graph.event_time import MAX_WATERMARK, NO_WATERMARK
 from cluster.protocol.metrics import (CURRENT_OUTPUT_WATERMARK, NEWEST_EVENT_TIMESTAMP, NUM_LATE_RECORDS_DROPPED,
-                                      backpressure_level as rest_backpressure_level)
+                                      backpressure_level as rest_backpressure_level, busiest_free)
 
 PER_SECOND = {"busy": "busyTimeMsPerSecond", "backpressured": "backPressuredTimeMsPerSecond",
               "idle": "idleTimeMsPerSecond"}
@@ -139,15 +139,9 @@ def load_color(busy: float, backpressured: float) -> str:
     return load_colors(busy, backpressured)[0]
 
 
-BOTTLENECK_BUSY = 0.5  # busy at least half the time, and not back-pressured itself
-
-
 def bottleneck(stats: list[VertexStats]) -> Optional[str]:
-    """The vertex that holds the job back, if one does: the busiest of those that are not
-    back-pressured (Flink's OK), busy at least half the time. What waits for it upstream is
-    back-pressured, and is not the problem."""
-    free = [s for s in stats if s.level == "OK" and s.busy_max >= BOTTLENECK_BUSY]
-    return max(free, key=lambda s: s.busy_max).vertex_id if free else None
+    """The vertex that holds the job back, if one does (cluster.protocol.metrics.busiest_free)."""
+    return busiest_free([(s.vertex_id, s.busy_max, s.backpressured) for s in stats])
 
 
 NO_SHARES = {"busy": 0.0, "backpressured": 0.0, "idle": 0.0}

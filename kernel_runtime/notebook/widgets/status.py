@@ -85,6 +85,13 @@ class StatusView(Component):
             parts.append(f'<span class="streamlab-reason" style="color:{REASON_COLOR}">'
                          f'{esc(details["status-reason"])}</span>')
         header = f'<div style="{FONT}">{" &middot; ".join(parts)}</div>'
+        limit = details.get("bottleneck") or {}
+        if state == JobState.RUNNING and limit.get("vertex-id"):  # the answer, beside the job graph's red box
+            skew = limit.get("skew") or {}
+            header += (f'<div class="streamlab-bottleneck-text" data-vertex="{esc(limit["name"])}" '
+                       f'data-chronic="{int(bool(limit.get("chronic")))}" '
+                       f'data-key-group="{"" if skew.get("key-group") is None else skew["key-group"]}" '
+                       f'style="{FONT};color:{REASON_COLOR}">Bottleneck: {esc(limit["text"])}</div>')
         return header, self._cause(failure) if failure else ""
 
     @staticmethod
