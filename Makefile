@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 LABEXT_STAMP := $(VENV)/.labext-installed
 LABEXT_SRC   := labext/package.json labext/tsconfig.json $(wildcard labext/src/*.ts labext/style/*.css labext/style/*.js)
 
-.PHONY: setup system-deps system-packages kafka-jars spark-archive quickstart lab test test-fast typecheck bench bench-peers bench-kafka bench-windows bench-dashboards bench-first-spark-cell bench-spark-batch bench-lab-panel cluster-start cluster-stop clean check-python check-java
+.PHONY: setup system-deps system-packages kafka-jars spark-archive quickstart lab test test-fast typecheck bench bench-peers bench-kafka bench-windows bench-dashboards bench-first-spark-cell bench-spark-batch bench-runtime-latency bench-lab-panel cluster-start cluster-stop clean check-python check-java
 
 setup: $(STAMP) $(LABEXT_STAMP) spark-archive
 
@@ -161,6 +161,10 @@ bench-first-spark-cell: setup
 
 bench-spark-batch: setup
 	$(PY) bench/spark_batch.py
+
+# the runtime's own end-to-end latency percentiles beside the bench's measurement of the same job
+bench-runtime-latency: setup
+	$(PY) bench/runtime_latency.py $(ARGS)
 
 cluster-start: setup
 	$(VENV)/bin/streamlab cluster start --taskmanagers 2 --slots 2

@@ -96,11 +96,12 @@ def streamlab_keyed(cluster, client, n: int, parallelism: int = PARALLELISM) -> 
     return job_rows_per_s(client, env, f"peers keyed {n}", n, timeout=JOB_TIMEOUT_S)
 
 
-def streamlab_latency(cluster, client, rate: int, seconds: float, parallelism: int = PARALLELISM) -> np.ndarray:
+def streamlab_latency(cluster, client, rate: int, seconds: float, parallelism: int = PARALLELISM,
+                      before_cancel=None) -> np.ndarray:
     env = StreamEnvironment(parallelism=parallelism, cluster=cluster.cluster_dir)
     (env.from_generator(timed_rows, rate=rate).sql(f"SELECT k, v, ts FROM input WHERE {LATENCY_FILTER}")
         .key_by("k").map_batches(lambda df: df, name="keyed pass-through").collect())
-    return job_latency_ms(cluster, client, env, seconds)
+    return job_latency_ms(cluster, client, env, seconds, before_cancel)
 
 
 def run_streamlab(args) -> dict:

@@ -169,12 +169,15 @@ def warm_up(cluster, client, n: int, seconds: float) -> float:
     return cold
 
 
-def job_latency_ms(cluster, client, env, seconds: float) -> np.ndarray:
+def job_latency_ms(cluster, client, env, seconds: float, before_cancel=None) -> np.ndarray:
     """Run env's job (rows with a creation time ``ts``, ending in collect()) for ``seconds``, then
-    cancel it: each collected row's arrival minus its ts, in ms, without the first fifth (warm-up)."""
+    cancel it: each collected row's arrival minus its ts, in ms, without the first fifth (warm-up).
+    ``before_cancel(job_id)``: called at the end of the run, while the job still runs."""
     stamps = ArrivalStamps(cluster.info.secret)
     job_id = stamps.submit(client, env, "latency")
     time.sleep(seconds)
+    if before_cancel is not None:
+        before_cancel(job_id)
     client.cancel(job_id)
     lat = stamps.stop()
     return lat[len(lat) // 5:]

@@ -51,7 +51,7 @@ CLUSTER_TOPIC = b"cluster/"
 SUBTASK_METRICS = ("records-in", "records-out", "records-sent", "bytes-in", "bytes-out", "busyTimeMsPerSecond",
                    "backPressuredTimeMsPerSecond", "idleTimeMsPerSecond", *EVENT_TIME_METRICS, LATE_ROWS)
 SUMMARY_FIELDS = ("jid", "name", "state", "attempt", "start-time", "end-time", "duration", "now", "status-reason",
-                  "failure-cause", "last-failure", "window-waits", "bottleneck")
+                  "failure-cause", "last-failure", "window-waits", "bottleneck", "latency")
 VOLATILE_FIELDS = ("duration", "now")  # move with the clock: not a change worth an event
 CHECKPOINTS_SHOWN = 10  # the newest checkpoints in a summary
 SEND_HIGH_WATER_MARK = 1000  # events queued per subscriber; beyond it a slow one loses some (a gap)

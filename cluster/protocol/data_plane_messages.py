@@ -14,6 +14,9 @@ from cluster.protocol.message_base import Message
 class BufferResponse(Message, op="buffer-response"):
     channel: str
     sequence: int
+    # the wall clock (epoch ms) when the oldest of its rows was read by its source, 0 if unknown
+    # (cluster.protocol.latency)
+    ingested_ms: int = 0
 
 
 @dataclass(frozen=True)

@@ -64,6 +64,9 @@ EVENT_TIME_METRICS = (CURRENT_INPUT_WATERMARK, CURRENT_OUTPUT_WATERMARK, NUM_LAT
 INPUT_WATERMARKS = "inputWatermarks"
 OUTPUT_IDLE = "outputIdle"
 OLDEST_OPEN_WINDOW = "oldestOpenWindow"
+# streamlab's own: a sink task's end-to-end latency, rows per bucket over the last interval
+# (cluster.protocol.latency), {"<bucket>": rows}
+LATENCY = "latencyBuckets"
 # streamlab's own, for a hot key (cluster.jobmanager.bottleneck): per hash edge a task writes to,
 # the rows it sent and the key groups it sent the most, {"<edge>": [rows, [[key group, rows], ...]]}
 KEY_GROUP_ROWS_OUT = "keyGroupRowsOut"

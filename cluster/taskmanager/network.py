@@ -268,7 +268,7 @@ class NetworkEnvironment:
             elif isinstance(msg, WatermarkStatus):
                 gate.push(msg.channel, ("status", msg.idle))
             elif len(payload) == 1:
-                gate.push(msg.channel, ("ipc", payload[0].buffer))
+                gate.push(msg.channel, ("ipc", (payload[0].buffer, msg.ingested_ms)))
             else:
                 log.warning("buffer-response without exactly one payload frame dropped")
             return

@@ -21,16 +21,19 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from collections import deque
 from typing import Callable, Optional
 
 import pyarrow as pa
 
 from cluster.checkpoint.barriers import Barrier
+from cluster.common.clock import now_ms
 from cluster.conf import TaskConfig
 from cluster.graph.deployment import TaskDeploymentDescriptor
 from cluster.graph.job_graph import OperatorSpec
 from cluster.graph.operator_kinds import KINDS, Role
 from cluster.operators.base import Operator, OperatorContext, UserFunctionError
+from cluster.protocol.latency import LatencyHistogram, oldest_of
 from cluster.protocol.metrics import LATE_ROWS, NEWEST_EVENT_TIMESTAMP, NUM_LATE_RECORDS_DROPPED
 from cluster.spark.chain import SparkChain
 from cluster.spark.fusion import FusionGroup
@@ -62,9 +65,15 @@ class OperatorChain:
         self.stage_at = -1                         # its index in the chain
         self.time: Optional[TaskTime] = None       # watermarks and processing time (task_time)
         self.two_inputs = False                    # the head takes two inputs (a join): tables come by side
+        # when the oldest rows of what the chain processes now were read by their source (epoch ms,
+        # 0: unknown): the task sets it per input, its outputs carry it (cluster.protocol.latency)
+        self.stamp = 0
+        self._stage_stamps: deque[tuple[int, int]] = deque()  # (rows submitted to Spark up to them, stamp)
+        self.latency = LatencyHistogram()  # ingestion to the chain's sink, of the rows it was given
         for desc in tdd.outputs:
             writer = RecordWriter(desc, tdd.subtask, network, sender, metrics, cancelled,
                                   config.batch_size, config.buffer_timeout_ms / 1000)
+            writer.ingested_of = lambda: self.stamp
             if desc.side_output is None:
                 self.writers.append(writer)
             else:
@@ -158,11 +167,15 @@ class OperatorChain:
         for index in range(start, len(self.operators)):
             if index == self.stage_at and self.stage is not None:
                 self.stage.submit(tables)  # on to the rest of the chain once Spark is done (hand_on)
+                self._stage_stamps.append((self.stage.rows_submitted, self.stamp))
                 self.hand_on()
                 return
             op = self.operators[index]
             if index == self.sink_at:  # what the sink delivers: Flink's numRecordsSend
-                self.metrics.records_sent += sum(table.num_rows for table in tables)
+                rows = sum(table.num_rows for table in tables)
+                self.metrics.records_sent += rows
+                if self.stamp and rows:
+                    self.latency.record(max(0, now_ms() - self.stamp), rows)
             out = []
             for table in tables:
                 out.extend(op.process(table))
@@ -182,7 +195,18 @@ class OperatorChain:
         if results is None:
             results = self.stage.take_results()
         if results:
-            self.push(self.stage_at + 1, results)
+            # the outputs carry the ingestion of the oldest rows among the inputs that are through
+            through, stamps = self.stage.rows_through, self._stage_stamps
+            oldest = 0
+            while stamps and stamps[0][0] <= through:  # submits now wholly through
+                oldest = oldest_of(oldest, stamps.popleft()[1])
+            if not oldest and stamps:  # only the first part of a submit is through (Spark cut it)
+                oldest = stamps[0][1]
+            current, self.stamp = self.stamp, oldest
+            try:
+                self.push(self.stage_at + 1, results)
+            finally:
+                self.stamp = current
             # a Spark job's output is a batch already, paid for in latency: sent now, not after
             # waiting out the buffer timeout for rows to join it
             self.flush_outputs()

@@ -24,6 +24,7 @@ import pyarrow as pa
 from cluster.checkpoint.barriers import Barrier
 from cluster.graph.deployment import OutputDescriptor
 from cluster.graph.job_graph import ShipStrategy
+from cluster.protocol.latency import oldest_of
 from cluster.protocol.messages import BufferResponse, EndOfPartition, Message, Watermark, WatermarkStatus
 from cluster.protocol.serde import table_to_ipc
 from cluster.state.key_groups import key_groups_of, operator_index_for_key_group
@@ -45,6 +46,10 @@ class RecordWriter:
         self._pending: list[list[pa.Table]] = [[] for _ in range(n)]
         self._pending_rows = [0] * n
         self._oldest: list[Optional[float]] = [None] * n
+        # when the oldest rows waiting per channel were read by their source (0: unknown), and where
+        # the task says what its current output's are (OperatorChain.stamp)
+        self._ingested = [0] * n
+        self.ingested_of: Callable[[], int] = lambda: 0
         self._round_robin = itertools.cycle(range(n))
         for _ in range(subtask % n):  # spread the first batches of each producer
             next(self._round_robin)
@@ -87,9 +92,11 @@ class RecordWriter:
         return [int(rows.sum()), [[int(group), int(rows[group])] for group in top if rows[group] > 0]]
 
     def _buffer(self, index: int, table: pa.Table) -> None:
+        ingested = self.ingested_of()
         if self.buffer_timeout_s <= 0:
-            self._send(index, table)
+            self._send(index, table, ingested)
             return
+        self._ingested[index] = oldest_of(self._ingested[index], ingested)
         self._pending[index].append(table)
         self._pending_rows[index] += table.num_rows
         if self._oldest[index] is None:
@@ -118,10 +125,11 @@ class RecordWriter:
         tables = self._pending[index]
         if not tables:
             return
-        self._pending[index], self._pending_rows[index], self._oldest[index] = [], 0, None
-        self._send(index, concat(tables))
+        ingested = self._ingested[index]
+        self._pending[index], self._pending_rows[index], self._oldest[index], self._ingested[index] = [], 0, None, 0
+        self._send(index, concat(tables), ingested)
 
-    def _send(self, index: int, table: pa.Table) -> None:
+    def _send(self, index: int, table: pa.Table, ingested: int) -> None:
         channel, address = self.desc.channels[index]
         account = self.accounts[index]
         if account.credit <= 0:
@@ -135,11 +143,11 @@ class RecordWriter:
         self.metrics.records_out += table.num_rows
         if self.network.is_local(address):
             self.metrics.bytes_out += table.nbytes
-            self.network.deliver_local(channel, ("table", table))
+            self.network.deliver_local(channel, ("table", (table, ingested)))
         else:
             data = table_to_ipc(table)
             self.metrics.bytes_out += data.size
-            self.sender.send(address, BufferResponse(channel, next(self._sequence)), [data])
+            self.sender.send(address, BufferResponse(channel, next(self._sequence), ingested), [data])
 
     def end(self) -> None:
         self._event(END, EndOfPartition)

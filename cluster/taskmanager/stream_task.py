@@ -34,6 +34,7 @@ import pyarrow as pa
 
 from cluster.checkpoint.barriers import Barrier, BarrierAligner
 from cluster.common import failures
+from cluster.common.clock import now_ms
 from cluster.conf import TaskConfig
 from cluster.graph.deployment import TaskDeploymentDescriptor
 from cluster.graph.event_time import MAX_WATERMARK
@@ -41,8 +42,9 @@ from cluster.graph.job_graph import ShipStrategy
 from cluster.protocol.states import ExecutionState
 from cluster.operators.base import Operator, SourceOperator, TaskCancelled
 from cluster.protocol.messages import AddCredit
+from cluster.protocol.latency import oldest_of
 from cluster.protocol.metrics import (CURRENT_INPUT_WATERMARK, CURRENT_OUTPUT_WATERMARK, INPUT_WATERMARKS,
-                                     KEY_GROUP_ROWS_OUT, OUTPUT_IDLE)
+                                     KEY_GROUP_ROWS_OUT, LATENCY, OUTPUT_IDLE)
 from cluster.protocol.serde import ipc_to_table
 from cluster.taskmanager.network import WAIT_SLICE, ChannelSender, InputGate, NetworkEnvironment
 from cluster.taskmanager.operator_chain import OperatorChain
@@ -141,6 +143,8 @@ class StreamTask:
                                            if w.desc.ship_strategy == ShipStrategy.HASH}
         if hashed:
             time_metrics[KEY_GROUP_ROWS_OUT] = hashed
+        if chain is not None and chain.sink_at >= 0:
+            time_metrics[LATENCY] = chain.latency.snapshot()
         return {"execution_id": self.execution_id, "job_id": self.tdd.job_id,
                 "vertex_id": self.tdd.vertex["id"], "subtask": self.tdd.subtask, "detail": self.detail,
                 "input-queue": self._gate.queued() if self._gate else 0} | self.metrics.snapshot() \
@@ -281,6 +285,7 @@ class StreamTask:
                 self.metrics.records_in += table.num_rows
                 self.metrics.publish()  # rows taken in show at once, not after a long first (Spark) batch
                 clock.before_rows()
+                chain.stamp = now_ms()  # their ingestion, which end-to-end latency counts from
                 chain.push(1, [table])
             clock.periodic(read_rows=table is not None and table.num_rows > 0)
             chain.flush_due()
@@ -309,20 +314,22 @@ class StreamTask:
             # a busy task takes everything already waiting, up to one batch: batches grow under
             # load; a barrier, a watermark or an end of partition closes the batch
             tables: dict[int, list[pa.Table]] = {}  # by input side (only joins have two)
-            rows = 0
+            rows = oldest = 0
             while got is not None and got[1][0] in ("ipc", "table"):
-                channel, (kind, data) = got
+                channel, (kind, (data, ingested)) = got
                 if kind == "ipc":
                     self.metrics.bytes_in += len(data)
                     data = ipc_to_table(data)
                 tables.setdefault(self._sides.get(channel, 0), []).append(data)
                 rows += data.num_rows
+                oldest = oldest_of(oldest, ingested)
                 self._grant(sender, channel, self._producer_address[channel], 1)
                 got = gate.poll(0, aligner.blocked) if rows < self.config.batch_size else None
             if tables:
                 self.metrics.records_in += rows
                 self.metrics.publish()
                 clock.periodic(read_rows=True)
+                chain.stamp = oldest
                 chain.push_input(tables)
             if got is not None:
                 channel, (kind, data) = got

@@ -19,11 +19,11 @@ from cluster.state.snapshot_format import UnsupportedKeyError
 
 from cluster.jobmanager.rest.base_handler import HEX_ID, FlinkHandler, RestBackend
 from cluster.jobmanager.rest.security import RestError, confined_target
-from cluster.jobmanager.rest.views import (backpressure_json, bottleneck_json, checkpoint_config_json,
-                                           checkpoint_details_json, checkpoints_json, config_json, exceptions_json,
-                                           job_json, job_master, jobs_overview_json, late_rows_json, overview_json,
-                                           plan_json, savepoint_status_json, taskmanagers_json, vertex_json,
-                                           vertex_metrics_json, watermarks_json)
+from cluster.jobmanager.rest.diagnosis import bottleneck_json, late_rows_json
+from cluster.jobmanager.rest.views import (backpressure_json, checkpoint_config_json, checkpoint_details_json,
+                                           checkpoints_json, config_json, exceptions_json, job_json, job_master,
+                                           jobs_overview_json, overview_json, plan_json, savepoint_status_json,
+                                           taskmanagers_json, vertex_json, vertex_metrics_json, watermarks_json)
 
 STATE_TIMEOUT_S = 120.0  # a fresh checkpoint of a job under load, then the read
 
@@ -194,12 +194,12 @@ class SavepointStatusHandler(FlinkHandler):
 
 class BottleneckHandler(FlinkHandler):
     async def get(self, job_id: str) -> None:
-        await self.view(bottleneck_json, self.hex_id(job_id, "job id"))
+        await self.view(lambda d, jid: bottleneck_json(job_master(d, jid)), self.hex_id(job_id, "job id"))
 
 
 class LateRowsHandler(FlinkHandler):
     async def get(self, job_id: str) -> None:
-        await self.view(late_rows_json, self.hex_id(job_id, "job id"))
+        await self.view(lambda d, jid: late_rows_json(job_master(d, jid)), self.hex_id(job_id, "job id"))
 
 
 # -- keyed state

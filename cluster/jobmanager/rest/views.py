@@ -15,9 +15,9 @@ from typing import Callable, Mapping, Optional, Protocol
 from cluster.common.clock import now_ms
 from cluster.protocol.states import ExecutionState, JobState
 from cluster.protocol.endpoint import RpcEndpoint
-from cluster.jobmanager.jobmaster.bottleneck import report as bottleneck_report
+from cluster.jobmanager.rest.diagnosis import bottleneck_json, latency_json
 from cluster.jobmanager.rest.window_waits import split_watermarks, window_waits
-from cluster.protocol.metrics import CURRENT_INPUT_WATERMARK, EVENT_TIME_METRICS, backpressure_level, late_rows
+from cluster.protocol.metrics import CURRENT_INPUT_WATERMARK, EVENT_TIME_METRICS, backpressure_level
 
 from cluster.jobmanager.jobmaster.job_master import JobMaster
 from cluster.jobmanager.resourcemanager.resource_manager import ResourceManager
@@ -198,7 +198,9 @@ def job_json(d: JobManagerState, job_id: str) -> dict:
         # why a window has not fired yet: what holds its watermark back (window_waits.py)
         "window-waits": window_waits(job.job_graph, job.task_metrics()),
         # the vertex that limits the job, and what helps (GET /jobs/<id>/bottleneck)
-        "bottleneck": bottleneck_json(d, job_id),
+        "bottleneck": bottleneck_json(job),
+        # end to end, ingestion to sink, over the last seconds (cluster.protocol.latency)
+        "latency": latency_json(job),
     }
 
 
@@ -312,20 +314,6 @@ def subtasks_json(d: JobManagerState, job_id: str) -> list[dict]:
              "status": e.state, "taskmanager_id": e.task_manager_id, "slot": slots.get(e.allocation_id),
              "metrics": dict(e.metrics)}
             for e in sorted(job.graph.executions.values(), key=lambda e: (e.vertex.id, e.subtask))]
-
-
-def bottleneck_json(d: JobManagerState, job_id: str) -> dict:
-    """streamlab's own GET /jobs/<id>/bottleneck (cluster.jobmanager.jobmaster.bottleneck)."""
-    job = job_master(d, job_id)
-    return bottleneck_report(job.job_graph, job.task_metrics(), job.bottlenecks, now_ms())
-
-
-def late_rows_json(d: JobManagerState, job_id: str) -> list[dict]:
-    """streamlab's own GET /jobs/<id>/late-rows: per window or join operator, the rows it found late
-    over its subtasks (how many, how many dropped, its side output) and the newest of them, each
-    with its event time and the watermark that made it late (cluster.operators.late_rows)."""
-    return [{"uid": r.uid, "name": r.name, "count": r.count, "dropped": r.dropped, "side-output": r.side_output,
-             "schema": r.schema, "sample": r.sample} for r in late_rows(subtasks_json(d, job_id))]
 
 
 def exceptions_json(job, d: JobManagerState) -> dict:

@@ -15,6 +15,7 @@ from typing import Optional
 import ipywidgets as widgets
 
 from cluster.common.failures import Failure
+from cluster.graph.event_time import duration_text
 from cluster.protocol.states import JobState
 
 from kernel_runtime.notebook.widgets.base import FONT, Component, Update, esc, state_color
@@ -37,6 +38,10 @@ def restart_note(details: dict, state: str) -> str:
     else:
         start = "no checkpoint to restore: it started from the beginning"
     return f"restarted{when} after {Failure.parse(last['cause']).headline}; {start}"
+
+
+def _ms(value: float) -> str:
+    return duration_text(int(round(value)))
 
 
 class StatusView(Component):
@@ -73,6 +78,15 @@ class StatusView(Component):
         if details.get("attempt"):
             parts.append(f'<span class="streamlab-attempt" data-attempt="{int(details["attempt"])}">'
                          f'attempt {int(details["attempt"])}</span>')
+        latency = details.get("latency") or {}
+        if state == JobState.RUNNING and latency.get("p50") is not None:  # ingestion to sink, last seconds
+            lag = latency.get("event-time-lag")
+            parts.append(f'<span class="streamlab-latency" data-p50="{latency["p50"]}" data-p90="{latency["p90"]}" '
+                         f'data-p99="{latency["p99"]}" title="end to end, from ingestion to the sink, rows of the '
+                         f'last 5-10 s">latency p50 {_ms(latency["p50"])}, p90 {_ms(latency["p90"])}, '
+                         f'p99 {_ms(latency["p99"])}</span>'
+                         + ("" if lag is None else f' &middot; <span class="streamlab-event-time-lag" '
+                            f'data-lag-ms="{lag}">event time {esc(duration_text(int(lag)))} behind</span>'))
         restart = restart_note(details, state)
         if restart:
             parts.append(f'<span class="streamlab-restart" style="color:{REASON_COLOR}">{esc(restart)}</span>')
