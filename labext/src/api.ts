@@ -107,6 +107,22 @@ export interface IJobDetail {
   keyed_operators: string[];
   /** execution.checkpointing.interval; 0: checkpointing is off */
   checkpoint_interval_ms: number;
+  diagnosis: IDiagnosis;
+}
+
+/** What the JobManager answers of a job: its bottleneck in words, its end-to-end latency, why
+ * its windows wait, its late rows. */
+export interface IDiagnosis {
+  bottleneck: string | null;
+  latency: {
+    p50: number | null;
+    p90: number | null;
+    p99: number | null;
+    rows: number;
+    'event-time-lag': number | null;
+  } | null;
+  window_waits: string[];
+  late_rows: { operator: string; count: number; dropped: number }[];
 }
 
 /** GET .../jobs/<jid>/state: an operator's keyed state at a checkpoint, a page of its keys. */

@@ -23,6 +23,11 @@ export function formatDuration(ms: number): string {
   return m ? `${m}m ${sec}s` : ms < 10000 ? `${(ms / 1000).toFixed(1)}s` : `${sec}s`;
 }
 
+/** A latency: milliseconds below a second, else as a duration. */
+export function formatLatency(ms: number): string {
+  return ms < 1000 ? `${Math.round(ms)} ms` : formatDuration(ms);
+}
+
 export function formatBytes(n: number): string {
   const units = ['B', 'KB', 'MB', 'GB', 'TB'];
   let i = 0;

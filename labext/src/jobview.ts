@@ -7,7 +7,7 @@
 import { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
-import { IEdge, IJobDetail, IVertex, TERMINAL_STATES, jobPath, requestAPI } from './api';
+import { IDiagnosis, IEdge, IJobDetail, IVertex, TERMINAL_STATES, jobPath, requestAPI } from './api';
 import { JobAction, actionTitle, runJobAction } from './actions';
 import { Refresher } from './refresher';
 import { KeyedStateSection } from './stateview';
@@ -16,6 +16,7 @@ import {
   formatBytes,
   formatCount,
   formatDuration,
+  formatLatency,
   formatTime,
   percent,
   setData,
@@ -88,6 +89,7 @@ export class JobView extends Widget {
     this.node.append(
       head,
       this._error,
+      section('Diagnosis', this._diagnosis),
       section('Job graph', this._graph),
       section('Checkpoints', this._checkpointsNote, table),
       section('Keyed state', this._stateSection.node),
@@ -163,6 +165,7 @@ export class JobView extends Widget {
     this._actions.hidden = ended;
     this._actions.querySelectorAll('button').forEach(b => (b.disabled = ended || this._busy));
     this._stateSection.setOperators(detail.keyed_operators);
+    this._renderDiagnosis(detail.diagnosis, ended);
 
     const strategies = new Map<string, string[]>();
     for (const e of detail.edges) {
@@ -271,6 +274,53 @@ export class JobView extends Widget {
     );
   }
 
+  /** The JobManager's answers, a line each: what limits the job, its latency, why its windows
+   * wait (those only while it runs), and its late rows. */
+  private _renderDiagnosis(d: IDiagnosis, ended: boolean): void {
+    const lines: { kind: string; key?: string; text: string; data?: Record<string, string> }[] = [];
+    if (!ended && d.bottleneck) {
+      lines.push({ kind: 'bottleneck', text: `Bottleneck: ${d.bottleneck}` });
+    }
+    const l = d.latency;
+    if (!ended && l && l.p50 !== null && l.p90 !== null && l.p99 !== null) {
+      const lag = l['event-time-lag'];
+      lines.push({
+        kind: 'latency',
+        text:
+          `Latency, ingestion to sink, last seconds: p50 ${formatLatency(l.p50)} · p90 ${formatLatency(l.p90)}` +
+          ` · p99 ${formatLatency(l.p99)}` +
+          (lag !== null ? ` · event time ${formatLatency(lag)} behind the clock` : ''),
+        data: { p50: String(l.p50), p99: String(l.p99) }
+      });
+    }
+    (ended ? [] : d.window_waits).forEach((wait, i) => lines.push({ kind: 'window-wait', key: String(i), text: wait }));
+    for (const r of d.late_rows) {
+      lines.push({
+        kind: 'late-rows',
+        key: r.operator,
+        text: `Late rows of ${r.operator}: ${formatCount(r.count)} (${formatCount(r.dropped)} dropped)`
+      });
+    }
+    if (!lines.length) {
+      lines.push({
+        kind: 'none',
+        text: ended ? 'The job has ended.' : 'Nothing to report: nothing limits the job, no window waits, no late rows.'
+      });
+    }
+    syncChildren(
+      this._diagnosis,
+      lines,
+      line => `${line.kind}:${line.key ?? ''}`,
+      line => el('div', `streamlab-diagnosis-${line.kind}`),
+      (node, line) => {
+        setText(node, line.text);
+        for (const [k, v] of Object.entries(line.data || {})) {
+          setData(node, k, v);
+        }
+      }
+    );
+  }
+
   private async _act(action: JobAction): Promise<void> {
     this._busy = true;
     this._actions.querySelectorAll('button').forEach(b => (b.disabled = true));
@@ -295,6 +345,7 @@ export class JobView extends Widget {
   private readonly _checkpointsNote = el('div', 'streamlab-checkpoints-note');
   private readonly _error = el('div', 'streamlab-panel-error');
   private readonly _graph = el('div', 'streamlab-graph');
+  private readonly _diagnosis = el('div', 'streamlab-diagnosis');
   private readonly _checkpoints = el('tbody');
   private readonly _exceptions = el('div', 'streamlab-exceptions');
   private _ended = false;

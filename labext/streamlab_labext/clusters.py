@@ -153,7 +153,7 @@ _LEVELS = ("ok", "low", "high")
 
 def job_entry(overview: dict, details: Optional[dict]) -> dict:
     """A job of the list: the overview's figures, with records, back pressure and checkpoint from
-    its details. Records in: what the sources took in; records out: what the sinks received."""
+    its details. Records in: what the sources took in; records out: what the sinks delivered."""
     entry = {"id": overview["jid"], "name": overview["name"], "state": overview["state"],
              "start_time": overview["start-time"], "duration_ms": overview["duration"],
              "records_in": 0, "records_out": 0, "backpressure": "ok", "last_checkpoint": None}
@@ -161,12 +161,10 @@ def job_entry(overview: dict, details: Optional[dict]) -> dict:
         return entry
     vertices = details.get("vertices", [])
     nodes = details.get("plan", {}).get("nodes", [])
-    fed = {i["id"] for n in nodes for i in n.get("inputs", [])}
     sources = {n["id"] for n in nodes if not n.get("inputs")}
-    sinks = {v["id"] for v in vertices} - fed
     levels = [v["backpressure-level"] for v in vertices]
     entry |= {"records_in": _sum(vertices, sources, "read-records"),
-              "records_out": _sum(vertices, sinks, "read-records"),
+              "records_out": int(sum(v.get("records-sent", 0) for v in vertices)),
               "backpressure": max(levels, key=_LEVELS.index, default="ok")}
     history = details.get("checkpoints", {}).get("history", [])
     last = next((c for c in history if not c["is_savepoint"] and c["status"] != "IN_PROGRESS"), None)
@@ -233,7 +231,8 @@ def vertex_entry(vertex: dict) -> dict:
             "busy": busy, "backpressured": backpressured,
             "color": color, "ink": ink,
             "records_in": vertex["metrics"].get("read-records", 0),
-            "records_out": vertex["metrics"].get("write-records", 0)}
+            # to other tasks, and what its sink delivered
+            "records_out": vertex["metrics"].get("write-records", 0) + vertex.get("records-sent", 0)}
 
 
 def keyed_operators(nodes: list[dict]) -> list[str]:
@@ -245,8 +244,9 @@ def keyed_operators(nodes: list[dict]) -> list[str]:
 async def job_detail(known: KnownCluster, job_id: str) -> dict:
     rest = await JobManagerRest.of(known.cluster_dir)
     jid = quote(job_id, safe="")
-    details, exceptions, checkpointing = await asyncio.gather(
-        rest.call(f"/jobs/{jid}"), rest.call(f"/jobs/{jid}/exceptions"), rest.call(f"/jobs/{jid}/checkpoints/config"))
+    details, exceptions, checkpointing, late = await asyncio.gather(
+        rest.call(f"/jobs/{jid}"), rest.call(f"/jobs/{jid}/exceptions"), rest.call(f"/jobs/{jid}/checkpoints/config"),
+        rest.call(f"/jobs/{jid}/late-rows"))
     overview = {"jid": details["jid"], "name": details["name"], "state": details["state"],
                 "start-time": details["start-time"], "duration": details["duration"]}
     nodes = details.get("plan", {}).get("nodes", [])
@@ -263,7 +263,19 @@ async def job_detail(known: KnownCluster, job_id: str) -> dict:
                         for c in details.get("checkpoints", {}).get("history", [])],
         "exceptions": [{"time": e["timestamp"], "exception": e["stacktrace"], "task": e.get("taskName")}
                        for e in exceptions["exceptionHistory"]["entries"]],
+        "diagnosis": diagnosis(details, late),
     }
+
+
+def diagnosis(details: dict, late: list[dict]) -> dict:
+    """What the JobManager answers of the job (cluster/jobmanager/rest/diagnosis.py): the bottleneck
+    in words, the end-to-end latency, why windows wait, the late rows per operator."""
+    bottleneck = details.get("bottleneck") or {}
+    return {"bottleneck": bottleneck.get("text") if bottleneck.get("vertex-id") else None,
+            "latency": details.get("latency"),
+            "window_waits": [w["text"] for w in details.get("window-waits") or []],
+            "late_rows": [{"operator": r["name"], "count": r["count"], "dropped": r["dropped"]}
+                          for r in late if r["count"]]}
 
 
 STATE_ROWS = 200  # the panel shows a page of keys, not a whole state

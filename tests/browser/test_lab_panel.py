@@ -180,6 +180,10 @@ def test_streams_panel_status_bar_export_and_cancel(standing_cluster_down, jupyt
             page.wait_for_function("() => [...document.querySelectorAll('.streamlab-jobview .streamlab-vertex')]"
                                    ".every(v => v.style.backgroundColor && v.dataset.busy !== undefined)",
                                    timeout=20_000)
+            # The diagnosis: the JobManager's answers, here the job's end-to-end latency (it ends in a sink)
+            page.wait_for_selector(".streamlab-jobview .streamlab-diagnosis-latency[data-p50]", timeout=30_000)
+            latency = page.locator(".streamlab-jobview .streamlab-diagnosis-latency").inner_text()
+            assert latency.startswith("Latency, ingestion to sink, last seconds: p50 "), latency
             # No bare checkpoint table: this job asked for no checkpoints, and the view says so
             page.wait_for_function("() => { const n = document.querySelector('.streamlab-jobview "
                                    ".streamlab-checkpoints-note'); return n && !n.hidden && "

@@ -180,6 +180,9 @@ def job_json(d: JobManagerState, job_id: str) -> dict:
             # a vertex by, so a view of the whole job (the lab's Streams panel) needs no request per vertex
             "backpressure-level": backpressure_level(backpressured),
             "busy-ratio": _highest(executions, "busyTimeMsPerSecond"), "backpressured-ratio": backpressured,
+            # and the rows its sink delivered (records-sent, Flink's numRecordsSend), which
+            # write-records (rows to other tasks) does not count
+            "records-sent": sum(e.metrics.get("records-sent", 0) for e in executions),
         })
     return {
         "jid": job.job_id, "name": job.job_graph.name, "isStoppable": False, "state": job.state,
