@@ -10,13 +10,18 @@ a report covers between one and two halves. The reports of several sinks and sub
 adding their buckets (``merged``), then ``percentiles`` reads them. Flink's latency markers measure
 the channels only; Spark's Real-Time Mode reports e2eLatencyMs P50-P99 per micro-batch.
 
-Thread use: ``record`` on the task thread; ``snapshot`` from any thread (it reads dicts swapped whole).
+Where rows carry event time (the stream's rowtime column reaches the sink), the sink also counts
+each row's event-time lag, the wall clock minus its event time, in a histogram of its own.
+
+Thread use: ``record`` and ``record_many`` on the task thread; ``snapshot`` from any thread (it reads dicts swapped whole).
 """
 from __future__ import annotations
 
 import math
 import time
 from typing import Callable, Optional
+
+import numpy as np
 
 PER_DOUBLING = 8
 INTERVAL_S = 10.0  # a report covers the last 5-10 s
@@ -59,6 +64,18 @@ class LatencyHistogram:
         bucket = bucket_of(ms)
         current[bucket] = current.get(bucket, 0) + rows
         self._current = current  # swapped whole: a reader on another thread sees one or the other
+
+    def record_many(self, ms: np.ndarray) -> None:
+        """One row per value (an event-time lag per row)."""
+        if not len(ms):
+            return
+        self._rotate()
+        values = np.maximum(np.asarray(ms, dtype=np.float64), 1.0)
+        buckets = np.where(values <= 1, 0, 1 + np.floor(np.log2(values) * PER_DOUBLING)).astype(np.int64)
+        current = dict(self._current)
+        for bucket, rows in zip(*np.unique(buckets, return_counts=True)):
+            current[int(bucket)] = current.get(int(bucket), 0) + int(rows)
+        self._current = current
 
     def snapshot(self) -> dict[str, int]:
         """Rows per bucket over the last interval, bucket numbers as text (the metrics travel as JSON)."""

@@ -67,6 +67,7 @@ OLDEST_OPEN_WINDOW = "oldestOpenWindow"
 # streamlab's own: a sink task's end-to-end latency, rows per bucket over the last interval
 # (cluster.protocol.latency), {"<bucket>": rows}
 LATENCY = "latencyBuckets"
+EVENT_TIME_LAG = "eventTimeLagBuckets"  # the same of its rows' event-time lag, where they carry event time
 # streamlab's own, for a hot key (cluster.jobmanager.bottleneck): per hash edge a task writes to,
 # the rows it sent and the key groups it sent the most, {"<edge>": [rows, [[key group, rows], ...]]}
 KEY_GROUP_ROWS_OUT = "keyGroupRowsOut"

@@ -33,6 +33,7 @@ from cluster.graph.deployment import TaskDeploymentDescriptor
 from cluster.graph.job_graph import OperatorSpec
 from cluster.graph.operator_kinds import KINDS, Role
 from cluster.operators.base import Operator, OperatorContext, UserFunctionError
+from cluster.operators.windowing.watermarks import TimestampError, rowtime_ms
 from cluster.protocol.latency import LatencyHistogram, oldest_of
 from cluster.protocol.metrics import LATE_ROWS, NEWEST_EVENT_TIMESTAMP, NUM_LATE_RECORDS_DROPPED
 from cluster.spark.chain import SparkChain
@@ -70,6 +71,7 @@ class OperatorChain:
         self.stamp = 0
         self._stage_stamps: deque[tuple[int, int]] = deque()  # (rows submitted to Spark up to them, stamp)
         self.latency = LatencyHistogram()  # ingestion to the chain's sink, of the rows it was given
+        self.event_lag = LatencyHistogram()  # the wall clock minus their event time, where they have one
         for desc in tdd.outputs:
             writer = RecordWriter(desc, tdd.subtask, network, sender, metrics, cancelled,
                                   config.batch_size, config.buffer_timeout_ms / 1000)
@@ -171,11 +173,8 @@ class OperatorChain:
                 self.hand_on()
                 return
             op = self.operators[index]
-            if index == self.sink_at:  # what the sink delivers: Flink's numRecordsSend
-                rows = sum(table.num_rows for table in tables)
-                self.metrics.records_sent += rows
-                if self.stamp and rows:
-                    self.latency.record(max(0, now_ms() - self.stamp), rows)
+            if index == self.sink_at:
+                self._delivered(op, tables)
             out = []
             for table in tables:
                 out.extend(op.process(table))
@@ -187,6 +186,25 @@ class OperatorChain:
         for table in tables:
             for writer in self.writers:
                 writer.emit(table)
+
+    def _delivered(self, sink: Operator, tables: list[pa.Table]) -> None:
+        """What the chain's sink is given: counted (Flink's numRecordsSend), with how long its rows
+        took from their ingestion and, where they carry event time, how far that trails the clock."""
+        rows = sum(table.num_rows for table in tables)
+        self.metrics.records_sent += rows
+        if not rows:
+            return
+        now = now_ms()
+        if self.stamp:
+            self.latency.record(max(0, now - self.stamp), rows)
+        rowtime = sink.spec.params.get("rowtime")
+        if not isinstance(rowtime, str):
+            return
+        for table in tables:
+            try:
+                self.event_lag.record_many(now - rowtime_ms(table, rowtime, sink.spec.where()))
+            except TimestampError:  # a step before the sink dropped or changed the column: no lag to tell
+                pass
 
     def hand_on(self, results: Optional[list[pa.Table]] = None) -> None:
         """Push what the Spark stage has finished through the rest of the chain."""

@@ -44,7 +44,7 @@ from cluster.operators.base import Operator, SourceOperator, TaskCancelled
 from cluster.protocol.messages import AddCredit
 from cluster.protocol.latency import oldest_of
 from cluster.protocol.metrics import (CURRENT_INPUT_WATERMARK, CURRENT_OUTPUT_WATERMARK, INPUT_WATERMARKS,
-                                     KEY_GROUP_ROWS_OUT, LATENCY, OUTPUT_IDLE)
+                                     EVENT_TIME_LAG, KEY_GROUP_ROWS_OUT, LATENCY, OUTPUT_IDLE)
 from cluster.protocol.serde import ipc_to_table
 from cluster.taskmanager.network import WAIT_SLICE, ChannelSender, InputGate, NetworkEnvironment
 from cluster.taskmanager.operator_chain import OperatorChain
@@ -145,6 +145,7 @@ class StreamTask:
             time_metrics[KEY_GROUP_ROWS_OUT] = hashed
         if chain is not None and chain.sink_at >= 0:
             time_metrics[LATENCY] = chain.latency.snapshot()
+            time_metrics[EVENT_TIME_LAG] = chain.event_lag.snapshot()
         return {"execution_id": self.execution_id, "job_id": self.tdd.job_id,
                 "vertex_id": self.tdd.vertex["id"], "subtask": self.tdd.subtask, "detail": self.detail,
                 "input-queue": self._gate.queued() if self._gate else 0} | self.metrics.snapshot() \

@@ -82,6 +82,8 @@ class DataStream:
         return node
 
     def _then(self, kind: str, name: str, fn=None, params=None, parallelism=None, partitioning=None) -> "DataStream":
+        if KINDS[kind].is_sink and self.rowtime:  # the sink counts its rows' event-time lag (cluster.protocol.latency)
+            params = dict(params or {}, rowtime=self.rowtime)
         out = DataStream(self.env, self._add(kind, name, fn, params, parallelism, partitioning))
         if not KINDS[kind].keyed:
             out.rowtime = self.rowtime

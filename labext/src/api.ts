@@ -119,7 +119,7 @@ export interface IDiagnosis {
     p90: number | null;
     p99: number | null;
     rows: number;
-    'event-time-lag': number | null;
+    'event-time-lag': { p50: number; p90: number; p99: number } | null;
   } | null;
   window_waits: string[];
   late_rows: { operator: string; count: number; dropped: number }[];

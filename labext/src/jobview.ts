@@ -289,7 +289,7 @@ export class JobView extends Widget {
         text:
           `Latency, ingestion to sink, last seconds: p50 ${formatLatency(l.p50)} · p90 ${formatLatency(l.p90)}` +
           ` · p99 ${formatLatency(l.p99)}` +
-          (lag !== null ? ` · event time ${formatLatency(lag)} behind the clock` : ''),
+          (lag !== null ? ` · event time ${formatLatency(lag.p50)} behind the clock (p99 ${formatLatency(lag.p99)})` : ''),
         data: { p50: String(l.p50), p99: String(l.p99) }
       });
     }

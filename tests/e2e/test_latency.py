@@ -7,6 +7,7 @@ import time
 import pandas as pd
 
 from kernel_runtime import StreamEnvironment
+from kernel_runtime.api import Duration, WatermarkStrategy
 from tests.conftest import rest, wait_for
 
 
@@ -45,5 +46,24 @@ def test_rows_through_spark_keep_their_ingestion_time(cluster, client):
                         "rows through Spark measured")
         # a stamp lost in the Spark hand-off would read as unknown (no rows) or as the epoch (decades)
         assert 0 < seen["p50"] <= seen["p99"] < 600_000
+    finally:
+        handle.cancel()
+
+
+def test_rows_with_event_time_show_how_far_it_trails_the_clock(cluster, client):
+    # every row's event time is a minute before it is made: a lag of at least a minute
+    env = StreamEnvironment(parallelism=1, cluster=cluster.cluster_dir)
+    strategy = WatermarkStrategy.for_bounded_out_of_orderness(Duration.of_millis(0)).with_timestamp_column("ts")
+    (env.from_generator(lambda s: pd.DataFrame({"v": s, "ts": int(time.time() * 1000) - 60_000}), rate=1_000,
+                        watermark_strategy=strategy)
+        .map_batches(lambda df: df, name="through")
+        .collect())
+    handle = env.execute_async("event-time lag", client=client)
+    try:
+        seen = wait_for(lambda: (said := latency(cluster, handle.job_id))["event-time-lag"] and said, 60,
+                        "the event-time lag measured")
+        lag = seen["event-time-lag"]
+        assert 60_000 * 0.91 <= lag["p50"] <= lag["p90"] <= lag["p99"] < 600_000
+        assert seen["p50"] < lag["p50"]  # the rows themselves were ingested just now
     finally:
         handle.cancel()

@@ -69,13 +69,15 @@ def test_a_later_attempt_says_what_it_restarted_after_and_what_it_restored():
 
 def test_a_running_job_shows_its_latency_and_its_bottleneck_in_words():
     details = {"state": "RUNNING", "duration": 5000,
-               "latency": {"p50": 12.3, "p90": 45.0, "p99": 1_250.0, "rows": 900, "event-time-lag": 2_500},
+               "latency": {"p50": 12.3, "p90": 45.0, "p99": 1_250.0, "rows": 900,
+                           "event-time-lag": {"p50": 2_500.0, "p90": 3_000.0, "p99": 61_000.0}},
                "bottleneck": {"vertex-id": "v2", "name": "enrich", "chronic": True,
                               "skew": {"key-group": 17}, "text": "'enrich' limits the job, busy 97% ..."}}
     view = StatusView("job", "j1")
     view.update(Update(Snapshot(0.0, details, {}), [], 0.0))
     header = view.header.value
-    assert "latency p50 12 ms, p90 45 ms, p99 1.25 s" in header and "event time 2.50 s behind" in header
+    assert "latency p50 12 ms, p90 45 ms, p99 1.25 s" in header
+    assert "event time 2.50 s behind (p99 1 min 01 s)" in header
     assert 'data-vertex="enrich" data-chronic="1" data-key-group="17"' in header
     assert "Bottleneck: &#x27;enrich&#x27; limits the job" in header
     # once the job ends, neither: they describe a running job

@@ -1,6 +1,8 @@
 """End-to-end latency buckets (cluster.protocol.latency): pure, clock injected."""
 from __future__ import annotations
 
+import numpy as np
+
 from cluster.protocol.latency import LatencyHistogram, bucket_of, bucket_value, merged, oldest_of, percentiles
 
 
@@ -33,3 +35,9 @@ def test_a_report_covers_the_last_interval_only():
 
 def test_the_oldest_ingestion_wins_and_zero_is_unknown():
     assert oldest_of(0, 5) == 5 and oldest_of(5, 0) == 5 and oldest_of(7, 5) == 5 and oldest_of(0, 0) == 0
+
+
+def test_many_values_count_a_row_each_in_their_buckets():
+    histogram = LatencyHistogram(clock=lambda: 0.0)
+    histogram.record_many(np.array([0, 1, 10, 10, 10, 1_000]))
+    assert merged([histogram.snapshot()]) == {0: 2, bucket_of(10): 3, bucket_of(1_000): 1}

@@ -4,24 +4,22 @@ Each takes the job's JobMaster. Loop thread only, as every view."""
 from __future__ import annotations
 
 from cluster.common.clock import now_ms
-from cluster.graph.event_time import MAX_WATERMARK, NO_WATERMARK
 from cluster.jobmanager.jobmaster.bottleneck import report as bottleneck_report
 from cluster.protocol.latency import merged, percentiles
-from cluster.protocol.metrics import CURRENT_INPUT_WATERMARK, LATENCY, late_rows
+from cluster.protocol.metrics import EVENT_TIME_LAG, LATENCY, late_rows
 
 
 def latency_json(job) -> dict:
     """The job's end-to-end latency, ms: p50, p90 and p99 over its sinks' rows of the last 5-10 s
-    (None before any), the rows they cover; and its event-time lag, how far the sinks' lowest
-    watermark trails the wall clock (None without event time)."""
+    (None before any) and the rows they cover; and, where its sinks' rows carry event time, their
+    event-time lag (the wall clock minus a row's event time) the same way, else None."""
     sinks = [e.metrics for e in job.graph.executions.values() if LATENCY in e.metrics]
     buckets = merged([m[LATENCY] for m in sinks])
     p50, p90, p99 = percentiles(buckets) or (None, None, None)
-    marks = [m.get(CURRENT_INPUT_WATERMARK, NO_WATERMARK) for m in sinks]
-    lag = None
-    if marks and NO_WATERMARK < min(marks) < MAX_WATERMARK:
-        lag = max(0, now_ms() - min(marks))
-    return {"p50": p50, "p90": p90, "p99": p99, "rows": sum(buckets.values()), "event-time-lag": lag}
+    lags = merged([m.get(EVENT_TIME_LAG) or {} for m in sinks])
+    lag = percentiles(lags)
+    return {"p50": p50, "p90": p90, "p99": p99, "rows": sum(buckets.values()),
+            "event-time-lag": None if lag is None else dict(zip(("p50", "p90", "p99"), lag))}
 
 
 def bottleneck_json(job) -> dict:

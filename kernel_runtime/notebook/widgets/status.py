@@ -86,7 +86,8 @@ class StatusView(Component):
                          f'last 5-10 s">latency p50 {_ms(latency["p50"])}, p90 {_ms(latency["p90"])}, '
                          f'p99 {_ms(latency["p99"])}</span>'
                          + ("" if lag is None else f' &middot; <span class="streamlab-event-time-lag" '
-                            f'data-lag-ms="{lag}">event time {esc(duration_text(int(lag)))} behind</span>'))
+                            f'data-p50="{lag["p50"]}" data-p99="{lag["p99"]}">event time {_ms(lag["p50"])} behind '
+                            f'(p99 {_ms(lag["p99"])})</span>'))
         restart = restart_note(details, state)
         if restart:
             parts.append(f'<span class="streamlab-restart" style="color:{REASON_COLOR}">{esc(restart)}</span>')
