@@ -28,6 +28,18 @@ def saved_operator(uid: str, entry: dict) -> str:
 
 
 PREVIEW_COLUMNS = ["operator", "uid", "kind", "state"]  # a row of SavepointFit.preview
+# the parameters that shape an operator's state (the aggregates it keeps, a window's function and
+# assigner): a checkpoint keeps them per operator, so that an upgrade's preview can say they changed
+STATE_SHAPE = ("aggregations", "function", "assigner")
+
+
+def state_shape(spec: OperatorSpec) -> dict:
+    """What shapes ``spec``'s state, of STATE_SHAPE: those of its parameters it has."""
+    return {name: spec.params[name] for name in STATE_SHAPE if spec.params.get(name) is not None}
+
+
+def _shape_text(shape: dict) -> str:
+    return "; ".join(f"{name} {value}" for name, value in sorted(shape.items())) or "none"
 
 
 @dataclass(frozen=True)
@@ -39,6 +51,7 @@ class SavepointFit:
     unclaimed: dict[str, dict]           # uid -> entry: state of operators the job does not have
     changed: list[tuple[OperatorSpec, dict]]  # same uid, another kind of operator (another state)
     saved_keys: dict[str, list[str]] = field(default_factory=dict)  # uid -> key columns, where saved
+    saved_shapes: dict[str, dict] = field(default_factory=dict)  # uid -> its state_shape, where saved
 
     @property
     def misfits(self) -> bool:
@@ -70,6 +83,9 @@ class SavepointFit:
                 was, now = self.saved_keys.get(spec.uid), list(spec.params.get("key") or [])
                 if was is not None and was != now:  # older savepoints do not say
                     state += f" (its key was {', '.join(was) or 'none'}, now {', '.join(now) or 'none'})"
+                shaped, shape = self.saved_shapes.get(spec.uid), state_shape(spec)
+                if shaped is not None and shaped != shape:
+                    state += f" (its state's schema was {_shape_text(shaped)}, now {_shape_text(shape)})"
             else:
                 state = "started empty" if spec.uid in empty else "no state"
             rows.append({"operator": spec.name, "uid": spec.uid, "kind": spec.kind, "state": state})
@@ -100,7 +116,9 @@ def savepoint_fit(body: dict, job_graph: JobGraph) -> SavepointFit:
             kept.append(spec)
     uids = {spec.uid for spec in specs}
     keys = {uid: list(e["key"]) for uid, e in saved.items() if isinstance(e.get("key"), list)}
-    return SavepointFit(kept, empty, {uid: e for uid, e in saved.items() if uid not in uids}, changed, keys)
+    shapes = {uid: e["shape"] for uid, e in saved.items() if isinstance(e.get("shape"), dict)}
+    return SavepointFit(kept, empty, {uid: e for uid, e in saved.items() if uid not in uids}, changed, keys,
+                        shapes)
 
 
 def fit_at(location: str, job_graph: JobGraph) -> SavepointFit:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from cluster.checkpoint.savepoint_fit import savepoint_fit
+from cluster.checkpoint.savepoint_fit import savepoint_fit, state_shape
 from cluster.conf import Configuration
 from cluster.protocol.states import ExecutionState, JobState
 from cluster.jobmanager.jobmaster import checkpointing, instructions as ins, scheduler as s, scheduler_events as ev
@@ -441,3 +441,21 @@ def test_task_counters_at_a_checkpoint_are_kept_apart_from_state_and_restored_on
     fresh, _ = make()
     fresh.restore_from_savepoint(dict(write.body, operators={}), "/sp")
     assert fresh.checkpointing.restore["counters"] == {}
+
+
+def test_an_upgrades_preview_says_when_a_restored_operators_state_schema_changed():
+    def totals(**aggregations):
+        env = StreamEnvironment(parallelism=2)
+        env.from_generator(count=10).key_by("seq").aggregate(**aggregations).uid("totals").collect()
+        return env.get_job_graph("t")
+    old, new = totals(n=("seq", "count")), totals(n=("seq", "count"), hi=("seq", "max"))
+    (spec,) = [o for v in old.vertices for o in v.operators if o.uid == "totals"]
+    body = {"checkpoint_id": 7, "operators": {"totals": {"vertex": "v", "name": spec.name, "kind": spec.kind,
+                                                         "key": ["seq"], "shape": state_shape(spec),
+                                                         "subtasks": [{"subtask": 0, "parallelism": 2}]}}}
+    rows = savepoint_fit(body, new).preview([o for v in new.vertices for o in v.operators], False)
+    (state,) = [r["state"] for r in rows if r["uid"] == "totals"]
+    assert state == ("restored (its state's schema was aggregations {'n': ['seq', 'count']}, now aggregations "
+                     "{'n': ['seq', 'count'], 'hi': ['seq', 'max']})")
+    rows = savepoint_fit(body, old).preview([o for v in old.vertices for o in v.operators], False)
+    assert [r["state"] for r in rows if r["uid"] == "totals"] == ["restored"]

@@ -19,7 +19,7 @@ from typing import Callable, Iterable, Mapping, Optional
 
 from cluster.checkpoint.coordinator import (CheckpointCoordinator, CheckpointKind, CompletedCheckpoint,
                                             PendingCheckpoint)
-from cluster.checkpoint.savepoint_fit import restore_plan
+from cluster.checkpoint.savepoint_fit import restore_plan, state_shape
 from cluster.checkpoint.storage import CheckpointStorage
 from cluster.graph.execution_graph import Execution
 from cluster.protocol.states import ExecutionState, JobState
@@ -221,6 +221,8 @@ class JobCheckpointing:
                                                    # a keyed operator's key columns (an upgrade's preview
                                                    # says when they changed)
                                                    "key": list(spec.params.get("key") or []) if spec else [],
+                                                   # and what shapes its state (aggregates, window)
+                                                   "shape": state_shape(spec) if spec else {},
                                                    "max_parallelism": execution.vertex.max_parallelism,
                                                    "subtasks": []})
                 entry["subtasks"].append(dict(handle, subtask=execution.subtask,
