@@ -38,6 +38,9 @@ class SlotTable:
                 return owner.job_id
         return None
 
+    def owner(self, index: int) -> Optional[SlotOwner]:
+        return self._slots[index] if 0 <= index < len(self._slots) else None
+
     def holds(self, allocation_id: str, job_id: str) -> bool:
         return SlotOwner(job_id, allocation_id) in self._slots
 
@@ -106,7 +109,21 @@ class TaskSlotTable:
         return len(self.slots)
 
     def request_slot(self, index: int, job_id: str, allocation_id: str) -> list:
-        return [OfferSlot(job_id, allocation_id)] if self.slots.allocate(index, job_id, allocation_id) else []
+        """A slot held by another allocation that runs no task goes to the new request: the
+        ResourceManager asks for a slot only when it knows it free, and an allocation it has
+        forgotten (asked for before it declared this TaskManager lost, the request delivered late,
+        after the TaskManager registered again) would otherwise hold the slot forever, the new job
+        waiting for it (Flink frees such slots on taskmanager.slot.timeout). A slot whose task
+        still runs is refused."""
+        out: list = []
+        owner = self.slots.owner(index)
+        if owner is not None and owner.allocation_id != allocation_id and \
+                not any(t.allocation_id == owner.allocation_id for t in self.tasks.values()):
+            out += self.free_slot(owner.allocation_id)
+        if not self.slots.allocate(index, job_id, allocation_id):
+            return []
+        return [*(i for i in out if not (isinstance(i, ReleaseJobNetwork) and i.job_id == job_id)),
+                OfferSlot(job_id, allocation_id)]
 
     def submit_task(self, job_id: str, execution_id: str, allocation_id: str) -> list:
         if not self.slots.holds(allocation_id, job_id):
