@@ -58,7 +58,7 @@ NUM_LATE_RECORDS_DROPPED = "numLateRecordsDropped"
 NEWEST_EVENT_TIMESTAMP = "newestEventTimestamp"
 EVENT_TIME_METRICS = (CURRENT_INPUT_WATERMARK, CURRENT_OUTPUT_WATERMARK, NUM_LATE_RECORDS_DROPPED,
                       NEWEST_EVENT_TIMESTAMP)
-# streamlab's own, for what holds a window back (cluster.jobmanager.window_waits): a task's input
+# streamlab's own, for what holds a window back (cluster.jobmanager.rest.window_waits): a task's input
 # channels' watermarks, {"<edge>/<producer subtask>": [watermark, idle]}; whether its output is
 # idle; a window operator's oldest window not yet fired, [start, end] (epoch ms)
 INPUT_WATERMARKS = "inputWatermarks"
@@ -68,7 +68,7 @@ OLDEST_OPEN_WINDOW = "oldestOpenWindow"
 # (cluster.protocol.latency), {"<bucket>": rows}
 LATENCY = "latencyBuckets"
 EVENT_TIME_LAG = "eventTimeLagBuckets"  # the same of its rows' event-time lag, where they carry event time
-# streamlab's own, for a hot key (cluster.jobmanager.bottleneck): per hash edge a task writes to,
+# streamlab's own, for a hot key (cluster.jobmanager.jobmaster.bottleneck): per hash edge a task writes to,
 # the rows it sent and the key groups it sent the most, {"<edge>": [rows, [[key group, rows], ...]]}
 KEY_GROUP_ROWS_OUT = "keyGroupRowsOut"
 # streamlab's own: per operator uid that finds rows late, how many and the newest few of them

@@ -54,7 +54,7 @@ class RecordWriter:
         for _ in range(subtask % n):  # spread the first batches of each producer
             next(self._round_robin)
         self._sequence = itertools.count()
-        # rows sent per key group on a hash edge: where a hot key lands (cluster.jobmanager.bottleneck)
+        # rows sent per key group on a hash edge: where a hot key lands (cluster.jobmanager.jobmaster.bottleneck)
         self.key_group_rows = np.zeros(desc.max_parallelism if desc.ship_strategy == ShipStrategy.HASH else 0,
                                        dtype=np.int64)
 

@@ -87,7 +87,7 @@ class TimestampsAndWatermarks(Operator, kind="timestamps-watermarks"):
 
     def metrics(self) -> dict:
         """Any thread. With per-split watermarks, each split's too, and whether it is idle (the
-        dashboard's source view, and what holds a window back: cluster.jobmanager.window_waits)."""
+        dashboard's source view, and what holds a window back: cluster.jobmanager.rest.window_waits)."""
         figures: dict = {"newestEventTimestamp": self.newest}
         for split, (watermark, idle) in self.splits.states().items():
             figures[f"split.{split}.currentWatermark"] = watermark
