@@ -13,6 +13,12 @@ def channel_id(job_id: str, attempt: int, edge: int, producer: int, consumer: in
     return f"{job_id}/{attempt}/{edge}/{producer}/{consumer}"
 
 
+def channel_origin(channel: str) -> tuple[int, int]:
+    """The edge and the producer subtask of a channel (channel_id's)."""
+    _, _, edge, producer, _ = channel.split("/")
+    return int(edge), int(producer)
+
+
 @dataclass(frozen=True)
 class InputGateDescriptor:
     edge: int

@@ -62,8 +62,8 @@ class LateRows:
         self.count += stand_for
         if not to_side_output:
             self.dropped += stand_for
-        newest = table.slice(max(0, n - self.limit))
-        times = event_times[max(0, n - self.limit):].tolist()
+        first = max(0, n - self.limit)
+        newest, times = table.slice(first), event_times[first:].tolist()
         self.schema = {f.name: str(f.type) for f in table.schema}
         at = now_ms()
         entries = tuple({"at": at, "event_time": t, "watermark": watermark, "input": input_name, "row": plain(row)}

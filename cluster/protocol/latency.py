@@ -17,7 +17,6 @@ Thread use: ``record`` and ``record_many`` on the task thread; ``snapshot`` from
 """
 from __future__ import annotations
 
-import math
 import time
 from typing import Callable, Optional
 
@@ -32,9 +31,14 @@ def oldest_of(a: int, b: int) -> int:
     return b if not a or (b and b < a) else a
 
 
+def buckets_of(ms: np.ndarray) -> np.ndarray:
+    """The bucket of each latency; 0 holds everything up to 1 ms."""
+    values = np.maximum(np.asarray(ms, dtype=np.float64), 1.0)
+    return (values > 1) * (1 + np.floor(np.log2(values) * PER_DOUBLING)).astype(np.int64)
+
+
 def bucket_of(ms: float) -> int:
-    """The bucket of a latency; 0 holds everything up to 1 ms."""
-    return 0 if ms <= 1 else 1 + int(math.log2(ms) * PER_DOUBLING)
+    return int(buckets_of(np.array([ms]))[0])
 
 
 def bucket_value(bucket: int) -> float:
@@ -59,33 +63,25 @@ class LatencyHistogram:
             self._previous, self._current, self._started = self._current, {}, self._started + self._half
 
     def record(self, ms: float, rows: int) -> None:
-        self._rotate()
-        current = dict(self._current)
-        bucket = bucket_of(ms)
-        current[bucket] = current.get(bucket, 0) + rows
-        self._current = current  # swapped whole: a reader on another thread sees one or the other
+        self._add({bucket_of(ms): rows})
 
     def record_many(self, ms: np.ndarray) -> None:
         """One row per value (an event-time lag per row)."""
-        if not len(ms):
-            return
+        if len(ms):
+            buckets, rows = np.unique(buckets_of(ms), return_counts=True)
+            self._add(dict(zip(buckets.tolist(), rows.tolist())))
+
+    def _add(self, counts: dict[int, int]) -> None:
         self._rotate()
-        values = np.maximum(np.asarray(ms, dtype=np.float64), 1.0)
-        buckets = np.where(values <= 1, 0, 1 + np.floor(np.log2(values) * PER_DOUBLING)).astype(np.int64)
-        current = dict(self._current)
-        for bucket, rows in zip(*np.unique(buckets, return_counts=True)):
-            current[int(bucket)] = current.get(int(bucket), 0) + int(rows)
-        self._current = current
+        # swapped whole: a reader on another thread sees the one or the other
+        self._current = merged([self._current, counts])
 
     def snapshot(self) -> dict[str, int]:
         """Rows per bucket over the last interval, bucket numbers as text (the metrics travel as JSON)."""
         previous, current = self._previous, self._current
         if self._clock() - self._started >= 2 * self._half:
             return {}
-        merged = dict(previous)
-        for bucket, rows in current.items():
-            merged[bucket] = merged.get(bucket, 0) + rows
-        return {str(b): n for b, n in sorted(merged.items())}
+        return {str(b): n for b, n in sorted(merged([previous, current]).items())}
 
 
 def merged(reports: list[dict]) -> dict[int, int]:

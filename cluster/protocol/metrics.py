@@ -64,6 +64,20 @@ EVENT_TIME_METRICS = (CURRENT_INPUT_WATERMARK, CURRENT_OUTPUT_WATERMARK, NUM_LAT
 INPUT_WATERMARKS = "inputWatermarks"
 OUTPUT_IDLE = "outputIdle"
 OLDEST_OPEN_WINDOW = "oldestOpenWindow"
+
+
+def split_watermarks(metrics: dict) -> dict[str, tuple[int, bool]]:
+    """A source subtask's splits read at once (Kafka partitions): each one's watermark and idleness,
+    from its metrics ``split.<split>.currentWatermark`` and ``split.<split>.idle`` (the
+    timestamps operator's, Flink's per-split watermark names)."""
+    out = {}
+    for name, value in metrics.items():
+        if name.startswith("split.") and name.endswith(".currentWatermark"):
+            split = name[len("split."):-len(".currentWatermark")]
+            out[split] = (int(value), bool(metrics.get(f"split.{split}.idle", False)))
+    return out
+
+
 # streamlab's own: a sink task's end-to-end latency, rows per bucket over the last interval
 # (cluster.protocol.latency), {"<bucket>": rows}
 LATENCY = "latencyBuckets"

@@ -115,15 +115,17 @@ class TaskSlotTable:
         after the TaskManager registered again) would otherwise hold the slot forever, the new job
         waiting for it (Flink frees such slots on taskmanager.slot.timeout). A slot whose task
         still runs is refused."""
-        out: list = []
-        owner = self.slots.owner(index)
-        if owner is not None and owner.allocation_id != allocation_id and \
-                not any(t.allocation_id == owner.allocation_id for t in self.tasks.values()):
-            out += self.free_slot(owner.allocation_id)
+        stale = self.slots.owner(index)
+        if stale is None or stale.allocation_id == allocation_id or \
+                any(t.allocation_id == stale.allocation_id for t in self.tasks.values()):
+            stale = None
+        else:
+            self.slots.free(stale.allocation_id)  # no task to cancel
         if not self.slots.allocate(index, job_id, allocation_id):
             return []
-        return [*(i for i in out if not (isinstance(i, ReleaseJobNetwork) and i.job_id == job_id)),
-                OfferSlot(job_id, allocation_id)]
+        # the old job's network goes with its last slot (not when the new request is the same job's)
+        released = [ReleaseJobNetwork(stale.job_id)] if stale and stale.job_id not in self.slots.jobs() else []
+        return [*released, OfferSlot(job_id, allocation_id)]
 
     def submit_task(self, job_id: str, execution_id: str, allocation_id: str) -> list:
         if not self.slots.holds(allocation_id, job_id):

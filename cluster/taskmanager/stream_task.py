@@ -36,7 +36,7 @@ from cluster.checkpoint.barriers import Barrier, BarrierAligner
 from cluster.common import failures
 from cluster.common.clock import now_ms
 from cluster.conf import TaskConfig
-from cluster.graph.deployment import TaskDeploymentDescriptor
+from cluster.graph.deployment import TaskDeploymentDescriptor, channel_origin
 from cluster.graph.event_time import MAX_WATERMARK
 from cluster.graph.job_graph import ShipStrategy
 from cluster.protocol.states import ExecutionState
@@ -136,8 +136,8 @@ class StreamTask:
                                                        CURRENT_OUTPUT_WATERMARK: clock.output_watermark,
                                                        OUTPUT_IDLE: clock.output_idle}
         if clock is not None and clock.valve is not None:
-            # channel ids are <job>/<attempt>/<edge>/<producer>/<consumer>: the JobManager knows the edges
-            time_metrics[INPUT_WATERMARKS] = {"/".join(channel.split("/")[2:4]): [watermark, idle]
+            # by edge and producer: the JobManager knows the edges
+            time_metrics[INPUT_WATERMARKS] = {"%d/%d" % channel_origin(channel): [watermark, idle]
                                               for channel, (watermark, idle) in clock.valve.channels().items()}
         hashed = {} if chain is None else {str(w.desc.edge): w.hot_key_groups() for w in chain.all_writers()
                                            if w.desc.ship_strategy == ShipStrategy.HASH}

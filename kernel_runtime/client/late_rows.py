@@ -8,10 +8,6 @@ import pandas as pd
 
 from cluster.protocol.metrics import OperatorLateRows
 
-# what is said of each row beside its own columns; a column of the row with one of these names
-# keeps its name, the added one is prefixed with "late_"
-ADDED = ("event_time", "watermark", "late_by", "input", "subtask")
-
 
 def _typed(values: pd.Series, arrow_type: str) -> pd.Series:
     """A sampled column back in its type (the report carries times as ISO text, bytes as base64)."""
@@ -37,6 +33,7 @@ def late_rows_frame(report: OperatorLateRows) -> pd.DataFrame:
              "subtask": [entry["subtask"] for entry in report.sample]}
     if not any(added["input"]):  # one input (a window): nothing to say
         del added["input"]
+    # a column of the row of one of these names keeps its name, the added one is prefixed with "late_"
     for name, values in added.items():
         rows[f"late_{name}" if name in rows.columns else name] = list(values)
     rows.attrs.update(operator=report.name, uid=report.uid, count=report.count, dropped=report.dropped,

@@ -86,7 +86,7 @@ def _skew(graph: JobGraph, metrics: Metrics, load: Load) -> Optional[dict]:
             if source == edge.source and str(index) in figures.get(KEY_GROUP_ROWS_OUT, {}):
                 rows, top = figures[KEY_GROUP_ROWS_OUT][str(index)]
                 total += rows
-                sent.update({group: n for group, n in top})
+                sent.update(dict(top))
     mine = key_group_range(vertex.max_parallelism, len(load.busy), hot)
     groups = {group: n for group, n in sent.items() if group in mine}
     skew = {"subtask": hot, "busy": round(load.busy[hot], 3), "siblings-busy": round(siblings, 3),
@@ -109,8 +109,8 @@ def report(graph: JobGraph, metrics: Metrics, history: BottleneckHistory, now_ms
     skew = _skew(graph, metrics, load)
     vertex = graph.vertex(load.vertex_id)
     sink = KINDS[vertex.operators[-1].kind].role is Role.SINK
-    when = (f"chronic: the bottleneck in {share:.0%} of the reports of the last {duration_text(span)}" if chronic
-            else f"transient so far: the bottleneck in {share:.0%} of the reports of the last {duration_text(span)}")
+    when = (f"{'chronic' if chronic else 'transient so far'}: the bottleneck in {share:.0%} of the reports of "
+            f"the last {duration_text(span)}")
     text = f"'{load.name}' limits the job, busy {busy:.0%} of the time and not back-pressured ({when}). "
     if skew is not None:
         where = "" if skew["key-group"] is None else (

@@ -16,8 +16,8 @@ from cluster.common.clock import now_ms
 from cluster.protocol.states import ExecutionState, JobState
 from cluster.protocol.endpoint import RpcEndpoint
 from cluster.jobmanager.rest.diagnosis import bottleneck_json, latency_json
-from cluster.jobmanager.rest.window_waits import split_watermarks, window_waits
-from cluster.protocol.metrics import CURRENT_INPUT_WATERMARK, EVENT_TIME_METRICS, backpressure_level
+from cluster.jobmanager.rest.window_waits import window_waits
+from cluster.protocol.metrics import CURRENT_INPUT_WATERMARK, EVENT_TIME_METRICS, backpressure_level, split_watermarks
 
 from cluster.jobmanager.jobmaster.job_master import JobMaster
 from cluster.jobmanager.resourcemanager.resource_manager import ResourceManager

@@ -18,19 +18,9 @@ from typing import Optional
 from cluster.graph.event_time import MAX_WATERMARK, NO_WATERMARK, duration_text, time_text
 from cluster.graph.job_graph import JobGraph
 from cluster.protocol.metrics import (CURRENT_INPUT_WATERMARK, CURRENT_OUTPUT_WATERMARK, INPUT_WATERMARKS,
-                                      NEWEST_EVENT_TIMESTAMP, OLDEST_OPEN_WINDOW, OUTPUT_IDLE)
+                                      NEWEST_EVENT_TIMESTAMP, OLDEST_OPEN_WINDOW, OUTPUT_IDLE, split_watermarks)
 
 Metrics = dict[tuple[str, int], dict]  # (vertex id, subtask) -> that subtask's latest metrics
-
-
-def split_watermarks(metrics: dict) -> dict[str, tuple[int, bool]]:
-    """A source subtask's splits read at once (Kafka partitions): each one's watermark and idleness."""
-    out = {}
-    for name, value in metrics.items():
-        if name.startswith("split.") and name.endswith(".currentWatermark"):
-            split = name[len("split."):-len(".currentWatermark")]
-            out[split] = (int(value), bool(metrics.get(f"split.{split}.idle", False)))
-    return out
 
 
 def _holder(graph: JobGraph, metrics: Metrics, vertex: str, subtask: int) -> dict:

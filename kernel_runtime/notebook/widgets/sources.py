@@ -8,12 +8,12 @@ from dataclasses import dataclass
 from typing import Optional
 
 from cluster.graph.event_time import time_text
+from cluster.protocol.metrics import split_watermarks
 
 from kernel_runtime.notebook.widgets.base import HTMLComponent, Update, esc, table, title
 
-# what cluster/connectors/kafka/source.py and the timestamps operator after it report
+# what cluster/connectors/kafka/source.py reports (and the timestamps operator after it: split_watermarks)
 _READER = re.compile(r"^KafkaSourceReader\.topic\.(.+)\.partition\.(\d+)\.(currentOffset|pendingRecords)$")
-_SPLIT_WATERMARK = re.compile(r"^split\.(.+)\.currentWatermark$")
 
 
 @dataclass
@@ -32,7 +32,8 @@ def partitions(details: dict) -> list[PartitionRow]:
     rows: dict[tuple[str, str], PartitionRow] = {}
     for subtask in details.get("subtasks", []):
         vertex = names.get(subtask["vertex_id"], subtask["vertex_id"])
-        for name, value in (subtask.get("metrics") or {}).items():
+        figures = subtask.get("metrics") or {}
+        for name, value in figures.items():
             if (reader := _READER.match(name)) is not None:
                 split = f"{reader.group(1)}-{reader.group(2)}"
                 row = rows.setdefault((vertex, split), PartitionRow(vertex, subtask["subtask"], split))
@@ -40,9 +41,8 @@ def partitions(details: dict) -> list[PartitionRow]:
                     row.offset = value
                 else:
                     row.lag = value
-            elif (marked := _SPLIT_WATERMARK.match(name)) is not None:
-                split = marked.group(1)
-                rows.setdefault((vertex, split), PartitionRow(vertex, subtask["subtask"], split)).watermark = value
+        for split, (watermark, _) in split_watermarks(figures).items():
+            rows.setdefault((vertex, split), PartitionRow(vertex, subtask["subtask"], split)).watermark = watermark
     return sorted(rows.values(), key=lambda r: (r.vertex, _split_order(r.split)))
 
 
