@@ -352,6 +352,13 @@ class ExecutionOptions:
     BATCH_SIZE = ConfigOption("execution.batch-size", int_in(1), "Rows at which a batch is sent at once.")
 
 
+class TableOptions:
+    """How SQL over a stream keeps its state (Flink's ExecutionConfigOptions of the Table API)."""
+    STATE_TTL = ConfigOption(
+        "table.exec.state.ttl", parse_duration_ms,
+        "How long a regular join of streams keeps a row after it arrived (0: for ever).")
+
+
 def _by_key(*holders: type) -> dict[str, ConfigOption[Any]]:
     options: dict[str, ConfigOption[Any]] = {}
     for holder in holders:
@@ -368,4 +375,4 @@ OPTIONS: dict[str, ConfigOption[Any]] = _by_key(
     HeartbeatManagerOptions, JobManagerOptions, RestOptions, TaskManagerOptions, SecurityOptions, CoreOptions,
     PipelineOptions, LoggingOptions, ClusterOptions, HighAvailabilityOptions, ResourceManagerOptions,
     RestartStrategyOptions, MetricOptions, SparkOptions, CheckpointingOptions, StateBackendOptions,
-    StateRecoveryOptions, ExecutionOptions)
+    StateRecoveryOptions, ExecutionOptions, TableOptions)

@@ -116,6 +116,7 @@ KINDS: dict[str, OperatorKind] = declare([
     OperatorKind("interval-join", _TRANSFORM, keyed=True, stateful=True, two_inputs=True),
     OperatorKind("window-join", _TRANSFORM, keyed=True, stateful=True, two_inputs=True),
     OperatorKind("temporal-join", _TRANSFORM, keyed=True, stateful=True, two_inputs=True),
+    OperatorKind("regular-join", _TRANSFORM, keyed=True, stateful=True, two_inputs=True),
     OperatorKind("collect-sink", _SINK),
     OperatorKind("print-sink", _SINK),
     OperatorKind("file-sink", _SINK, stateful=True),

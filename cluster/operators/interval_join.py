@@ -11,7 +11,7 @@ from typing import Optional
 import numpy as np
 import pyarrow as pa
 
-from cluster.operators.join_state import Chunks, concat
+from cluster.operators.join_state import Chunks
 from cluster.operators.joins import LEFT, RIGHT, JoinOperator
 from cluster.operators.timers import EVENT_TIME
 
@@ -60,19 +60,15 @@ class IntervalJoin(JoinOperator, kind="interval-join"):
         return out
 
     def _match(self, side: int, table: pa.Table, ts: np.ndarray, key_groups: list[int]) -> list[pa.Table]:
-        other = 1 - side
-        chunks = self.waiting[other].read(key_groups)
-        if not chunks:
+        met = self._meet(side, table, ts, self.waiting[1 - side], key_groups)
+        if met is None:
             return []
-        _, their_ts, theirs = concat(chunks)
-        met = self._key_frame(side, table, ts, "__mine").drop(columns="__ts").merge(
-            self._key_frame(other, theirs, their_ts, "__theirs").drop(columns="__ts"), on=self._key_names)
-        at_mine, at_theirs = met["__mine"].to_numpy(), met["__theirs"].to_numpy()
+        at_mine, at_theirs, their_ts = met.mine, met.at_theirs, met.their_ts
         gap = their_ts[at_theirs] - ts[at_mine] if side == LEFT else ts[at_mine] - their_ts[at_theirs]
         joins = (gap >= self.lower) & (gap <= self.upper)
         if not joins.any():
             return []
-        this_rows, other_rows = table.take(at_mine[joins]), theirs.take(at_theirs[joins])
+        this_rows, other_rows = table.take(at_mine[joins]), met.theirs.take(at_theirs[joins])
         return self._emit(*((this_rows, other_rows) if side == LEFT else (other_rows, this_rows)))
 
     def _keep(self, side: int, table: pa.Table, ts: np.ndarray, parts: list) -> None:
@@ -98,19 +94,7 @@ class IntervalJoin(JoinOperator, kind="interval-join"):
 
     def _expire(self, side: int, group: int, watermark: int) -> None:
         waiting = self.waiting[side]
-        index = waiting.index(group)
-        stale = [number for number, time in index.items() if time is not None and time <= watermark]
-        changed: dict[int, Optional[tuple]] = {}
-        for number, (_, (ts, rows)) in zip(stale, waiting.read([group], [stale])):
-            expiry = self._expiry(side, ts)
-            useful = expiry > watermark
-            if useful.any():
-                changed[number] = (ts[useful], rows.filter(pa.array(useful)))
-                index[number] = int(expiry[useful].min())
-            else:
-                changed[number] = None
-                del index[number]
-        waiting.rewrite(group, index, changed)
-        times = [time for time in index.values() if time is not None]
+        self._cut(waiting, group, watermark, lambda ts: self._expiry(side, ts))
+        times = [time for time in waiting.index(group).values() if time is not None]
         if times:
             self.timers.register(EVENT_TIME, group, side, min(times))

@@ -39,7 +39,7 @@ import pyarrow as pa
 from cluster.graph.event_time import NO_WATERMARK
 from cluster.common.frames import to_table
 from cluster.operators.base import OperatorSnapshot
-from cluster.operators.join_state import Chunks, by_key_group
+from cluster.operators.join_state import Chunks, by_key_group, concat
 from cluster.operators.keyed import KeyedOperator
 from cluster.operators.late_rows import LateRows
 from cluster.operators.timers import TimerService
@@ -59,6 +59,14 @@ def _schema_to_text(schema: Optional[pa.Schema]) -> Optional[str]:
 
 def _schema_of_text(text: Optional[str]) -> Optional[pa.Schema]:
     return None if text is None else pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
+
+
+class Met(NamedTuple):
+    """The pairs of a batch's rows and the other side's waiting rows with equal keys."""
+    mine: np.ndarray       # each pair's row of the batch (a position in it)
+    at_theirs: np.ndarray  # each pair's waiting row (a position in theirs)
+    their_ts: np.ndarray   # every waiting row's time
+    theirs: pa.Table       # every waiting row of the batch's key groups
 
 
 class SideBatch(NamedTuple):
@@ -147,6 +155,37 @@ class JoinOperator(KeyedOperator):
         frame["__ts"] = ts
         frame[position] = np.arange(len(frame))
         return frame
+
+    def _meet(self, side: int, table: pa.Table, ts: Optional[np.ndarray], waiting: Chunks,
+              key_groups: list[int]) -> Optional[Met]:
+        """The batch ``table`` of ``side`` (its times ``ts``, or none) against the other side's rows
+        ``waiting`` in its key groups: one vectorised equi-join; None if nothing waits there."""
+        chunks = waiting.read(key_groups)
+        if not chunks:
+            return None
+        _, their_ts, theirs = concat(chunks)
+        mine = self._key_frame(side, table, np.zeros(table.num_rows, np.int64) if ts is None else ts, "__mine")
+        met = mine.drop(columns="__ts").merge(
+            self._key_frame(1 - side, theirs, their_ts, "__theirs").drop(columns="__ts"), on=self._key_names)
+        return Met(met["__mine"].to_numpy(), met["__theirs"].to_numpy(), their_ts, theirs)
+
+    def _cut(self, waiting: Chunks, group: int, until: int, expiry: Callable[[np.ndarray], np.ndarray]) -> None:
+        """Drops the rows of ``group`` in ``waiting`` whose ``expiry(ts)`` is at or before ``until``,
+        from the chunks whose time says they have such rows; a cut chunk's time becomes its rows'
+        first expiry."""
+        index = waiting.index(group)
+        stale = [number for number, time in index.items() if time is not None and time <= until]
+        changed: dict[int, Optional[tuple]] = {}
+        for number, (_, (ts, rows)) in zip(stale, waiting.read([group], [stale])):
+            expires = expiry(ts)
+            useful = expires > until
+            if useful.any():
+                changed[number] = (ts[useful], rows.filter(pa.array(useful)))
+                index[number] = int(expires[useful].min())
+            else:
+                changed[number] = None
+                del index[number]
+        waiting.rewrite(group, index, changed)
 
     @property
     def _key_names(self) -> list[str]:

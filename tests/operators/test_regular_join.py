@@ -1,0 +1,76 @@
+"""The regular join (no time bound) driven as a task drives it, on both state backends: every pair
+of rows with equal keys once, whatever the arrival order, against pandas' merge; a checkpoint
+restored into two subtasks; the state TTL forgetting rows by the (injected) wall clock."""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from cluster.common import clock
+from cluster.graph.event_time import MAX_WATERMARK
+from cluster.operators.timers import PROCESSING_TIME
+
+from tests.operators.test_joins import Subtasks, as_times, backend, canon, drive, events, joined_columns, merge_at  # noqa: F401
+
+PARAMS = {"key": ["k"], "right_key": ["k"]}
+
+
+def reference(left: pd.DataFrame, right: pd.DataFrame) -> pd.DataFrame:
+    merged = left.drop(columns="arrival").merge(right.drop(columns="arrival"), on="k", suffixes=("", "_right"))
+    return canon(as_times(joined_columns(merged)), ["lid", "rid"])
+
+
+@pytest.mark.parametrize("parallelism", [1, 2])
+def test_every_pair_of_equal_keys_once_as_pandas_merges_them(backend, merge_at, tmp_path, parallelism):  # noqa: F811
+    left, right = events(seed=11, n=240)
+    join = Subtasks("regular-join", PARAMS, backend, tmp_path, parallelism=parallelism)
+    drive(join, left, right, chunk=17)
+    join.watermark(MAX_WATERMARK)
+    got = canon(join.result(), ["lid", "rid"])
+    assert len(got) > 1000
+    pd.testing.assert_frame_equal(got, reference(left, right))
+
+
+def test_a_checkpoint_restores_into_two_subtasks_with_the_same_output(backend, tmp_path):  # noqa: F811
+    left, right = events(seed=12, n=200)
+    before = Subtasks("regular-join", PARAMS, backend, tmp_path / "before")
+    drive(before, left, right, stop=4)
+    directory = tmp_path / "checkpoint"
+    directory.mkdir()
+    handles = before.snapshot(directory)
+    other = "rocksdb" if backend == "hashmap" else "hashmap"
+    after = Subtasks("regular-join", PARAMS, other, tmp_path / "after", parallelism=2)
+    after.restore(handles)
+    assert all(any(True for _ in op.backend.items("left-rows-chunks")) for op in after.ops)
+    drive(after, left, right, start=4)
+    result = canon(pd.concat([before.result(), after.result()]), ["lid", "rid"])
+    pd.testing.assert_frame_equal(result, reference(left, right))
+
+
+def test_the_state_ttl_forgets_a_row_that_long_after_it_arrived(backend, tmp_path, monkeypatch):  # noqa: F811
+    now = [1_000_000]
+    monkeypatch.setattr(clock, "now_ms", lambda: now[0])
+    join = Subtasks("regular-join", {**PARAMS, "state_ttl_ms": 5_000}, backend, tmp_path)
+    op = join.ops[0]
+    assert op.uses_processing_time
+    frame = lambda k, i: pd.DataFrame({"k": [k], "id": [i]})  # noqa: E731
+    join.side(0, frame(1, 10))
+    now[0] += 4_000
+    join.side(0, frame(2, 20))
+    assert op.on_processing_time(now[0]) == []
+    join.side(1, frame(1, 11))               # 4 s after the left row of key 1: it meets it
+    assert len(join.result()) == 1
+    now[0] += 1_000                          # the first left row's TTL is over, the second's is not
+    op.on_processing_time(now[0])
+    join.side(1, frame(1, 12))
+    join.side(1, frame(2, 21))
+    got = join.result()
+    assert sorted(zip(got["id"], got["id_right"])) == [(10, 11), (20, 21)]
+    # the first left row's timer is gone: the next is the rows' of 1,004,000
+    assert op.timers.next_time(PROCESSING_TIME) == 1_009_000
+
+
+@pytest.mark.parametrize("ttl", [-1, "1 hour", True])
+def test_a_bad_state_ttl_is_a_clear_error(tmp_path, ttl):
+    with pytest.raises(ValueError, match=r"'under test' \(test.py:1\): the join's state_ttl_ms must be a number"):
+        Subtasks("regular-join", {**PARAMS, "state_ttl_ms": ttl}, "hashmap", tmp_path)
