@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
 
+from cluster.conf import Configuration
 from cluster.graph.chaining import StreamEdge, StreamNode
 from cluster.graph.job_graph import GraphValidationError, OperatorSpec, ShipStrategy
 from cluster.graph.operator_kinds import KINDS, Role
@@ -26,6 +27,7 @@ class StreamGraph(Protocol):
 
     parallelism: int
     _nodes: list[StreamNode]
+    _conf: Configuration  # the job's configuration (SQL reads table.exec.state.ttl)
 
     def _operator_uid(self, kind: str, name: str, inputs: list[StreamEdge]) -> str: ...
 

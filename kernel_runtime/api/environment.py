@@ -151,7 +151,7 @@ class StreamEnvironment:
         return strategy
 
     def _sql(self, stream: DataStream, query: str, name: str, parallelism: Optional[int], where: str) -> DataStream:
-        return build_sql(stream, query, name, parallelism, where)
+        return build_sql({"input": stream}, query, name, parallelism, where)
 
     def _windowed(self, stream: DataStream, key: list[str], assigner, site: str) -> WindowedStream:
         return WindowedStream(stream, key, assigner, site)
@@ -216,18 +216,14 @@ class StreamEnvironment:
             raise GraphValidationError(f"{where}: the query reads {', '.join(read) or 'no table'}, and no temporary "
                                        f"view of that name exists (views: {', '.join(known) or 'none'}); "
                                        "create one with create_temporary_view(name, stream)")
-        if len(streams) > 1:
-            raise GraphValidationError(f"{where}: the query reads the streams {', '.join(streams)}: joins of "
-                                       "streams in SQL are not planned yet (the DataStream API has interval, "
-                                       "window and temporal joins)")
-        view = streams[0]
-        if view not in self._views:
-            built = defined[view](self)
-            if not isinstance(built, DataStream) or built.env is not self:
-                raise GraphValidationError(f"{where}: the view {view!r}'s definition must return a DataStream of "
-                                           f"the environment it is given, got {type(built).__name__}")
-            self._views[view] = built
-        return build_sql(self._views[view], query, name, parallelism, where, view)
+        for view in streams:
+            if view not in self._views:
+                built = defined[view](self)
+                if not isinstance(built, DataStream) or built.env is not self:
+                    raise GraphValidationError(f"{where}: the view {view!r}'s definition must return a DataStream "
+                                               f"of the environment it is given, got {type(built).__name__}")
+                self._views[view] = built
+        return build_sql({view: self._views[view] for view in streams}, query, name, parallelism, where)
 
     # ------------------------------------------------------------------ graph
     def get_job_graph(self, name: str = "streamlab job") -> JobGraph:

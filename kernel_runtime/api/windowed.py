@@ -110,7 +110,7 @@ class WindowedStream:
 
 
 # ---------------------------------------------------------------------- joins
-def _two_input(kind: str, name: str, left: list[StreamEdge], right: list[StreamEdge], env, params: dict,
+def two_input(kind: str, name: str, left: list[StreamEdge], right: list[StreamEdge], env, params: dict,
                fn: Optional[Callable], parallelism: Optional[int], site: str) -> DataStream:
     where = f"operator '{name}' ({site})"
     edges = left + right
@@ -121,7 +121,7 @@ def _two_input(kind: str, name: str, left: list[StreamEdge], right: list[StreamE
     return DataStream(env, node)
 
 
-def _keyed_edges(stream: KeyedStream) -> list[StreamEdge]:
+def keyed_edges(stream: KeyedStream) -> list[StreamEdge]:
     return stream.stream._edges((ShipStrategy.HASH, stream.key))
 
 
@@ -180,7 +180,7 @@ class IntervalJoined:
                   "right_rowtime": _need_event_time(right.stream, "interval_join", site),
                   "lower": self.lower, "upper": self.upper,
                   "lower_inclusive": self.lower_inclusive, "upper_inclusive": self.upper_inclusive}
-        out = _two_input("interval-join", name, _keyed_edges(left), _keyed_edges(right), left.stream.env, params,
+        out = two_input("interval-join", name, keyed_edges(left), keyed_edges(right), left.stream.env, params,
                          fn, parallelism, site)
         out.rowtime = left_rowtime if fn is None else None
         return out
@@ -225,7 +225,7 @@ class JoinedStreams:
                   "left_rowtime": _need_event_time(self.left, "a window join", site),
                   "right_rowtime": _need_event_time(self.right, "a window join", site)}
         left, right = KeyedStream(self.left, self.left_key), KeyedStream(self.right, self.right_key)
-        return _two_input("window-join", name, _keyed_edges(left), _keyed_edges(right), self.left.env, params,
+        return two_input("window-join", name, keyed_edges(left), keyed_edges(right), self.left.env, params,
                           fn, parallelism, site)
 
 
@@ -242,7 +242,7 @@ def temporal_join(left: KeyedStream, right: KeyedStream, how: str, name: str, pa
     params = {"key": left.key, "right_key": right.key, "how": how,
               "left_rowtime": left.stream.rowtime if event_time else None,
               "right_rowtime": right.stream.rowtime if event_time else None}
-    out = _two_input("temporal-join", name, _keyed_edges(left), _keyed_edges(right), left.stream.env, params,
+    out = two_input("temporal-join", name, keyed_edges(left), keyed_edges(right), left.stream.env, params,
                      None, parallelism, site)
     out.rowtime = left.stream.rowtime
     return out

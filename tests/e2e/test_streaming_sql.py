@@ -140,3 +140,100 @@ def test_a_per_batch_query_keeps_its_meaning_when_asked(cluster, client):
     table = env.execute_async("per batch", client=client).wait(180).to_pandas()
     assert table.groupby("k")["n"].sum().to_dict() == {0: 1000, 1: 1000, 2: 1000}
     assert table.groupby("k").size().min() >= 2 and table["n"].max() < 1000
+
+
+# ---------------------------------------------------------------------- joins of streams
+def people(seed: int):
+    """A second stream: ids 0..20 and a time 300 ms apart (the orders' span at a third of the rows),
+    up to 300 ms out of order."""
+    def make(seq):
+        seq = np.asarray(seq, dtype=np.int64)
+        ms = 1_700_000_000_000 + seq * 300 + (seq // 17) * 1_000 - (mix(seq, seed + 5) % np.uint64(300)).astype(np.int64)
+        return pd.DataFrame({"pk": (mix(seq, seed + 6) % np.uint64(21)).astype(np.int64),
+                             "v": (mix(seq, seed + 7) % np.uint64(1000)).astype(np.int64),
+                             "name": np.array(["ann", "bob", None, "cy"], dtype=object)[
+                                 (mix(seq, seed + 8) % np.uint64(4)).astype(np.int64)],
+                             "seq": seq, "ts": pd.to_datetime(ms, unit="ms")})
+    return make
+
+
+JOINS = {  # each over the views orders and people
+    "regular": "SELECT o.seq AS o_seq, p.seq AS p_seq, o.v, p.name FROM orders o JOIN people p ON o.k = p.pk "
+               "WHERE o.v > 600 AND p.name IS NOT NULL",
+    "expression keys, a condition over both": "SELECT o.seq AS o_seq, p.seq AS p_seq, o.v + p.v AS total "
+                                             "FROM orders o JOIN people p ON o.k = p.pk % 7 AND o.tag = 'a' "
+                                             "AND o.v < p.v - 700",
+    "interval": "SELECT o.seq AS o_seq, p.seq AS p_seq, o.ts, p.ts AS p_ts FROM orders o JOIN people p "
+                "ON o.k = p.pk AND o.ts BETWEEN p.ts - INTERVAL '1' SECOND AND p.ts + INTERVAL 500 MILLISECONDS",
+    "interval, strict and one-sided": "SELECT o.seq AS o_seq, p.seq AS p_seq FROM orders o JOIN people p "
+                                      "ON o.k = p.pk WHERE p.ts > o.ts AND p.ts < o.ts + INTERVAL 2 SECONDS "
+                                      "AND o.x < 0.5",
+}
+
+
+@pytest.mark.timeout(300)
+def test_each_join_of_two_streams_equals_spark_over_all_rows_at_once(cluster, client, spark):
+    rng = random.Random(4)
+    count, batch, parallelism = rng.randint(2_000, 3_000), rng.choice([97, 500]), 2
+    print(f"{count} orders, {count // 3} people, batches of {batch}, parallelism {parallelism}")
+    make_orders, make_people = timed_rows(4), people(4)
+    strategy = WatermarkStrategy.for_bounded_out_of_orderness(1_000).with_timestamp_column("ts")
+    env = StreamEnvironment(parallelism=parallelism, cluster=cluster.cluster_dir)
+    env.create_temporary_view("orders", env.from_generator(make_orders, count=count, batch_size=batch,
+                                                           watermark_strategy=strategy))
+    env.create_temporary_view("people", env.from_generator(make_people, count=count // 3, batch_size=batch // 3,
+                                                           watermark_strategy=strategy))
+    for name, query in JOINS.items():
+        env.sql_query(query, name=name).collect(name)
+    joins = [n.spec.kind for n in env._nodes if n.spec.kind.endswith("-join")]
+    assert joins == ["regular-join", "regular-join", "interval-join", "interval-join"]
+    result = env.execute_async("joins of streams", client=client).wait(240)
+    spark.createDataFrame(make_orders(np.arange(count, dtype=np.int64))).createOrReplaceTempView("orders")
+    spark.createDataFrame(make_people(np.arange(count // 3, dtype=np.int64))).createOrReplaceTempView("people")
+    for name, query in JOINS.items():
+        got = result.to_pandas(name)
+        for column in got.columns:
+            if isinstance(got[column].dtype, pd.DatetimeTZDtype):
+                got[column] = got[column].dt.tz_convert("UTC").dt.tz_localize(None)
+        expected = spark.sql(query).toPandas()
+        assert len(expected) > 100, (name, len(expected))
+        same_table(got, expected, f"{name}: {query}")
+
+
+def test_a_stream_joined_with_itself_in_sql(cluster, client, spark):
+    make = timed_rows(5)
+    query = ("SELECT a.seq AS first, b.seq AS second FROM input a JOIN input b ON a.k = b.k AND a.tag = b.tag "
+             "AND b.ts >= a.ts AND b.ts < a.ts + INTERVAL 400 MILLISECONDS AND a.seq <> b.seq")
+    env = StreamEnvironment(parallelism=2, cluster=cluster.cluster_dir)
+    (env.from_generator(make, count=3_000, batch_size=250, watermark_strategy=WatermarkStrategy
+                        .for_bounded_out_of_orderness(1_000).with_timestamp_column("ts"))
+        .sql(query, name="pairs").collect("pairs"))
+    got = env.execute_async("a self join", client=client).wait(240).to_pandas("pairs")
+    expected = oracle(spark, make, 3_000, query)
+    assert len(expected) > 100
+    same_table(got, expected, query)
+
+
+AGGREGATED_JOINS = {
+    "per name": "SELECT p.name, count(*) AS n, sum(o.v) AS s, max(p.v) AS top FROM orders o JOIN people p "
+                "ON o.k = p.pk WHERE o.x > 0.3 GROUP BY p.name",
+    "global, interval": "SELECT count(*) AS n, avg(o.v + p.v) AS mean FROM orders o JOIN people p ON o.k = p.pk "
+                        "AND o.ts BETWEEN p.ts - INTERVAL 2 SECONDS AND p.ts",
+}
+
+
+def test_an_aggregation_over_a_join_equals_spark_over_all_rows_at_once(cluster, client, spark):
+    make_orders, make_people = timed_rows(6), people(6)
+    strategy = WatermarkStrategy.for_bounded_out_of_orderness(1_000).with_timestamp_column("ts")
+    env = StreamEnvironment(parallelism=2, cluster=cluster.cluster_dir)
+    env.create_temporary_view("orders", env.from_generator(make_orders, count=2_400, batch_size=300,
+                                                           watermark_strategy=strategy))
+    env.create_temporary_view("people", env.from_generator(make_people, count=800, batch_size=100,
+                                                           watermark_strategy=strategy))
+    for name, query in AGGREGATED_JOINS.items():
+        env.sql_query(query, name=name).collect(name)
+    result = env.execute_async("aggregations over joins", client=client).wait(240)
+    spark.createDataFrame(make_orders(np.arange(2_400, dtype=np.int64))).createOrReplaceTempView("orders")
+    spark.createDataFrame(make_people(np.arange(800, dtype=np.int64))).createOrReplaceTempView("people")
+    for name, query in AGGREGATED_JOINS.items():
+        same_table(result.to_pandas(name), spark.sql(query).toPandas(), f"{name}: {query}")

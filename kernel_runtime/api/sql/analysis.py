@@ -96,10 +96,16 @@ def planner_session() -> Any:
 def analyse(query: str, schema: pa.Schema, view: str = "input") -> Node:
     """The analysed plan of ``query`` over the view ``view`` with ``schema``; SqlAnalysisError
     with Spark's message if Spark refuses it."""
+    return analyse_views(query, {view: schema})
+
+
+def analyse_views(query: str, schemas: dict[str, pa.Schema]) -> Node:
+    """The analysed plan of ``query`` over empty views of these names and schemas; SqlAnalysisError
+    with Spark's message if Spark refuses it."""
     from pyspark.errors import PySparkException
     from pyspark.logger import PySparkLogger
     with _lock:
-        session = _over_input(schema, view)
+        session = _over_views(schemas)
         # PySpark logs each refusal with its stack; its own getLogger, as a plain logging one of
         # that name would take the place of PySpark's and fail its calls (they pass errorClass=)
         quiet = PySparkLogger.getLogger("SQLQueryContextLogger")
@@ -170,17 +176,30 @@ def output_schema(query: str, schema: pa.Schema) -> pa.Schema:
     """The schema of a per-batch query's rows over an input of ``schema``."""
     from pyspark.sql.pandas.types import to_arrow_schema
     with _lock:
-        return to_arrow_schema(_over_input(schema).sql(query).schema)
+        return to_arrow_schema(_over_views({"input": schema}).sql(query).schema)
 
 
-def _over_input(schema: pa.Schema, view: str = "input") -> Any:
-    """The planner's session with an empty view of ``schema`` (the only one: the last query's is dropped)."""
+def offset_us(timestamp: str, origin: str) -> int:
+    """``timestamp - origin`` in microseconds, two constant timestamp expressions as SQL (a join's
+    time bound: Spark's own interval arithmetic, time zones and all)."""
+    with _lock:
+        row = planner_session().sql(f"SELECT unix_micros(CAST({timestamp} AS TIMESTAMP)) - "
+                                    f"unix_micros(CAST({origin} AS TIMESTAMP))").collect()[0]
+        if row[0] is None:
+            raise SqlAnalysisError(f"{timestamp} is not a fixed distance from a time")
+        return int(row[0])
+
+
+def _over_views(schemas: dict[str, pa.Schema]) -> Any:
+    """The planner's session with an empty view of each schema (the only ones: the last query's
+    are dropped)."""
     from pyspark.sql.pandas.types import from_arrow_schema
     session = planner_session()
     for table in session.catalog.listTables():
         if table.isTemporary:
             session.catalog.dropTempView(table.name)
-    session.createDataFrame([], from_arrow_schema(schema)).createOrReplaceTempView(view)
+    for view, schema in schemas.items():
+        session.createDataFrame([], from_arrow_schema(schema)).createOrReplaceTempView(view)
     return session
 
 
@@ -247,5 +266,9 @@ def _node(n) -> Node:
         fields["aggregates"] = tuple(_expr(e) for e in _seq(n.aggregateExpressions()))
     elif kind == "SubqueryAlias":
         fields["alias"] = n.alias()
+    elif kind == "Join":
+        fields["join_type"] = n.joinType().sql()
+        condition = _option(n.condition())
+        fields["expressions"] = () if condition is None else (_expr(condition),)
     return Node(kind, tuple(_node(c) for c in _seq(n.children())), tuple(_column(a) for a in _seq(n.output())),
                 _origin(n), **fields)

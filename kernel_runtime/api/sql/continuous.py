@@ -8,12 +8,14 @@ span batches is refused with what to do, rather than run per batch.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from typing import Optional
 
 import pyarrow as pa
 
 from cluster.graph.job_graph import GraphValidationError
+from cluster.conf.options import TableOptions
 from cluster.graph.operator_kinds import KINDS
 
 from kernel_runtime.api.datastream import DataStream, KeyedStream
@@ -21,37 +23,45 @@ from kernel_runtime.api.schema import input_samples
 from kernel_runtime.api.time import (EventTimeSessionWindows, SlidingEventTimeWindows, TumblingEventTimeWindows,
                                      WindowAssigner)
 from kernel_runtime.api.sql import analysis
-from kernel_runtime.api.sql.planner import ContinuousAggregate, PerBatch, UnsupportedQuery, per_batch_query, plan
+from kernel_runtime.api.sql.join_planner import JoinedAggregate, StreamJoin, find_join, plan_join
+from kernel_runtime.api.sql.planner import ContinuousAggregate, PerBatch, UnsupportedQuery, _per_batch, \
+    per_batch_query, plan
+from kernel_runtime.api.windowed import keyed_edges, two_input
 from kernel_runtime.api.sql.screen import may_span_batches
 
 
-def planned(stream: DataStream, query: str, where: str, view: str = "input"):
-    """PerBatch or ContinuousAggregate for ``query`` over ``stream`` as the view ``view``, and the
-    text a per-batch plan runs (the batch is the view ``input`` on the TaskManager);
-    GraphValidationError naming ``where`` (the operator and its line) if Spark refuses the query or
-    streamlab cannot plan it."""
-    if view == "input" and not may_span_batches(query):
+def planned(streams: dict[str, DataStream], query: str, where: str):
+    """PerBatch, ContinuousAggregate or StreamJoin for ``query`` over the views ``streams`` (the
+    stream before a ``.sql`` step is the view ``input``), and the text a per-batch plan runs (the
+    batch is the view ``input`` on the TaskManager); GraphValidationError naming ``where`` (the
+    operator and its line) if Spark refuses the query or streamlab cannot plan it."""
+    view, stream = next(iter(streams.items()))
+    if len(streams) == 1 and view == "input" and not may_span_batches(query):
         return PerBatch(), query
-    schema = _input_schema(stream)
-    if schema is None:
-        if view == "input" or may_span_batches(query):
+    schemas = {v: _input_schema(s) for v, s in streams.items()}
+    unknown = [v for v, schema in schemas.items() if schema is None]
+    if unknown:
+        if len(streams) > 1 or view == "input" or may_span_batches(query):
             raise GraphValidationError(
                 f"{where}: the query may aggregate, join or sort across batches, which streamlab plans from "
-                "Spark's analysis of it over its input's schema, and that schema is not known before the job "
-                "runs (a source without a declared schema, or a .spark()/.map_batches() step of unknown output): "
-                "declare the source's schema (schema=...), or for Spark SQL over each batch on its own "
-                "write .sql(query, per_batch=True)")
+                f"Spark's analysis of it over its input's schema, and the schema of {', '.join(unknown)} is not "
+                "known before the job runs (a source without a declared schema, or a .spark()/.map_batches() step "
+                "of unknown output): declare the source's schema (schema=...), or for Spark SQL over each batch on "
+                "its own write .sql(query, per_batch=True)")
         return PerBatch(), per_batch_query(query, None, view)
     try:
-        root = analysis.analyse(query, schema, view)
+        root = analysis.analyse_views(query, {v: s for v, s in schemas.items() if s is not None})
     except analysis.SqlAnalysisError as exc:
-        if exc.condition == "TABLE_OR_VIEW_NOT_FOUND":
+        if exc.condition == "TABLE_OR_VIEW_NOT_FOUND" and len(streams) == 1:
             # a table of the TaskManagers' sessions (a stream-static join): checked when the task opens
             return PerBatch(), per_batch_query(query, None, view)
         raise GraphValidationError(f"{where}: Spark refuses the query: {exc}") from None
     try:
-        windows = analysis.window_calls(query) if "window" in query.lower() else []
-        how = plan(query, root, windows)
+        if find_join(root) is not None and not _per_batch(root):
+            how = plan_join(query, root, {v: s.rowtime for v, s in streams.items()}, analysis.offset_us)
+        else:
+            windows = analysis.window_calls(query) if "window" in query.lower() else []
+            how = plan(query, root, windows)
     except analysis.SqlAnalysisError as exc:
         raise GraphValidationError(f"{where}: {exc}") from None
     except UnsupportedQuery as exc:
@@ -69,15 +79,30 @@ def _input_schema(stream: DataStream) -> Optional[pa.Schema]:
     return None if table is None else table.schema
 
 
-def build(stream: DataStream, query: str, name: str, parallelism: Optional[int], where: str,
-          view: str = "input") -> DataStream:
-    """The operators of ``query`` after ``stream`` (which it reads as ``view``): the stream of its result."""
-    how, text = planned(stream, query, where, view)
+def build(streams: dict[str, DataStream], query: str, name: str, parallelism: Optional[int],
+          where: str) -> DataStream:
+    """The operators of ``query`` over the views ``streams`` (the stream before a ``.sql`` step is
+    the view ``input``): the stream of its result."""
+    how, text = planned(streams, query, where)
+    stream = next(iter(streams.values()))
     if isinstance(how, PerBatch):
         out = stream._then("spark", name, params={"sql": text}, parallelism=parallelism)
         out.sql_plan = how
         return out
+    if isinstance(how, StreamJoin):
+        return _join(streams, how, name, parallelism, where)
+    if isinstance(how, JoinedAggregate):
+        joined = _join(streams, how.join, name, parallelism, where, "joined rows")
+        out = _aggregation(joined, how.aggregate, name, parallelism, where)
+        out.sql_plan = dataclasses.replace(how, join=joined.sql_plan)
+        return out
     assert isinstance(how, ContinuousAggregate)
+    return _aggregation(stream, how, name, parallelism, where)
+
+
+def _aggregation(stream: DataStream, how: ContinuousAggregate, name: str, parallelism: Optional[int],
+                 where: str) -> DataStream:
+    """The rows below the aggregation on Spark, the keyed (or windowed) aggregate, the result step."""
     assigner = _assigner(stream, how, where) if how.window is not None else None  # checked before any node
     pre = stream._then("spark", name, params={"sql": how.pre}, parallelism=parallelism)
     aggregations = {out: (column, func) for out, (column, func) in how.aggregations.items()}
@@ -87,13 +112,41 @@ def build(stream: DataStream, query: str, name: str, parallelism: Optional[int],
     else:
         merged = KeyedStream(pre, how.keys).aggregate(name=f"{name}: {how.grouping}", parallelism=parallelism,
                                                       **aggregations)
-    _pin_state_uid(merged, how)
+    _pin_state_uid(merged, repr((how.pre, how.keys, how.aggregations, how.window)))
     out = merged
     if how.final is not None:
         assert merged.node is not None and KINDS[merged.node.spec.kind].upsert
         out = merged._then("spark", f"{name}: result", params={"sql": how.final, "upsert_key": how.upsert_key},
                            parallelism=merged.node.parallelism)
     out.sql_plan = how
+    return out
+
+
+def _join(streams: dict[str, DataStream], how: StreamJoin, name: str, parallelism: Optional[int],
+          where: str, result: str = "result") -> DataStream:
+    """Each side's Spark step, the keyed join, and the result's Spark step."""
+    sides = []
+    for side, (view, pre) in enumerate(zip(how.views, how.pre)):
+        stream = streams[view]
+        out = stream._then("spark", f"{name}: {view}" if view != "input" else f"{name}: {('left', 'right')[side]}",
+                           params={"sql": pre}, parallelism=parallelism)
+        out.rowtime = how.rowtimes[side]
+        sides.append(KeyedStream(out, how.keys[side]))
+    env = sides[0].stream.env
+    ttl = env._conf.get(TableOptions.STATE_TTL)
+    params: dict = {"key": how.keys[0], "right_key": how.keys[1]}
+    if how.bounds is not None:
+        params.update(left_rowtime=how.rowtimes[0], right_rowtime=how.rowtimes[1], lower=how.bounds[0],
+                      upper=how.bounds[1], lower_inclusive=True, upper_inclusive=True)
+    elif ttl:
+        params["state_ttl_ms"] = ttl
+    joined = two_input(how.kind, f"{name}: {how.clause}", keyed_edges(sides[0]), keyed_edges(sides[1]), env, params,
+                       None, parallelism, where)
+    _pin_state_uid(joined, repr((how.pre, how.keys, how.bounds)))
+    assert joined.node is not None
+    out = joined._then("spark", f"{name}: {result}", params={"sql": how.final}, parallelism=joined.node.parallelism)
+    out.rowtime = how.rowtime
+    out.sql_plan = dataclasses.replace(how, state_ttl_ms=0 if how.bounds is not None else ttl)
     return out
 
 
@@ -119,11 +172,11 @@ def _assigner(stream: DataStream, how: ContinuousAggregate, where: str) -> Windo
     return assigner
 
 
-def _pin_state_uid(merged: DataStream, how: ContinuousAggregate) -> None:
-    """The keyed state's uid from what it holds (the rows, keys, aggregates and window), so that
-    the same query run again (an upgraded cell) finds its state in the savepoint, and an edited
-    aggregation does not take state of another shape; the generated uid if a twin has it."""
-    digest = hashlib.sha1(repr((how.pre, how.keys, how.aggregations, how.window)).encode()).hexdigest()[:20]
+def _pin_state_uid(merged: DataStream, holds: str) -> None:
+    """The keyed state's uid from what it holds (the rows, keys, aggregates and window, or a join's
+    sides), so that the same query run again (an upgraded cell) finds its state in the savepoint,
+    and an edited query does not take state of another shape; the generated uid if a twin has it."""
+    digest = hashlib.sha1(holds.encode()).hexdigest()[:20]
     uid = f"sql-{digest}"
     if merged.node is not None and not any(n.uid == uid for n in merged.env._nodes):
         merged.uid(uid)

@@ -66,6 +66,7 @@ class Node(_Tree):
     expressions: tuple[Expr, ...] = ()          # Project: its list; Filter: its condition
     grouping: tuple[Expr, ...] = ()             # Aggregate
     aggregates: tuple[Expr, ...] = ()           # Aggregate: its result expressions
+    join_type: str = ""                         # Join: INNER, LEFT OUTER, ... (its condition: expressions)
 
 
 @dataclass(frozen=True)

@@ -47,8 +47,8 @@ _REFUSED = {
     "Tail": "a stream has no end to count rows from: take .tail(n) of the collected result",
     "Window": "an analytic function (OVER ...) needs every row of its partition: for a running "
               "aggregate per key use GROUP BY",
-    "Join": "joins of streams in .sql are not planned yet: use key_by(...).interval_join(...) or "
-            "join(...).window(...) of the DataStream API",
+    "Join": "a join of streams is planned as the query's own FROM (SELECT ... FROM a JOIN b ON ... WHERE ...); "
+            "an aggregation or a subquery over a join is not planned yet",
     "Expand": "GROUPING SETS, ROLLUP and CUBE are not planned over a stream yet: write one GROUP BY per grouping",
     "Intersect": "INTERSECT needs both whole inputs: not planned over a stream",
     "Except": "EXCEPT needs both whole inputs: not planned over a stream",
@@ -160,7 +160,8 @@ def _first_spanning(root: Node) -> Node:
 
 def _refusal(query: str, root: Node) -> UnsupportedQuery:
     """Why the plan under ``root`` is not planned over a stream, at the clause to name."""
-    node = _first_spanning(root)
+    join = next((n for n in root.walk() if n.kind == "Join"), None)
+    node = join or _first_spanning(root)
     if node.kind in _REFUSED:
         why = _REFUSED[node.kind]
     elif node.kind in PER_BATCH or node.kind in ("Aggregate", "Distinct"):

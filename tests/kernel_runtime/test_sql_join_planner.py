@@ -1,0 +1,103 @@
+"""Joins of streams in SQL, planned from Spark's analysed plans (the suite's SparkSession analyses
+and does the bounds' arithmetic; no cluster): the sides' steps, the keys, an interval join's
+bounds, the result step, and what is refused, where. Results are checked against Spark in
+tests/e2e/test_streaming_sql.py."""
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from cluster.graph.job_graph import GraphValidationError
+from kernel_runtime import StreamEnvironment
+from kernel_runtime.api.sql import analysis
+from kernel_runtime.api.sql.join_planner import plan_join
+from kernel_runtime.api.sql.planner import UnsupportedQuery
+from kernel_runtime.api.time import WatermarkStrategy
+
+BIDS = pa.schema([("auction", pa.int64()), ("price", pa.int64()), ("ts", pa.timestamp("ms"))])
+AUCTIONS = pa.schema([("id", pa.int64()), ("seller", pa.int64()), ("category", pa.int64()),
+                      ("ts", pa.timestamp("ms", tz="UTC"))])
+
+
+@pytest.fixture(scope="module")
+def joined(spark):
+    def of(query: str, rowtimes=None):
+        root = analysis.analyse_views(query, {"bids": BIDS, "auctions": AUCTIONS})
+        return plan_join(query, root, rowtimes or {"bids": "ts", "auctions": "ts"}, analysis.offset_us)
+    return of
+
+
+@pytest.mark.parametrize("condition, bounds", [
+    # bounds on right.ts - left.ts (the auction's time less the bid's), in ms
+    ("b.ts BETWEEN a.ts - INTERVAL '5' SECOND AND a.ts + INTERVAL 2 MINUTES", (-120_000, 5_000)),
+    ("a.ts >= b.ts AND a.ts < b.ts + INTERVAL 1 SECOND", (0, 1_000)),
+    ("b.ts - INTERVAL 1 HOUR <= a.ts AND a.ts + INTERVAL '0.5' SECOND <= b.ts", (-3_600_000, -500)),
+])
+def test_a_bound_on_both_times_is_an_interval_join(joined, condition, bounds):
+    how = joined(f"SELECT b.price, a.seller FROM bids b JOIN auctions a ON b.auction = a.id AND {condition}")
+    assert how.kind == "interval-join" and how.bounds == bounds
+    assert how.rowtimes == ("__sql_l1", "__sql_r1")  # each side's time travels to the join, as a column
+    assert how.pre[0].startswith("SELECT b.price AS `__sql_l0`, b.ts AS `__sql_l1`, b.auction AS `__sql_lk0` FROM ")
+    # the result step checks the exact condition again (the operator's bounds are whole ms)
+    assert how.final.startswith("SELECT `__sql_l0` AS `price`, `__sql_r0` AS `seller` FROM input WHERE ")
+
+
+def test_without_a_bound_on_both_sides_it_is_a_regular_join_with_each_side_s_conditions_pushed_down(joined):
+    how = joined("SELECT a.seller, b.price FROM bids b JOIN auctions a ON b.auction = a.id + 1\n"
+                 "WHERE a.category = 10 AND b.price > 5 AND b.ts > a.ts")
+    assert how.kind == "regular-join" and how.bounds is None and how.rowtimes == (None, None)
+    assert how.pre[0].endswith("WHERE (b.auction) IS NOT NULL AND (b.price > CAST(5 AS BIGINT))")
+    assert how.pre[1].endswith("WHERE ((a.id + CAST(1 AS BIGINT))) IS NOT NULL AND (a.category = CAST(10 AS BIGINT))")
+    assert "(a.id + CAST(1 AS BIGINT)) AS `__sql_rk0`" in how.pre[1]
+    assert how.keys == (["__sql_lk0"], ["__sql_rk0"])
+    # the one-sided bound stays a condition (Spark compares the bids' local time as the session's zone's)
+    assert how.final.endswith("WHERE (CAST(`__sql_l1` AS TIMESTAMP) > `__sql_r1`)")
+    assert "kept for ever" in how.explain()
+
+
+@pytest.mark.parametrize("query, clause, says", [
+    ("SELECT b.price FROM bids b\nLEFT JOIN auctions a ON b.auction = a.id", "LEFT JOIN auctions a ON b.auction = a.id",
+     "LEFT OUTER join of streams is not planned yet"),
+    ("SELECT b.price FROM bids b\nJOIN auctions a ON b.ts < a.ts", "JOIN auctions a ON b.ts < a.ts",
+     "needs an equality of the two sides' columns"),
+    ("SELECT b.price FROM bids b JOIN auctions a ON b.auction = a.id\nJOIN bids c ON c.auction = a.id",
+     "JOIN bids c ON c.auction = a.id", "more than two streams"),
+])
+def test_what_is_not_planned_is_refused_naming_the_join_and_its_line(joined, query, clause, says):
+    with pytest.raises(UnsupportedQuery) as refused:
+        joined(query)
+    text = str(refused.value)
+    assert text.startswith(f"{clause!r} (line 2 of the query)") and says in text, text
+
+
+def test_sql_query_joins_two_views_and_explains_the_plan(spark):
+    env = StreamEnvironment(parallelism=2, config={"table.exec.state.ttl": "1 h"})
+    strategy = WatermarkStrategy.for_bounded_out_of_orderness(1_000).with_timestamp_column("ts")
+    env.create_temporary_view("bids", env.from_generator(
+        lambda s: {"auction": s % 5, "price": s, "ts": s.astype("datetime64[ms]")}, count=10,
+        watermark_strategy=strategy))
+    env.create_temporary_view("auctions", env.from_generator(
+        lambda s: {"id": s, "seller": s % 3, "ts": s.astype("datetime64[ms]")}, count=10))
+    regular = env.sql_query("SELECT a.seller, b.price FROM bids b JOIN auctions a ON b.auction = a.id", name="q")
+    assert "kept for 3600000 ms after they arrive (table.exec.state.ttl)" in regular.explain()
+    (join,) = [n for n in env._nodes if n.spec.kind == "regular-join"]
+    assert join.spec.params["state_ttl_ms"] == 3_600_000 and join.uid.startswith("sql-")
+    assert join.spec.name == "q: JOIN auctions a ON b.auction = a.id"
+    # the auctions have no event time: a bound on their time cannot make an interval join
+    bounded = env.sql_query("SELECT b.price FROM bids b JOIN auctions a ON b.auction = a.id "
+                            "AND b.ts BETWEEN a.ts AND a.ts + INTERVAL 1 SECOND")
+    assert "a regular join" in bounded.explain()
+    with pytest.raises(GraphValidationError, match=r"operator 'sql' \(test_sql_join_planner.py:\d+\): .*needs an "
+                                                   r"equality"):
+        env.sql_query("SELECT b.price FROM bids b JOIN auctions a ON b.price > a.seller")
+
+
+def test_an_aggregation_over_a_join_reads_each_side_as_a_struct_of_its_columns(joined):
+    how = joined("SELECT a.category, count(*) AS n, max(b.price) AS top FROM bids b JOIN auctions a\n"
+                 "ON b.auction = a.id WHERE b.price > a.seller GROUP BY a.category")
+    assert how.join.final == ("SELECT named_struct('price', `__sql_l0`) AS `b`, named_struct('seller', `__sql_r0`, "
+                              "'category', `__sql_r1`) AS `a` FROM input WHERE (`__sql_l0` > `__sql_r0`)")
+    assert how.aggregate.pre.startswith("SELECT a.category AS `category`") and how.aggregate.keys == ["category"]
+    assert "the joined rows, then:" in how.explain()
+    with pytest.raises(UnsupportedQuery, match="a time window over a join"):
+        joined("SELECT count(*) AS n FROM bids b JOIN auctions a ON b.auction = a.id GROUP BY window(b.ts, '1 minute')")
