@@ -74,6 +74,8 @@ def _new_session() -> Any:
         "spark.master": "local[1]", "spark.app.name": "streamlab SQL planner", "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false", "spark.sql.shuffle.partitions": "1",
         "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
+        # its catalog's folder, which Spark makes in the working directory (a user's notebooks) by default
+        "spark.sql.warehouse.dir": str(LOG_FILE.with_name(f"streamlab-sql-planner-warehouse-{os.getuid()}")),
         "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1"})
     builder = SparkSession.builder
     for key, value in conf.items():
