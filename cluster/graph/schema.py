@@ -8,6 +8,7 @@ simple type ("bigint", "timestamp"), or Spark's nested DDL types over them: ``ar
 """
 from __future__ import annotations
 
+import base64
 import re
 from typing import Optional
 
@@ -17,6 +18,15 @@ import pyarrow as pa
 def quoted(name: str) -> str:
     """A column name as a Spark SQL identifier, whatever its characters."""
     return "`" + name.replace("`", "``") + "`"
+
+
+def schema_to_text(schema: Optional[pa.Schema]) -> Optional[str]:
+    """An Arrow schema as text, for JSON (a job graph's params, checkpoint metadata)."""
+    return None if schema is None else base64.b64encode(schema.serialize().to_pybytes()).decode()
+
+
+def schema_of_text(text: Optional[str]) -> Optional[pa.Schema]:
+    return None if text is None else pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
 
 
 class MalformedInputError(Exception):

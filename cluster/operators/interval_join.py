@@ -2,7 +2,10 @@
 
 A left row l and a right row r of one key join when ``l.ts + lower <= r.ts <= l.ts + upper``,
 emitted as soon as both are there; a row with ``ts < watermark`` is late: dropped and counted.
-What the joins share is cluster.operators.joins. Thread use: the task thread only.
+An outer join (how: left, right or full, as Flink SQL's outer interval join) also emits each row
+of an outer side that met no row, with the other side's columns null, once the watermark says no
+row to come can meet it: its rows wait with a flag that says whether they met one. The output
+stays append-only. What the joins share is cluster.operators.joins. Thread use: the task thread only.
 """
 from __future__ import annotations
 
@@ -15,9 +18,14 @@ from cluster.operators.join_state import Chunks
 from cluster.operators.joins import LEFT, RIGHT, JoinOperator
 from cluster.operators.timers import EVENT_TIME
 
+MATCHED = "__matched"  # the flag of an outer side's waiting row: it met a row of the other side
+OUTER = {"inner": (False, False), "left": (True, False), "right": (False, True), "full": (True, True)}
+
 
 class IntervalJoin(JoinOperator, kind="interval-join"):
-    """params: lower, upper (ms), lower_inclusive, upper_inclusive (default True).
+    """params: lower, upper (ms), lower_inclusive, upper_inclusive (default True); how (inner,
+    left, right, full; default inner); side_schemas (for an outer join: each side's columns, so a
+    side that sent no row can be padded).
 
     State: each side's waiting rows in Chunks, a chunk's time its earliest expiry. A batch meets the
     other side's chunks of its key groups in one vectorised equi-join, so the work per batch is a
@@ -42,6 +50,10 @@ class IntervalJoin(JoinOperator, kind="interval-join"):
         self.lower = bounds["lower"] + (0 if self.params.get("lower_inclusive", True) else 1)
         self.upper = bounds["upper"] - (0 if self.params.get("upper_inclusive", True) else 1)
         self.waiting = (Chunks(self.backend, "left"), Chunks(self.backend, "right"))
+        how = self.params.get("how", "inner")
+        if how not in OUTER:
+            raise ValueError(f"{where}: the interval join's how must be one of {', '.join(OUTER)}, got {how!r}")
+        self.outer = OUTER[how]  # whether each side's rows without a match are emitted
 
     def _expiry(self, side: int, ts: np.ndarray) -> np.ndarray:
         """The first watermark from which a row of ``side`` at ``ts`` can meet no row to come (those
@@ -55,12 +67,19 @@ class IntervalJoin(JoinOperator, kind="interval-join"):
             return []
         table = table.replace_schema_metadata(None)
         parts = self._by_key_group(side, table)
-        out = self._match(side, table, ts, [group for group, _ in parts])
-        self._keep(side, table, ts, parts)
-        return out
+        matched = np.zeros(table.num_rows, dtype=bool)
+        out = self._match(side, table, ts, [group for group, _ in parts], matched)
+        return out + self._keep(side, table, ts, parts, matched)
 
-    def _match(self, side: int, table: pa.Table, ts: np.ndarray, key_groups: list[int]) -> list[pa.Table]:
-        met = self._meet(side, table, ts, self.waiting[1 - side], key_groups)
+    def _match(self, side: int, table: pa.Table, ts: np.ndarray, key_groups: list[int],
+               matched: np.ndarray) -> list[pa.Table]:
+        """The pairs of the batch and the other side's waiting rows; sets ``matched`` of the batch's
+        rows that met one, and the flags of the waiting rows of an outer side that met one."""
+        other = 1 - side
+        numbered = self.waiting[other].read_numbered(key_groups) if self.outer[other] else None
+        chunks = [(g, chunk) for g, _, chunk in numbered] if numbered is not None else \
+            self.waiting[other].read(key_groups)
+        met = self._meet(side, table, ts, chunks)
         if met is None:
             return []
         at_mine, at_theirs, their_ts = met.mine, met.at_theirs, met.their_ts
@@ -68,14 +87,46 @@ class IntervalJoin(JoinOperator, kind="interval-join"):
         joins = (gap >= self.lower) & (gap <= self.upper)
         if not joins.any():
             return []
-        this_rows, other_rows = table.take(at_mine[joins]), met.theirs.take(at_theirs[joins])
+        matched[at_mine[joins]] = True
+        if numbered is not None:
+            self._flag(other, numbered, at_theirs[joins])
+        this_rows, other_rows = table.take(at_mine[joins]), _plain(met.theirs.take(at_theirs[joins]))
         return self._emit(*((this_rows, other_rows) if side == LEFT else (other_rows, this_rows)))
 
-    def _keep(self, side: int, table: pa.Table, ts: np.ndarray, parts: list) -> None:
+    def _flag(self, side: int, numbered: list[tuple[int, int, tuple]], positions: np.ndarray) -> None:
+        """Marks the waiting rows at ``positions`` (of the chunks ``numbered``, as read) as met."""
+        ends = np.cumsum([len(ts) for _, _, (ts, _) in numbered])
+        starts = ends - np.array([len(ts) for _, _, (ts, _) in numbered])
+        waiting = self.waiting[side]
+        for (group, number, (ts, rows)), start, end in zip(numbered, starts, ends):
+            mine = positions[(positions >= start) & (positions < end)] - start
+            if len(mine) == 0:
+                continue
+            flags = rows.column(MATCHED).to_numpy(zero_copy_only=False).copy()
+            if flags[mine].all():
+                continue
+            flags[mine] = True
+            index = waiting.index(group)
+            at = rows.schema.get_field_index(MATCHED)
+            waiting.rewrite(group, index, {number: (ts, rows.set_column(at, MATCHED, pa.array(flags)))})
+
+    def _unmatched(self, side: int, rows: pa.Table, matched: np.ndarray) -> list[pa.Table]:
+        """The rows of an outer side that met no row, with the other side's columns null."""
+        alone = _plain(rows).filter(pa.array(~matched))
+        if not self.outer[side] or alone.num_rows == 0:
+            return []
+        return self._emit(alone, None) if side == LEFT else self._emit(None, alone)
+
+    def _keep(self, side: int, table: pa.Table, ts: np.ndarray, parts: list, matched: np.ndarray) -> list[pa.Table]:
+        """Keeps the rows that may still meet a row to come; an outer side's others that met none
+        are emitted now."""
         expiry = self._expiry(side, ts)
+        useful = expiry > self.watermark  # the others can meet no row to come
+        if self.outer[side]:
+            table = table.append_column(MATCHED, pa.array(matched))
         groups, chunks, times = [], [], []
         for group, rows in parts:
-            rows = rows[expiry[rows] > self.watermark]  # the others can meet no row to come
+            rows = rows[useful[rows]]
             if len(rows):
                 groups.append(group)
                 chunks.append((ts[rows], table.take(rows)))
@@ -83,18 +134,32 @@ class IntervalJoin(JoinOperator, kind="interval-join"):
         if groups:
             self.waiting[side].add(groups, self._chunk_numbers(len(groups)), chunks, times)
             self.timers.register_many(EVENT_TIME, groups, [side] * len(groups), times, [None] * len(groups))
+        gone = ~useful
+        return self._unmatched(side, table.filter(pa.array(gone)), matched[gone]) if gone.any() else []
 
     def process_watermark(self, watermark: int) -> tuple[list[pa.Table], Optional[int]]:
         self.watermark = max(self.watermark, watermark)
         due = self.timers.pop_due(EVENT_TIME, watermark)
+        out = []
         for side in (LEFT, RIGHT):
             for group in dict.fromkeys(t.key_group for t in due if t.key == side):
-                self._expire(side, group, watermark)
-        return [], watermark
+                out += self._expire(side, group, watermark)
+        return out, watermark
 
-    def _expire(self, side: int, group: int, watermark: int) -> None:
+    def _expire(self, side: int, group: int, watermark: int) -> list[pa.Table]:
+        """Drops the rows of ``group`` that can meet no row to come; those of an outer side that met
+        none are emitted."""
         waiting = self.waiting[side]
-        self._cut(waiting, group, watermark, lambda ts: self._expiry(side, ts))
+        dropped = self._cut(waiting, group, watermark, lambda ts: self._expiry(side, ts))
         times = [time for time in waiting.index(group).values() if time is not None]
         if times:
             self.timers.register(EVENT_TIME, group, side, min(times))
+        if not self.outer[side] or not dropped:
+            return []
+        rows = pa.concat_tables(dropped)
+        return self._unmatched(side, rows, rows.column(MATCHED).to_numpy(zero_copy_only=False))
+
+
+def _plain(rows: pa.Table) -> pa.Table:
+    """Waiting rows without the flag an outer side's rows carry."""
+    return rows.drop_columns([MATCHED]) if MATCHED in rows.column_names else rows

@@ -64,6 +64,12 @@ class Chunks:
             return []
         return list(zip([g for g, _ in at], self.backend.get_many(self.state, [g for g, _ in at], [n for _, n in at])))
 
+    def read_numbered(self, groups: list[int]) -> list[tuple[int, int, tuple]]:
+        """(key group, chunk number, chunk) of every chunk of these key groups, in read()'s order."""
+        indexes = self.backend.get_many(self.index_state, groups, [self._INDEX_KEY] * len(groups))
+        numbers = [[n for n, _ in index or ()] for index in indexes]
+        return [(g, n, chunk) for (g, chunk), n in zip(self.read(groups, numbers), [n for ns in numbers for n in ns])]
+
     def rewrite(self, group: int, index: Mapping[int, Optional[int]], changed: Mapping[int, Optional[tuple]]) -> None:
         """The group's new ``index`` after putting the ``changed`` chunks (None: gone)."""
         for number, chunk in changed.items():

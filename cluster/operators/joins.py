@@ -30,13 +30,13 @@ wait in keyed state are join_state's Chunks.
 """
 from __future__ import annotations
 
-import base64
 from typing import Callable, NamedTuple, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
 
 from cluster.graph.event_time import NO_WATERMARK
+from cluster.graph.schema import schema_of_text, schema_to_text
 from cluster.common.frames import to_table
 from cluster.operators.base import OperatorSnapshot
 from cluster.operators.join_state import Chunks, by_key_group, concat
@@ -50,15 +50,6 @@ from cluster.state.key_groups import key_groups_of
 LEFT, RIGHT = 0, 1
 SIDES = ("left", "right")
 RIGHT_SUFFIX = "_right"
-
-
-def _schema_to_text(schema: Optional[pa.Schema]) -> Optional[str]:
-    # the checkpoint metadata is JSON
-    return None if schema is None else base64.b64encode(schema.serialize().to_pybytes()).decode()
-
-
-def _schema_of_text(text: Optional[str]) -> Optional[pa.Schema]:
-    return None if text is None else pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
 
 
 class Met(NamedTuple):
@@ -90,7 +81,9 @@ class JoinOperator(KeyedOperator):
                              "name as many columns, at least one")
         self.keys = (self.key, self.right_key)
         self.rowtimes = (self.params.get("left_rowtime"), self.params.get("right_rowtime"))
-        self.schemas: list[Optional[pa.Schema]] = [None, None]
+        # each side's columns: given when the plan knows them (an outer join pads a side it never saw)
+        given = self.params.get("side_schemas") or [None, None]
+        self.schemas: list[Optional[pa.Schema]] = [schema_of_text(t) for t in given]
         self.timers = TimerService(self.backend)
         self.watermark = NO_WATERMARK
         self.late = LateRows(self.spec.uid, self.spec.name, None)  # joins drop late rows (no side output)
@@ -156,11 +149,10 @@ class JoinOperator(KeyedOperator):
         frame[position] = np.arange(len(frame))
         return frame
 
-    def _meet(self, side: int, table: pa.Table, ts: Optional[np.ndarray], waiting: Chunks,
-              key_groups: list[int]) -> Optional[Met]:
+    def _meet(self, side: int, table: pa.Table, ts: Optional[np.ndarray],
+              chunks: list[tuple[int, tuple]]) -> Optional[Met]:
         """The batch ``table`` of ``side`` (its times ``ts``, or none) against the other side's rows
-        ``waiting`` in its key groups: one vectorised equi-join; None if nothing waits there."""
-        chunks = waiting.read(key_groups)
+        waiting in ``chunks`` (as Chunks.read gives them): one vectorised equi-join; None if none wait."""
         if not chunks:
             return None
         _, their_ts, theirs = concat(chunks)
@@ -169,16 +161,19 @@ class JoinOperator(KeyedOperator):
             self._key_frame(1 - side, theirs, their_ts, "__theirs").drop(columns="__ts"), on=self._key_names)
         return Met(met["__mine"].to_numpy(), met["__theirs"].to_numpy(), their_ts, theirs)
 
-    def _cut(self, waiting: Chunks, group: int, until: int, expiry: Callable[[np.ndarray], np.ndarray]) -> None:
+    def _cut(self, waiting: Chunks, group: int, until: int,
+             expiry: Callable[[np.ndarray], np.ndarray]) -> list[pa.Table]:
         """Drops the rows of ``group`` in ``waiting`` whose ``expiry(ts)`` is at or before ``until``,
         from the chunks whose time says they have such rows; a cut chunk's time becomes its rows'
-        first expiry."""
+        first expiry. Returns the rows dropped."""
         index = waiting.index(group)
         stale = [number for number, time in index.items() if time is not None and time <= until]
         changed: dict[int, Optional[tuple]] = {}
+        dropped = []
         for number, (_, (ts, rows)) in zip(stale, waiting.read([group], [stale])):
             expires = expiry(ts)
             useful = expires > until
+            dropped.append(rows.filter(pa.array(~useful)))
             if useful.any():
                 changed[number] = (ts[useful], rows.filter(pa.array(useful)))
                 index[number] = int(expires[useful].min())
@@ -186,6 +181,7 @@ class JoinOperator(KeyedOperator):
                 changed[number] = None
                 del index[number]
         waiting.rewrite(group, index, changed)
+        return dropped
 
     @property
     def _key_names(self) -> list[str]:
@@ -236,12 +232,19 @@ class JoinOperator(KeyedOperator):
             kept.append((i, name))
         return kept
 
-    def _emit(self, left: pa.Table, right: Optional[pa.Table],
+    def _emit(self, left: Optional[pa.Table], right: Optional[pa.Table],
               extra: Sequence[tuple[str, pa.Array]] = ()) -> list[pa.Table]:
-        """The joined rows of ``left`` and ``right``, aligned row by row (right None or a null row:
-        no match), then the ``extra`` columns, through the udf."""
-        if left.num_rows == 0:
+        """The joined rows of ``left`` and ``right``, aligned row by row (one of them None: no
+        match, its columns null), then the ``extra`` columns, through the udf."""
+        rows = left if left is not None else right
+        if rows is None or rows.num_rows == 0:
             return []
+        if left is None:
+            left_schema = self.schemas[LEFT]
+            if left_schema is None:
+                raise ValueError(f"{self.spec.where()}: a right row without a match, and the left input's columns are "
+                                 "not known (no left row came, and the plan gave no side_schemas)")
+            left = pa.Table.from_arrays([pa.nulls(rows.num_rows, f.type) for f in left_schema], schema=left_schema)
         names, columns = list(left.column_names), list(left.columns)
         right_schema = self.schemas[RIGHT]
         if right_schema is not None:  # else no right row was ever seen: nothing to say of its columns
@@ -263,7 +266,7 @@ class JoinOperator(KeyedOperator):
 
     # ------------------------------------------------------------------ checkpoints
     def snapshot_state(self, checkpoint_id: int) -> OperatorSnapshot:
-        handle = {"watermark": self.watermark, "schemas": [_schema_to_text(s) for s in self.schemas],
+        handle = {"watermark": self.watermark, "schemas": [schema_to_text(s) for s in self.schemas],
                   "next_chunk": self.next_chunk}
         return OperatorSnapshot(handle, keyed=self.backend.snapshot())
 
@@ -274,7 +277,7 @@ class JoinOperator(KeyedOperator):
         self.watermark = min((h.get("watermark", NO_WATERMARK) for h in handles), default=NO_WATERMARK)
         for side in (LEFT, RIGHT):
             texts = [h["schemas"][side] for h in handles if h.get("schemas") and h["schemas"][side]]
-            self.schemas[side] = _schema_of_text(texts[0]) if texts else None
+            self.schemas[side] = schema_of_text(texts[0]) if texts else self.schemas[side]
         # chunk numbers are unique within a key group: new ones come after every restored one
         self.next_chunk = max((h.get("next_chunk", 0) for h in handles), default=0)
 

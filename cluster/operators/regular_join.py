@@ -49,7 +49,7 @@ class RegularJoin(JoinOperator, kind="regular-join"):
         return out
 
     def _match(self, side: int, table: pa.Table, key_groups: list[int]) -> list[pa.Table]:
-        met = self._meet(side, table, None, self.rows[1 - side], key_groups)
+        met = self._meet(side, table, None, self.rows[1 - side].read(key_groups))
         if met is None:
             return []
         this_rows, other_rows = table.take(met.mine), met.theirs.take(met.at_theirs)

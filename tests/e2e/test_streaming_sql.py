@@ -29,6 +29,14 @@ QUERIES = {
 }
 
 
+def sizes(seed: int, counts: tuple[int, int], batches: list[int], parallelisms: list[int]) -> tuple[int, int, int]:
+    """A random row count, batch size and parallelism for a seed (printed, to replay a failure)."""
+    rng = random.Random(seed)
+    count, batch, parallelism = rng.randint(*counts), rng.choice(batches), rng.choice(parallelisms)
+    print(f"seed {seed}: {count} rows, batches of {batch}, parallelism {parallelism}")
+    return count, batch, parallelism
+
+
 def mix(seq: np.ndarray, salt: int) -> np.ndarray:
     """A random-looking uint64 per sequence number (splitmix64's finaliser): a row depends on its
     number alone, however the source's subtasks and batches split the sequence."""
@@ -69,6 +77,14 @@ def oracle(spark, make, count: int, query: str) -> pd.DataFrame:
     return spark.sql(query).toPandas()
 
 
+def naive_utc(frame: pd.DataFrame) -> pd.DataFrame:
+    """Spark's Arrow times are UTC; toPandas gives them naive, in UTC here."""
+    for column in frame.columns:
+        if isinstance(frame[column].dtype, pd.DatetimeTZDtype):
+            frame[column] = frame[column].dt.tz_convert("UTC").dt.tz_localize(None)
+    return frame
+
+
 def same_table(got: pd.DataFrame, expected: pd.DataFrame, what: str) -> None:
     assert list(got.columns) == list(expected.columns), (what, list(got.columns), list(expected.columns))
     order = list(expected.columns)
@@ -80,9 +96,7 @@ def same_table(got: pd.DataFrame, expected: pd.DataFrame, what: str) -> None:
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("seed", [1, 2])
 def test_each_query_equals_spark_over_all_rows_at_once(cluster, client, spark, seed):
-    rng = random.Random(seed)
-    count, batch, parallelism = rng.randint(3_000, 9_000), rng.choice([97, 500, 2_000]), rng.choice([1, 2])
-    print(f"seed {seed}: {count} rows, batches of {batch}, parallelism {parallelism}")
+    count, batch, parallelism = sizes(seed, (3_000, 9_000), [97, 500, 2_000], [1, 2])
     make = rows(seed)
     env = StreamEnvironment(parallelism=parallelism, cluster=cluster.cluster_dir)
     source = env.from_generator(make, count=count, batch_size=batch)
@@ -105,9 +119,7 @@ WINDOWED = {
 
 @pytest.mark.timeout(300)
 def test_each_windowed_query_equals_spark_over_all_rows_at_once(cluster, client, spark):
-    rng = random.Random(3)
-    count, batch, parallelism = rng.randint(3_000, 6_000), rng.choice([97, 500, 2_000]), 2
-    print(f"{count} rows, batches of {batch}, parallelism {parallelism}")
+    count, batch, parallelism = sizes(3, (3_000, 6_000), [97, 500, 2_000], [2])
     make = timed_rows(3)
     env = StreamEnvironment(parallelism=parallelism, cluster=cluster.cluster_dir)
     source = env.from_generator(make, count=count, batch_size=batch, watermark_strategy=WatermarkStrategy
@@ -116,11 +128,7 @@ def test_each_windowed_query_equals_spark_over_all_rows_at_once(cluster, client,
         source.sql(query, name=name).collect(name)
     result = env.execute_async("windowed SQL", client=client).wait(240)
     for name, query in WINDOWED.items():
-        got = result.to_pandas(name)
-        for column in got.columns:  # Spark's Arrow times are UTC; toPandas gives them naive, in UTC here
-            if isinstance(got[column].dtype, pd.DatetimeTZDtype):
-                got[column] = got[column].dt.tz_convert("UTC").dt.tz_localize(None)
-        same_table(got, oracle(spark, make, count, query), f"{name}: {query}")
+        same_table(naive_utc(result.to_pandas(name)), oracle(spark, make, count, query), f"{name}: {query}")
 
 
 def test_a_group_by_counts_across_batches_as_spark_and_flink_do(cluster, client):
@@ -157,6 +165,22 @@ def people(seed: int):
     return make
 
 
+def two_views(env: StreamEnvironment, spark, seed: int, count: int, batch: int):
+    """The views orders (``count`` rows) and people (a third as many) of ``env``, with event time;
+    returns what registers the same rows as Spark's views of those names, for the oracle."""
+    make_orders, make_people = timed_rows(seed), people(seed)
+    strategy = WatermarkStrategy.for_bounded_out_of_orderness(1_000).with_timestamp_column("ts")
+    env.create_temporary_view("orders", env.from_generator(make_orders, count=count, batch_size=batch,
+                                                           watermark_strategy=strategy))
+    env.create_temporary_view("people", env.from_generator(make_people, count=count // 3, batch_size=batch // 3,
+                                                           watermark_strategy=strategy))
+
+    def in_spark() -> None:
+        spark.createDataFrame(make_orders(np.arange(count, dtype=np.int64))).createOrReplaceTempView("orders")
+        spark.createDataFrame(make_people(np.arange(count // 3, dtype=np.int64))).createOrReplaceTempView("people")
+    return in_spark
+
+
 JOINS = {  # each over the views orders and people
     "regular": "SELECT o.seq AS o_seq, p.seq AS p_seq, o.v, p.name FROM orders o JOIN people p ON o.k = p.pk "
                "WHERE o.v > 600 AND p.name IS NOT NULL",
@@ -168,33 +192,26 @@ JOINS = {  # each over the views orders and people
     "interval, strict and one-sided": "SELECT o.seq AS o_seq, p.seq AS p_seq FROM orders o JOIN people p "
                                       "ON o.k = p.pk WHERE p.ts > o.ts AND p.ts < o.ts + INTERVAL 2 SECONDS "
                                       "AND o.x < 0.5",
+    "left outer": "SELECT o.seq AS o_seq, p.seq AS p_seq, p.name FROM orders o LEFT JOIN people p ON o.k = p.pk "
+                  "AND p.name = 'bob' AND p.ts > o.ts AND p.ts <= o.ts + INTERVAL 700 MILLISECONDS",
+    "full outer": "SELECT o.seq AS o_seq, p.seq AS p_seq FROM orders o FULL JOIN people p ON o.k = p.pk + 1 "
+                  "AND o.ts BETWEEN p.ts - INTERVAL 1 SECOND AND p.ts WHERE o.v IS NULL OR o.v < 900",
 }
 
 
 @pytest.mark.timeout(300)
 def test_each_join_of_two_streams_equals_spark_over_all_rows_at_once(cluster, client, spark):
-    rng = random.Random(4)
-    count, batch, parallelism = rng.randint(2_000, 3_000), rng.choice([97, 500]), 2
-    print(f"{count} orders, {count // 3} people, batches of {batch}, parallelism {parallelism}")
-    make_orders, make_people = timed_rows(4), people(4)
-    strategy = WatermarkStrategy.for_bounded_out_of_orderness(1_000).with_timestamp_column("ts")
+    count, batch, parallelism = sizes(4, (2_000, 3_000), [97, 500], [2])
     env = StreamEnvironment(parallelism=parallelism, cluster=cluster.cluster_dir)
-    env.create_temporary_view("orders", env.from_generator(make_orders, count=count, batch_size=batch,
-                                                           watermark_strategy=strategy))
-    env.create_temporary_view("people", env.from_generator(make_people, count=count // 3, batch_size=batch // 3,
-                                                           watermark_strategy=strategy))
+    views = two_views(env, spark, 4, count, batch)
     for name, query in JOINS.items():
         env.sql_query(query, name=name).collect(name)
     joins = [n.spec.kind for n in env._nodes if n.spec.kind.endswith("-join")]
-    assert joins == ["regular-join", "regular-join", "interval-join", "interval-join"]
+    assert joins == ["regular-join", "regular-join"] + ["interval-join"] * 4
     result = env.execute_async("joins of streams", client=client).wait(240)
-    spark.createDataFrame(make_orders(np.arange(count, dtype=np.int64))).createOrReplaceTempView("orders")
-    spark.createDataFrame(make_people(np.arange(count // 3, dtype=np.int64))).createOrReplaceTempView("people")
+    views()
     for name, query in JOINS.items():
-        got = result.to_pandas(name)
-        for column in got.columns:
-            if isinstance(got[column].dtype, pd.DatetimeTZDtype):
-                got[column] = got[column].dt.tz_convert("UTC").dt.tz_localize(None)
+        got = naive_utc(result.to_pandas(name))
         expected = spark.sql(query).toPandas()
         assert len(expected) > 100, (name, len(expected))
         same_table(got, expected, f"{name}: {query}")
@@ -223,17 +240,11 @@ AGGREGATED_JOINS = {
 
 
 def test_an_aggregation_over_a_join_equals_spark_over_all_rows_at_once(cluster, client, spark):
-    make_orders, make_people = timed_rows(6), people(6)
-    strategy = WatermarkStrategy.for_bounded_out_of_orderness(1_000).with_timestamp_column("ts")
     env = StreamEnvironment(parallelism=2, cluster=cluster.cluster_dir)
-    env.create_temporary_view("orders", env.from_generator(make_orders, count=2_400, batch_size=300,
-                                                           watermark_strategy=strategy))
-    env.create_temporary_view("people", env.from_generator(make_people, count=800, batch_size=100,
-                                                           watermark_strategy=strategy))
+    views = two_views(env, spark, 6, 2_400, 300)
     for name, query in AGGREGATED_JOINS.items():
         env.sql_query(query, name=name).collect(name)
     result = env.execute_async("aggregations over joins", client=client).wait(240)
-    spark.createDataFrame(make_orders(np.arange(2_400, dtype=np.int64))).createOrReplaceTempView("orders")
-    spark.createDataFrame(make_people(np.arange(800, dtype=np.int64))).createOrReplaceTempView("people")
+    views()
     for name, query in AGGREGATED_JOINS.items():
         same_table(result.to_pandas(name), spark.sql(query).toPandas(), f"{name}: {query}")

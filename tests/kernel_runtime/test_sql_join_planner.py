@@ -55,9 +55,25 @@ def test_without_a_bound_on_both_sides_it_is_a_regular_join_with_each_side_s_con
     assert "kept for ever" in how.explain()
 
 
+def test_an_outer_join_with_a_bound_is_an_outer_interval_join_with_exact_bounds(joined):
+    how = joined("SELECT b.price, a.seller FROM bids b LEFT JOIN auctions a ON b.auction = a.id AND a.category = 3 "
+                 "AND a.ts > b.ts AND a.ts <= b.ts + INTERVAL 2 SECONDS WHERE a.seller IS NULL OR b.price > 1")
+    assert (how.kind, how.how, how.bounds, how.inclusive) == ("interval-join", "left", (0, 2_000), (False, True))
+    assert how.pre[1].endswith("AND (a.category = CAST(3 AS BIGINT))")  # the right side's own ON condition
+    # WHERE is checked after the join, the bounds are not (they would drop the rows without a match)
+    assert how.final.endswith("WHERE ((`__sql_r0` IS NULL) OR (`__sql_l0` > CAST(1 AS BIGINT)))")
+    assert "a left outer interval join" in how.explain() and "a left row that met none" in how.explain()
+
+
 @pytest.mark.parametrize("query, clause, says", [
     ("SELECT b.price FROM bids b\nLEFT JOIN auctions a ON b.auction = a.id", "LEFT JOIN auctions a ON b.auction = a.id",
-     "LEFT OUTER join of streams is not planned yet"),
+     "an outer join of streams needs a bound on both sides' event times"),
+    ("SELECT b.price FROM bids b\nLEFT JOIN auctions a ON b.auction = a.id AND b.price > 3 AND a.ts BETWEEN b.ts AND "
+     "b.ts + INTERVAL 1 SECOND", "LEFT JOIN auctions a ON b.auction = a.id AND b.price > 3 ...",
+     "(b.price > CAST(3 AS BIGINT)) in ON of an outer join"),
+    ("SELECT b.price FROM bids b\nFULL JOIN auctions a ON b.auction = a.id AND a.ts BETWEEN b.ts AND "
+     "b.ts + INTERVAL '0.0005' SECOND", "FULL JOIN auctions a ON b.auction = a.id AND a.ts BETWEEN...",
+     "whole milliseconds"),
     ("SELECT b.price FROM bids b\nJOIN auctions a ON b.ts < a.ts", "JOIN auctions a ON b.ts < a.ts",
      "needs an equality of the two sides' columns"),
     ("SELECT b.price FROM bids b JOIN auctions a ON b.auction = a.id\nJOIN bids c ON c.auction = a.id",

@@ -17,6 +17,7 @@ import pyarrow as pa
 from cluster.graph.job_graph import GraphValidationError
 from cluster.conf.options import TableOptions
 from cluster.graph.operator_kinds import KINDS
+from cluster.graph.schema import schema_to_text
 
 from kernel_runtime.api.datastream import DataStream, KeyedStream
 from kernel_runtime.api.schema import input_samples
@@ -137,7 +138,10 @@ def _join(streams: dict[str, DataStream], how: StreamJoin, name: str, parallelis
     params: dict = {"key": how.keys[0], "right_key": how.keys[1]}
     if how.bounds is not None:
         params.update(left_rowtime=how.rowtimes[0], right_rowtime=how.rowtimes[1], lower=how.bounds[0],
-                      upper=how.bounds[1], lower_inclusive=True, upper_inclusive=True)
+                      upper=how.bounds[1], lower_inclusive=how.inclusive[0], upper_inclusive=how.inclusive[1],
+                      how=how.how)
+    if how.how != "inner":  # a side that sends no row is padded with nulls: its columns, from Spark's analysis
+        params["side_schemas"] = [_output_schema(streams[view], pre) for view, pre in zip(how.views, how.pre)]
     elif ttl:
         params["state_ttl_ms"] = ttl
     joined = two_input(how.kind, f"{name}: {how.clause}", keyed_edges(sides[0]), keyed_edges(sides[1]), env, params,
@@ -148,6 +152,12 @@ def _join(streams: dict[str, DataStream], how: StreamJoin, name: str, parallelis
     out.rowtime = how.rowtime
     out.sql_plan = dataclasses.replace(how, state_ttl_ms=0 if how.bounds is not None else ttl)
     return out
+
+
+def _output_schema(stream: DataStream, query: str) -> Optional[str]:
+    """The schema of a per-batch query's rows over ``stream``, as text (None if unknown)."""
+    schema = _input_schema(stream)
+    return None if schema is None else schema_to_text(analysis.output_schema(query, schema))
 
 
 def _assigner(stream: DataStream, how: ContinuousAggregate, where: str) -> WindowAssigner:

@@ -32,6 +32,8 @@ from kernel_runtime.api.sql.planner import ContinuousAggregate, UnsupportedQuery
     _is_window, _per_batch, _refusal, _replace, quoted_if_needed
 
 SIDES = ("l", "r")
+HOW = {"INNER": "inner", "LEFT OUTER": "left", "RIGHT OUTER": "right", "FULL OUTER": "full"}
+OUTER = {"inner": (False, False), "left": (True, False), "right": (False, True), "full": (True, True)}
 _COMPARISONS = {"EqualTo": "=", "GreaterThan": ">", "GreaterThanOrEqual": ">=", "LessThan": "<",
                 "LessThanOrEqual": "<="}
 _FLIPPED = {"=": "=", ">": "<", ">=": "<=", "<": ">", "<=": ">="}
@@ -50,6 +52,8 @@ class StreamJoin:
     rowtime: Optional[str]                  # the result's event-time column, if it keeps the left's
     clause: str                             # the join as written, for the operators' names
     on: str = ""                            # the keys' equality, as Spark writes it
+    how: str = "inner"                      # inner, left, right, full (an outer interval join)
+    inclusive: tuple[bool, bool] = (True, True)  # whether each bound joins a pair right at it
     state_ttl_ms: int = 0                   # a regular join's table.exec.state.ttl (0: rows kept for ever)
 
     @property
@@ -62,15 +66,20 @@ class StreamJoin:
             lines += [f"per batch, on Spark: the {side} side's rows (view {view}) and its keys", f"  {pre}"]
         keys = self.on or ", ".join(f"{a} = {b}" for a, b in zip(*self.keys))
         if self.bounds is not None:
-            lines.append(f"keyed state by {keys}: an interval join, a right row {self.bounds[0]} ms to "
+            kind = "an interval join" if self.how == "inner" else f"a {self.how} outer interval join"
+            lines.append(f"keyed state by {keys}: {kind}, a right row {self.bounds[0]} ms to "
                          f"{self.bounds[1]} ms from a left row's time; rows wait until the watermark passes "
                          "that bound")
+            if self.how != "inner":
+                lines.append(f"  a {' or '.join(s for s, o in zip(('left', 'right'), OUTER[self.how]) if o)} row that "
+                             "met none leaves then, with the other side's columns null")
         else:
             kept = f"for {self.state_ttl_ms} ms after they arrive (table.exec.state.ttl)" if self.state_ttl_ms else \
                 "for ever (no time bound in ON; table.exec.state.ttl bounds it)"
             lines.append(f"keyed state by {keys}: a regular join, both sides' rows kept {kept}")
         lines += ["per batch, on Spark: the result over the joined rows", f"  {self.final}",
-                  "output: every joined pair once, when its later row arrives (append)"]
+                  "output: every joined pair once, when its later row arrives (append)"
+                  + ("" if self.how == "inner" else "; a row without a match once its bound passed")]
         return "\n".join(lines)
 
 
@@ -114,9 +123,11 @@ def _plan(query: str, root: Node, rowtimes: dict[str, Optional[str]], offset: Of
     """``aggregated``: the side columns an aggregation above reads (the result is then each side's
     columns as a struct), or None (the result is the select list above the join)."""
     above, join = _above_join(query, root, aggregated is not None)
-    if join.join_type != "INNER":
-        raise UnsupportedQuery(query, join, f"a {join.join_type} join of streams is not planned yet (its unmatched "
-                               "rows need retractions or a time bound's expiry): write an inner join")
+    if join.join_type not in HOW:
+        raise UnsupportedQuery(query, join, f"a {join.join_type} join of streams is not planned yet: write an inner "
+                               "or outer join")
+    how = HOW[join.join_type]
+    preserved = OUTER[how]
     sides = join.children
     for side in sides:
         if not _per_batch(side) or sum(n.kind == "View" for n in side.walk()) != 1:
@@ -127,20 +138,26 @@ def _plan(query: str, root: Node, rowtimes: dict[str, Optional[str]], offset: Of
     if len(owner) != sum(len(side.output) for side in sides):
         raise UnsupportedQuery(query, join, "both sides of the join have a column of one name and qualifier: "
                                "give the sides their own aliases (FROM bids b JOIN bids c ...)")
-    conditions = [c for node in above if node.kind == "Filter" for c in _conjuncts(node.expressions[0])]
-    conditions += _conjuncts(join.expressions[0]) if join.expressions else []
+    # an outer join's WHERE filters its rows, the null-padded ones too: it is only checked after the join
+    conditions = [(c, how != "inner") for node in above if node.kind == "Filter"
+                  for c in _conjuncts(node.expressions[0])]
+    conditions += [(c, False) for c in _conjuncts(join.expressions[0])] if join.expressions else []
     times = [_time_column(side, rowtimes.get(view)) for side, view in zip(sides, views)]
 
     keys: tuple[list[str], list[str]] = ([], [])
     pushed: tuple[list[str], list[str]] = ([], [])
     residual: list[Expr] = []
-    lower: list[int] = []
-    upper: list[int] = []
-    for condition in conditions:
+    lower: list[tuple[int, bool]] = []  # (µs, strict)
+    upper: list[tuple[int, bool]] = []
+    for condition, after in conditions:
         reads = {owner.get(a) for a in _attributes(condition)}
         if None in reads:
             raise UnsupportedQuery(query, join, f"{condition.sql} reads a column of neither side of the join")
-        if len(reads) == 1:  # one side's own condition: its rows are cut before they wait
+        if after:
+            residual.append(condition)
+            continue
+        if len(reads) == 1 and not preserved[0 if 0 in reads else 1]:
+            # one side's own condition: its rows are cut before they wait
             pushed[0 if 0 in reads else 1].append(_sql(query, join, condition))
             continue
         pair = _key_pair(condition, owner)
@@ -150,15 +167,29 @@ def _plan(query: str, root: Node, rowtimes: dict[str, Optional[str]], offset: Of
             continue
         bound = _bound(condition, owner, times, offset)
         if bound is not None:
-            (lower if bound[0] == ">=" else upper).append(bound[1])
+            (lower if bound[0] == ">=" else upper).append(bound[1:])
         _sql(query, join, condition)
-        residual.append(condition)
+        if how != "inner" and bound is None:
+            raise UnsupportedQuery(query, join, f"{condition.sql} in ON of an outer join of streams is not planned "
+                                   "yet: ON may hold the keys' equalities, the time bound and conditions on the "
+                                   "side whose rows need a match; filter the result in WHERE")
+        if how == "inner":  # checked again exactly: the operator's bounds are whole milliseconds
+            residual.append(condition)
     if not keys[0]:
         raise UnsupportedQuery(query, join, "a join of streams needs an equality of the two sides' columns in ON "
                                "(a.k = b.k): without one every row would meet every row of the other stream")
 
     on = " AND ".join(f"{a} = {b}" for a, b in zip(*keys))
     interval = bool(lower) and bool(upper) and all(times)
+    if how != "inner" and not interval:
+        raise UnsupportedQuery(query, join, "an outer join of streams needs a bound on both sides' event times in ON "
+                               "(b.ts BETWEEN a.ts AND a.ts + INTERVAL 1 MINUTE): a row without a match is known only "
+                               "once the watermark passes its bound; without one it needs retractions, not planned yet")
+    low = max(lower, key=lambda b: (b[0], b[1])) if interval else (0, False)
+    high = min(upper, key=lambda b: (b[0], not b[1])) if interval else (0, False)
+    if how != "inner" and (low[0] % 1000 or high[0] % 1000):
+        raise UnsupportedQuery(query, join, "an outer join's time bound is checked in whole milliseconds: write "
+                               "its intervals in milliseconds or coarser")
     project = next((n for n in above if n.kind == "Project"), None)
     read = {a for e in (project.expressions if project is not None else ()) + tuple(residual) for a in _attributes(e)}
     read |= aggregated or set()
@@ -181,9 +212,10 @@ def _plan(query: str, root: Node, rowtimes: dict[str, Optional[str]], offset: Of
         final, rowtime = _structs(sides, read, [r.sql for r in residual], names), None
     else:
         final, rowtime = _final(project, join, [r.sql for r in residual], names, times[0] if interval else None)
-    bounds = (max(lower) // 1000, -(-min(upper) // 1000)) if interval else None
+    bounds = (low[0] // 1000, -(-high[0] // 1000)) if interval else None
+    inclusive = (True, True) if how == "inner" else (not low[1], not high[1])  # inner: WHERE checks exactly
     return StreamJoin((views[0], views[1]), (pre[0], pre[1]), keys, (rowtime_names[0], rowtime_names[1]), bounds,
-                      final, rowtime, join.origin.clause(query) or "JOIN", on)
+                      final, rowtime, join.origin.clause(query) or "JOIN", on, how=how, inclusive=inclusive)
 
 
 # ------------------------------------------------------------------ the plan's shape
@@ -271,9 +303,10 @@ def _key_pair(condition: Expr, owner: dict) -> Optional[tuple[Expr, Expr]]:
     return None
 
 
-def _bound(condition: Expr, owner: dict, times: Sequence[Optional[Column]], offset: Offset) -> Optional[tuple[str, int]]:
+def _bound(condition: Expr, owner: dict, times: Sequence[Optional[Column]],
+           offset: Offset) -> Optional[tuple[str, int, bool]]:
     """A comparison of the two sides' event times (each plus a constant) as a bound on
-    right.ts - left.ts: (">=" or "<=", µs); None for any other condition."""
+    right.ts - left.ts: (">=" or "<=", µs, strict); None for any other condition."""
     if condition.kind not in _COMPARISONS or condition.kind == "EqualTo" or None in times:
         return None
     a, b = condition.children
@@ -294,7 +327,7 @@ def _bound(condition: Expr, owner: dict, times: Sequence[Optional[Column]], offs
         op, constant = _FLIPPED[op], c_a - c_b
     else:             # right + c_a op left + c_b  <=>  d op c_b - c_a
         constant = c_b - c_a
-    return (">=" if ">" in op else "<="), constant
+    return (">=" if ">" in op else "<="), constant, op in (">", "<")
 
 
 def _structs(sides: Sequence[Node], read: set, residual: list[str], names: dict[str, str]) -> str:
