@@ -14,6 +14,7 @@ from typing import Optional
 import numpy as np
 import pyarrow as pa
 
+from cluster.graph.event_time import MAX_WATERMARK, NO_WATERMARK
 from cluster.operators.join_state import Chunks
 from cluster.operators.joins import LEFT, RIGHT, JoinOperator
 from cluster.operators.timers import EVENT_TIME
@@ -54,6 +55,14 @@ class IntervalJoin(JoinOperator, kind="interval-join"):
         if how not in OUTER:
             raise ValueError(f"{where}: the interval join's how must be one of {', '.join(OUTER)}, got {how!r}")
         self.outer = OUTER[how]  # whether each side's rows without a match are emitted
+        delay = self.params.get("output_watermark_delay", 0)
+        if isinstance(delay, bool) or not isinstance(delay, (int, np.integer)) or delay < 0:
+            raise ValueError(f"{where}: the interval join's output_watermark_delay must be a number of milliseconds, "
+                             f"got {delay!r}")
+        # a joined row carrying the left's time can be that far behind the input watermark (a left
+        # row met by a later right row, or leaving alone when its bound passed): the output's
+        # watermark waits for it, as Flink SQL's interval join holds its watermark back
+        self.delay = int(delay)
 
     def _expiry(self, side: int, ts: np.ndarray) -> np.ndarray:
         """The first watermark from which a row of ``side`` at ``ts`` can meet no row to come (those
@@ -144,16 +153,13 @@ class IntervalJoin(JoinOperator, kind="interval-join"):
         for side in (LEFT, RIGHT):
             for group in dict.fromkeys(t.key_group for t in due if t.key == side):
                 out += self._expire(side, group, watermark)
-        return out, watermark
+        held = watermark if watermark in (NO_WATERMARK, MAX_WATERMARK) else watermark - self.delay
+        return out, held
 
     def _expire(self, side: int, group: int, watermark: int) -> list[pa.Table]:
         """Drops the rows of ``group`` that can meet no row to come; those of an outer side that met
         none are emitted."""
-        waiting = self.waiting[side]
-        dropped = self._cut(waiting, group, watermark, lambda ts: self._expiry(side, ts))
-        times = [time for time in waiting.index(group).values() if time is not None]
-        if times:
-            self.timers.register(EVENT_TIME, group, side, min(times))
+        dropped = self._cut(self.waiting[side], group, watermark, lambda ts: self._expiry(side, ts), EVENT_TIME, side)
         if not self.outer[side] or not dropped:
             return []
         rows = pa.concat_tables(dropped)

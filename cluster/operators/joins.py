@@ -157,15 +157,18 @@ class JoinOperator(KeyedOperator):
             return None
         _, their_ts, theirs = concat(chunks)
         mine = self._key_frame(side, table, np.zeros(table.num_rows, np.int64) if ts is None else ts, "__mine")
-        met = mine.drop(columns="__ts").merge(
-            self._key_frame(1 - side, theirs, their_ts, "__theirs").drop(columns="__ts"), on=self._key_names)
+        # a null key equals nothing, as in SQL (pandas' merge would pair two nulls)
+        met = mine.drop(columns="__ts").dropna(subset=self._key_names).merge(
+            self._key_frame(1 - side, theirs, their_ts, "__theirs").drop(columns="__ts")
+            .dropna(subset=self._key_names), on=self._key_names)
         return Met(met["__mine"].to_numpy(), met["__theirs"].to_numpy(), their_ts, theirs)
 
-    def _cut(self, waiting: Chunks, group: int, until: int,
-             expiry: Callable[[np.ndarray], np.ndarray]) -> list[pa.Table]:
+    def _cut(self, waiting: Chunks, group: int, until: int, expiry: Callable[[np.ndarray], np.ndarray],
+             domain: str, side: int) -> list[pa.Table]:
         """Drops the rows of ``group`` in ``waiting`` whose ``expiry(ts)`` is at or before ``until``,
         from the chunks whose time says they have such rows; a cut chunk's time becomes its rows'
-        first expiry. Returns the rows dropped."""
+        first expiry, and the group's timer (of ``domain``, keyed by ``side``) the first of those.
+        Returns the rows dropped."""
         index = waiting.index(group)
         stale = [number for number, time in index.items() if time is not None and time <= until]
         changed: dict[int, Optional[tuple]] = {}
@@ -181,6 +184,9 @@ class JoinOperator(KeyedOperator):
                 changed[number] = None
                 del index[number]
         waiting.rewrite(group, index, changed)
+        times = [time for time in index.values() if time is not None]
+        if times:
+            self.timers.register(domain, group, side, min(times))
         return dropped
 
     @property

@@ -80,7 +80,4 @@ class RegularJoin(JoinOperator, kind="regular-join"):
 
     def _forget(self, side: int, group: int, now_ms: int) -> None:
         """The rows of ``side`` in key group ``group`` that arrived a TTL or more before ``now_ms``."""
-        self._cut(self.rows[side], group, now_ms, lambda ts: ts + self.ttl)
-        times = [time for time in self.rows[side].index(group).values() if time is not None]
-        if times:
-            self.timers.register(PROCESSING_TIME, group, side, min(times))
+        self._cut(self.rows[side], group, now_ms, lambda ts: ts + self.ttl, PROCESSING_TIME, side)

@@ -55,6 +55,25 @@ def test_without_a_bound_on_both_sides_it_is_a_regular_join_with_each_side_s_con
     assert "kept for ever" in how.explain()
 
 
+@pytest.mark.parametrize("condition", [
+    "a.ts BETWEEN date_trunc('MINUTE', b.ts) AND b.ts + INTERVAL 2 SECONDS",  # a function of the time
+    "a.ts BETWEEN b.ts AND b.ts + INTERVAL 2 MONTHS",                         # a month has no fixed length
+])
+def test_a_comparison_that_is_no_fixed_distance_is_no_bound(joined, condition):
+    how = joined(f"SELECT b.price FROM bids b JOIN auctions a ON b.auction = a.id AND {condition}")
+    assert how.kind == "regular-join" and "a.ts" in condition  # it is checked in the result step instead
+    with pytest.raises(UnsupportedQuery, match="in ON of an outer join of streams is not planned yet"):
+        joined(f"SELECT b.price FROM bids b LEFT JOIN auctions a ON b.auction = a.id AND {condition}")
+
+
+def test_an_empty_bound_is_refused_and_a_literal_is_left_as_written(joined):
+    with pytest.raises(UnsupportedQuery, match="the join's time bound is empty"):
+        joined("SELECT b.price FROM bids b JOIN auctions a ON b.auction = a.id "
+               "AND a.ts BETWEEN b.ts + INTERVAL 5 SECONDS AND b.ts + INTERVAL 2 SECONDS")
+    how = joined("SELECT b.price, 'b.price' AS text FROM bids b JOIN auctions a ON b.auction = a.id")
+    assert how.final == "SELECT `__sql_l0` AS `price`, 'b.price' AS `text` FROM input"
+
+
 def test_an_outer_join_with_a_bound_is_an_outer_interval_join_with_exact_bounds(joined):
     how = joined("SELECT b.price, a.seller FROM bids b LEFT JOIN auctions a ON b.auction = a.id AND a.category = 3 "
                  "AND a.ts > b.ts AND a.ts <= b.ts + INTERVAL 2 SECONDS WHERE a.seller IS NULL OR b.price > 1")
@@ -63,6 +82,10 @@ def test_an_outer_join_with_a_bound_is_an_outer_interval_join_with_exact_bounds(
     # WHERE is checked after the join, the bounds are not (they would drop the rows without a match)
     assert how.final.endswith("WHERE ((`__sql_r0` IS NULL) OR (`__sql_l0` > CAST(1 AS BIGINT)))")
     assert "a left outer interval join" in how.explain() and "a left row that met none" in how.explain()
+    assert "IS NOT NULL" not in how.pre[0]  # a bid with a null key leaves alone, as Spark's outer join keeps it
+    right = joined("SELECT b.ts, a.seller FROM bids b RIGHT JOIN auctions a ON b.auction = a.id "
+                   "AND a.ts BETWEEN b.ts AND b.ts + INTERVAL 1 SECOND")
+    assert right.rowtime is None  # the left's time is null in a right row that met none
 
 
 @pytest.mark.parametrize("query, clause, says", [

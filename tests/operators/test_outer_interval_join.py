@@ -80,6 +80,22 @@ def test_a_match_found_after_a_checkpoint_is_remembered_by_the_restore(backend, 
                                   check_dtype=False)
 
 
+def test_a_null_key_meets_nothing_and_an_outer_row_with_one_leaves_alone(tmp_path):
+    rows = pd.DataFrame({"k": [None, None, 1.0], "ts": pd.to_datetime([1_000, 1_000, 1_000], unit="ms"),
+                         "lid": [1, 2, 3]})
+    params = {"key": ["k"], "right_key": ["k"], "left_rowtime": "ts", "right_rowtime": "ts", "lower": 0,
+              "upper": 100, "how": "left", "output_watermark_delay": 101}
+    join = Subtasks("interval-join", params, "hashmap", tmp_path)
+    join.side(1, rows.rename(columns={"lid": "rid"}))
+    join.side(0, rows)
+    out, held = join.ops[0].process_watermark(2_000)
+    join.out.extend(out)
+    assert held == 2_000 - 101  # a joined row's time trails the input watermark by up to the upper bound
+    got = join.result().sort_values("lid")
+    # the null keys met nothing (pandas would pair them); they left alone, the 1 met its 1
+    assert got["lid"].tolist() == [1, 2, 3] and got["rid"].isna().tolist() == [True, True, False]
+
+
 def test_how_must_be_an_outer_kind(tmp_path):
     with pytest.raises(ValueError, match="how must be one of inner, left, right, full, got 'outer'"):
         Subtasks("interval-join", {"key": ["k"], "left_rowtime": "ts", "right_rowtime": "ts", "lower": 0,

@@ -140,13 +140,15 @@ def _join(streams: dict[str, DataStream], how: StreamJoin, name: str, parallelis
         params.update(left_rowtime=how.rowtimes[0], right_rowtime=how.rowtimes[1], lower=how.bounds[0],
                       upper=how.bounds[1], lower_inclusive=how.inclusive[0], upper_inclusive=how.inclusive[1],
                       how=how.how)
+        if how.rowtime is not None:  # a result row's time (the left's) trails the watermark by up to the upper bound
+            params["output_watermark_delay"] = max(how.bounds[1], 0) + 1
     if how.how != "inner":  # a side that sends no row is padded with nulls: its columns, from Spark's analysis
         params["side_schemas"] = [_output_schema(streams[view], pre) for view, pre in zip(how.views, how.pre)]
     elif ttl:
         params["state_ttl_ms"] = ttl
     joined = two_input(how.kind, f"{name}: {how.clause}", keyed_edges(sides[0]), keyed_edges(sides[1]), env, params,
                        None, parallelism, where)
-    _pin_state_uid(joined, repr((how.pre, how.keys, how.bounds)))
+    _pin_state_uid(joined, repr((how.pre, how.keys, how.bounds, how.how, how.inclusive)))
     assert joined.node is not None
     out = joined._then("spark", f"{name}: {result}", params={"sql": how.final}, parallelism=joined.node.parallelism)
     out.rowtime = how.rowtime

@@ -33,7 +33,14 @@ from kernel_runtime.api.sql.planner import ContinuousAggregate, UnsupportedQuery
 
 SIDES = ("l", "r")
 HOW = {"INNER": "inner", "LEFT OUTER": "left", "RIGHT OUTER": "right", "FULL OUTER": "full"}
-OUTER = {"inner": (False, False), "left": (True, False), "right": (False, True), "full": (True, True)}
+# times a bound's constant is measured at: a function of the time (date_trunc, a month's interval)
+# gives different ones, and is no bound
+ORIGINS = ("1970-01-02 00:00:00", "2024-02-29 13:37:11.123", "2023-12-31 23:59:59.999")
+
+
+def preserved(how: str) -> tuple[bool, bool]:
+    """Whether each side's rows come out without a match (the outer sides)."""
+    return how in ("left", "full"), how in ("right", "full")
 _COMPARISONS = {"EqualTo": "=", "GreaterThan": ">", "GreaterThanOrEqual": ">=", "LessThan": "<",
                 "LessThanOrEqual": "<="}
 _FLIPPED = {"=": "=", ">": "<", ">=": "<=", "<": ">", "<=": ">="}
@@ -71,7 +78,7 @@ class StreamJoin:
                          f"{self.bounds[1]} ms from a left row's time; rows wait until the watermark passes "
                          "that bound")
             if self.how != "inner":
-                lines.append(f"  a {' or '.join(s for s, o in zip(('left', 'right'), OUTER[self.how]) if o)} row that "
+                lines.append(f"  a {' or '.join(s for s, o in zip(('left', 'right'), preserved(self.how)) if o)} row that "
                              "met none leaves then, with the other side's columns null")
         else:
             kept = f"for {self.state_ttl_ms} ms after they arrive (table.exec.state.ttl)" if self.state_ttl_ms else \
@@ -127,7 +134,7 @@ def _plan(query: str, root: Node, rowtimes: dict[str, Optional[str]], offset: Of
         raise UnsupportedQuery(query, join, f"a {join.join_type} join of streams is not planned yet: write an inner "
                                "or outer join")
     how = HOW[join.join_type]
-    preserved = OUTER[how]
+    kept = preserved(how)
     sides = join.children
     for side in sides:
         if not _per_batch(side) or sum(n.kind == "View" for n in side.walk()) != 1:
@@ -156,7 +163,7 @@ def _plan(query: str, root: Node, rowtimes: dict[str, Optional[str]], offset: Of
         if after:
             residual.append(condition)
             continue
-        if len(reads) == 1 and not preserved[0 if 0 in reads else 1]:
+        if len(reads) == 1 and not kept[0 if 0 in reads else 1]:
             # one side's own condition: its rows are cut before they wait
             pushed[0 if 0 in reads else 1].append(_sql(query, join, condition))
             continue
@@ -190,6 +197,9 @@ def _plan(query: str, root: Node, rowtimes: dict[str, Optional[str]], offset: Of
     if how != "inner" and (low[0] % 1000 or high[0] % 1000):
         raise UnsupportedQuery(query, join, "an outer join's time bound is checked in whole milliseconds: write "
                                "its intervals in milliseconds or coarser")
+    if interval and (low[0] > high[0] or (low[0] == high[0] and (low[1] or high[1]))):
+        raise UnsupportedQuery(query, join, f"the join's time bound is empty: the right time less the left from "
+                               f"{low[0] / 1000:g} ms to {high[0] / 1000:g} ms")
     project = next((n for n in above if n.kind == "Project"), None)
     read = {a for e in (project.expressions if project is not None else ()) + tuple(residual) for a in _attributes(e)}
     read |= aggregated or set()
@@ -204,14 +214,19 @@ def _plan(query: str, root: Node, rowtimes: dict[str, Optional[str]], offset: Of
             projections.append(f"{_column_sql(column)} AS {quoted(names[_column_sql(column)])}")
         key_names = [f"__sql_{SIDES[i]}k{j}" for j in range(len(keys[i]))]
         projections += [f"{k} AS {quoted(n)}" for k, n in zip(keys[i], key_names)]
-        where = [f"({k}) IS NOT NULL" for k in keys[i]] + pushed[i]
-        pre.append(f"SELECT {', '.join(projections)} FROM {_from_item(query, side)} WHERE {' AND '.join(where)}")
+        # a null key meets nothing: a side whose rows need a match drops them at once (an outer
+        # side keeps them, to leave alone)
+        where = ([] if kept[i] else [f"({k}) IS NOT NULL" for k in keys[i]]) + pushed[i]
+        pre.append(f"SELECT {', '.join(projections)} FROM {_from_item(query, side)}"
+                   + (f" WHERE {' AND '.join(where)}" if where else ""))
         keys[i][:] = key_names
     rowtime_names = tuple(names[_column_sql(t)] if interval and t is not None else None for t in times)
     if aggregated is not None:
         final, rowtime = _structs(sides, read, [r.sql for r in residual], names), None
     else:
-        final, rowtime = _final(project, join, [r.sql for r in residual], names, times[0] if interval else None)
+        # the left's time stays the result's event time only where every row has one
+        final, rowtime = _final(project, join, [r.sql for r in residual], names,
+                                times[0] if interval and not kept[1] else None)
     bounds = (low[0] // 1000, -(-high[0] // 1000)) if interval else None
     inclusive = (True, True) if how == "inner" else (not low[1], not high[1])  # inner: WHERE checks exactly
     return StreamJoin((views[0], views[1]), (pre[0], pre[1]), keys, (rowtime_names[0], rowtime_names[1]), bounds,
@@ -316,8 +331,13 @@ def _bound(condition: Expr, owner: dict, times: Sequence[Optional[Column]],
         time = times[side] if side is not None else None
         if time is None or set(_attributes(e)) != {(time.qualifier, time.name)}:
             return None
-        epoch = f"CAST(TIMESTAMP '1970-01-02 00:00:00' AS {time.data_type.upper()})"
-        at.append((side, offset(_replace(e.sql, {_column_sql(time): epoch}), epoch)))
+        constants = set()
+        for origin in ORIGINS:
+            at_origin = f"CAST(TIMESTAMP '{origin}' AS {time.data_type.upper()})"
+            constants.add(offset(_replace(e.sql, {_column_sql(time): at_origin}), at_origin))
+        if len(constants) != 1:  # not the time plus a fixed length
+            return None
+        at.append((side, constants.pop()))
     (side_a, c_a), (side_b, c_b) = at
     if side_a == side_b:
         return None

@@ -317,13 +317,23 @@ def _result(grouping: list[Expr], keys: list[str], results: list[Expr], names: d
     return f"SELECT {', '.join(columns)} FROM input", upsert_key
 
 
+_LITERAL = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"")
+
+
 def _replace(text: str, replacements: dict[str, str]) -> str:
-    """Spark's SQL of an expression with each sub-expression's text put by its column."""
+    """Spark's SQL of an expression with each sub-expression's text put by its column, outside
+    string literals (a literal 'b.price' stays as written)."""
     if not replacements:
         return text
     alternatives = "|".join(re.escape(t) for t in sorted(replacements, key=len, reverse=True))
     pattern = re.compile(rf"(?<![\w`.])(?:{alternatives})(?![\w`])")
-    return pattern.sub(lambda m: replacements[m.group(0)], text)
+    out, at = [], 0
+    for literal in _LITERAL.finditer(text):
+        out.append(pattern.sub(lambda m: replacements[m.group(0)], text[at:literal.start()]))
+        out.append(literal.group(0))
+        at = literal.end()
+    out.append(pattern.sub(lambda m: replacements[m.group(0)], text[at:]))
+    return "".join(out)
 
 
 # ------------------------------------------------------------------ the rows below it, as SQL
