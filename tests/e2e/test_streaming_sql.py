@@ -93,6 +93,20 @@ def same_table(got: pd.DataFrame, expected: pd.DataFrame, what: str) -> None:
     pd.testing.assert_frame_equal(got, expected, check_dtype=False, rtol=1e-9, obj=what)
 
 
+def each_equals_spark(env: StreamEnvironment, client, job: str, queries: dict[str, str], stream_of, expected_of,
+                      least_rows: int = 0) -> None:
+    """Each query's stream (``stream_of(name, query)``) collected under its name, one job for all;
+    each final table equals ``expected_of(query)``, Spark over all rows at once, of more than
+    ``least_rows`` rows."""
+    for name, query in queries.items():
+        stream_of(name, query).collect(name)
+    result = env.execute_async(job, client=client).wait(240)
+    for name, query in queries.items():
+        expected = expected_of(query)
+        assert len(expected) > least_rows, (name, len(expected))
+        same_table(naive_utc(result.to_pandas(name)), expected, f"{name}: {query}")
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("seed", [1, 2])
 def test_each_query_equals_spark_over_all_rows_at_once(cluster, client, spark, seed):
@@ -100,11 +114,8 @@ def test_each_query_equals_spark_over_all_rows_at_once(cluster, client, spark, s
     make = rows(seed)
     env = StreamEnvironment(parallelism=parallelism, cluster=cluster.cluster_dir)
     source = env.from_generator(make, count=count, batch_size=batch)
-    for name, query in QUERIES.items():
-        source.sql(query, name=name).collect(name)
-    result = env.execute_async(f"streaming SQL, seed {seed}", client=client).wait(240)
-    for name, query in QUERIES.items():
-        same_table(result.to_pandas(name), oracle(spark, make, count, query), f"{name}: {query}")
+    each_equals_spark(env, client, f"streaming SQL, seed {seed}", QUERIES,
+                      lambda name, query: source.sql(query, name=name), lambda query: oracle(spark, make, count, query))
 
 
 WINDOWED = {
@@ -124,11 +135,8 @@ def test_each_windowed_query_equals_spark_over_all_rows_at_once(cluster, client,
     env = StreamEnvironment(parallelism=parallelism, cluster=cluster.cluster_dir)
     source = env.from_generator(make, count=count, batch_size=batch, watermark_strategy=WatermarkStrategy
                                 .for_bounded_out_of_orderness(1_000).with_timestamp_column("ts"))
-    for name, query in WINDOWED.items():
-        source.sql(query, name=name).collect(name)
-    result = env.execute_async("windowed SQL", client=client).wait(240)
-    for name, query in WINDOWED.items():
-        same_table(naive_utc(result.to_pandas(name)), oracle(spark, make, count, query), f"{name}: {query}")
+    each_equals_spark(env, client, "windowed SQL", WINDOWED, lambda name, query: source.sql(query, name=name),
+                      lambda query: oracle(spark, make, count, query))
 
 
 def test_a_group_by_counts_across_batches_as_spark_and_flink_do(cluster, client):
@@ -156,7 +164,8 @@ def people(seed: int):
     up to 300 ms out of order."""
     def make(seq):
         seq = np.asarray(seq, dtype=np.int64)
-        ms = 1_700_000_000_000 + seq * 300 + (seq // 17) * 1_000 - (mix(seq, seed + 5) % np.uint64(300)).astype(np.int64)
+        late = (mix(seq, seed + 5) % np.uint64(300)).astype(np.int64)
+        ms = 1_700_000_000_000 + seq * 300 + (seq // 17) * 1_000 - late
         return pd.DataFrame({"pk": (mix(seq, seed + 6) % np.uint64(21)).astype(np.int64),
                              "v": (mix(seq, seed + 7) % np.uint64(1000)).astype(np.int64),
                              "name": np.array(["ann", "bob", None, "cy"], dtype=object)[
@@ -167,7 +176,8 @@ def people(seed: int):
 
 def two_views(env: StreamEnvironment, spark, seed: int, count: int, batch: int):
     """The views orders (``count`` rows) and people (a third as many) of ``env``, with event time;
-    returns what registers the same rows as Spark's views of those names, for the oracle."""
+    returns what registers the same rows as Spark's views of those names, for the oracle (the
+    suite's session: a later test's views replace them)."""
     make_orders, make_people = timed_rows(seed), people(seed)
     strategy = WatermarkStrategy.for_bounded_out_of_orderness(1_000).with_timestamp_column("ts")
     env.create_temporary_view("orders", env.from_generator(make_orders, count=count, batch_size=batch,
@@ -204,17 +214,11 @@ def test_each_join_of_two_streams_equals_spark_over_all_rows_at_once(cluster, cl
     count, batch, parallelism = sizes(4, (2_000, 3_000), [97, 500], [2])
     env = StreamEnvironment(parallelism=parallelism, cluster=cluster.cluster_dir)
     views = two_views(env, spark, 4, count, batch)
-    for name, query in JOINS.items():
-        env.sql_query(query, name=name).collect(name)
+    views()
+    each_equals_spark(env, client, "joins of streams", JOINS, lambda name, query: env.sql_query(query, name=name),
+                      lambda query: spark.sql(query).toPandas(), least_rows=100)
     joins = [n.spec.kind for n in env._nodes if n.spec.kind.endswith("-join")]
     assert joins == ["regular-join", "regular-join"] + ["interval-join"] * 4
-    result = env.execute_async("joins of streams", client=client).wait(240)
-    views()
-    for name, query in JOINS.items():
-        got = naive_utc(result.to_pandas(name))
-        expected = spark.sql(query).toPandas()
-        assert len(expected) > 100, (name, len(expected))
-        same_table(got, expected, f"{name}: {query}")
 
 
 def test_a_stream_joined_with_itself_in_sql(cluster, client, spark):
@@ -242,9 +246,6 @@ AGGREGATED_JOINS = {
 def test_an_aggregation_over_a_join_equals_spark_over_all_rows_at_once(cluster, client, spark):
     env = StreamEnvironment(parallelism=2, cluster=cluster.cluster_dir)
     views = two_views(env, spark, 6, 2_400, 300)
-    for name, query in AGGREGATED_JOINS.items():
-        env.sql_query(query, name=name).collect(name)
-    result = env.execute_async("aggregations over joins", client=client).wait(240)
     views()
-    for name, query in AGGREGATED_JOINS.items():
-        same_table(result.to_pandas(name), spark.sql(query).toPandas(), f"{name}: {query}")
+    each_equals_spark(env, client, "aggregations over joins", AGGREGATED_JOINS,
+                      lambda name, query: env.sql_query(query, name=name), lambda query: spark.sql(query).toPandas())

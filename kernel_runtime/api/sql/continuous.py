@@ -25,8 +25,7 @@ from kernel_runtime.api.time import (EventTimeSessionWindows, SlidingEventTimeWi
                                      WindowAssigner)
 from kernel_runtime.api.sql import analysis
 from kernel_runtime.api.sql.join_planner import JoinedAggregate, StreamJoin, find_join, plan_join
-from kernel_runtime.api.sql.planner import ContinuousAggregate, PerBatch, UnsupportedQuery, _per_batch, \
-    per_batch_query, plan
+from kernel_runtime.api.sql.planner import ContinuousAggregate, PerBatch, UnsupportedQuery, per_batch_query, plan
 from kernel_runtime.api.windowed import keyed_edges, two_input
 from kernel_runtime.api.sql.screen import may_span_batches
 
@@ -50,16 +49,21 @@ def planned(streams: dict[str, DataStream], query: str, where: str):
                 "of unknown output): declare the source's schema (schema=...), or for Spark SQL over each batch on "
                 "its own write .sql(query, per_batch=True)")
         return PerBatch(), per_batch_query(query, None, view)
+    known = {v: s for v, s in schemas.items() if s is not None}
     try:
-        root = analysis.analyse_views(query, {v: s for v, s in schemas.items() if s is not None})
+        root = analysis.analyse_views(query, known)
     except analysis.SqlAnalysisError as exc:
         if exc.condition == "TABLE_OR_VIEW_NOT_FOUND" and len(streams) == 1:
             # a table of the TaskManagers' sessions (a stream-static join): checked when the task opens
             return PerBatch(), per_batch_query(query, None, view)
         raise GraphValidationError(f"{where}: Spark refuses the query: {exc}") from None
     try:
-        if find_join(root) is not None and not _per_batch(root):
+        if find_join(root) is not None:
             how = plan_join(query, root, {v: s.rowtime for v, s in streams.items()}, analysis.offset_us)
+            if isinstance(how, StreamJoin) and how.how != "inner":  # a side that sends no row is padded
+                left, right = (schema_to_text(analysis.output_schema(pre, known[view]))
+                               for view, pre in zip(how.views, how.pre))
+                how = dataclasses.replace(how, side_schemas=(left, right))
         else:
             windows = analysis.window_calls(query) if "window" in query.lower() else []
             how = plan(query, root, windows)
@@ -143,7 +147,7 @@ def _join(streams: dict[str, DataStream], how: StreamJoin, name: str, parallelis
         if how.rowtime is not None:  # a result row's time (the left's) trails the watermark by up to the upper bound
             params["output_watermark_delay"] = max(how.bounds[1], 0) + 1
     if how.how != "inner":  # a side that sends no row is padded with nulls: its columns, from Spark's analysis
-        params["side_schemas"] = [_output_schema(streams[view], pre) for view, pre in zip(how.views, how.pre)]
+        params["side_schemas"] = list(how.side_schemas)
     elif ttl:
         params["state_ttl_ms"] = ttl
     joined = two_input(how.kind, f"{name}: {how.clause}", keyed_edges(sides[0]), keyed_edges(sides[1]), env, params,
@@ -154,12 +158,6 @@ def _join(streams: dict[str, DataStream], how: StreamJoin, name: str, parallelis
     out.rowtime = how.rowtime
     out.sql_plan = dataclasses.replace(how, state_ttl_ms=0 if how.bounds is not None else ttl)
     return out
-
-
-def _output_schema(stream: DataStream, query: str) -> Optional[str]:
-    """The schema of a per-batch query's rows over ``stream``, as text (None if unknown)."""
-    schema = _input_schema(stream)
-    return None if schema is None else schema_to_text(analysis.output_schema(query, schema))
 
 
 def _assigner(stream: DataStream, how: ContinuousAggregate, where: str) -> WindowAssigner:

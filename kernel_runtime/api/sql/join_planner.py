@@ -59,6 +59,7 @@ class StreamJoin:
     rowtime: Optional[str]                  # the result's event-time column, if it keeps the left's
     clause: str                             # the join as written, for the operators' names
     on: str = ""                            # the keys' equality, as Spark writes it
+    side_schemas: tuple[Optional[str], Optional[str]] = (None, None)  # an outer join's: pre's rows (schema_to_text)
     how: str = "inner"                      # inner, left, right, full (an outer interval join)
     inclusive: tuple[bool, bool] = (True, True)  # whether each bound joins a pair right at it
     state_ttl_ms: int = 0                   # a regular join's table.exec.state.ttl (0: rows kept for ever)
@@ -78,7 +79,8 @@ class StreamJoin:
                          f"{self.bounds[1]} ms from a left row's time; rows wait until the watermark passes "
                          "that bound")
             if self.how != "inner":
-                lines.append(f"  a {' or '.join(s for s, o in zip(('left', 'right'), preserved(self.how)) if o)} row that "
+                outer = " or ".join(side for side, is_outer in zip(("left", "right"), preserved(self.how)) if is_outer)
+                lines.append(f"  a {outer} row that "
                              "met none leaves then, with the other side's columns null")
         else:
             kept = f"for {self.state_ttl_ms} ms after they arrive (table.exec.state.ttl)" if self.state_ttl_ms else \
@@ -192,7 +194,7 @@ def _plan(query: str, root: Node, rowtimes: dict[str, Optional[str]], offset: Of
         raise UnsupportedQuery(query, join, "an outer join of streams needs a bound on both sides' event times in ON "
                                "(b.ts BETWEEN a.ts AND a.ts + INTERVAL 1 MINUTE): a row without a match is known only "
                                "once the watermark passes its bound; without one it needs retractions, not planned yet")
-    low = max(lower, key=lambda b: (b[0], b[1])) if interval else (0, False)
+    low = max(lower) if interval else (0, False)  # the highest lower bound; at a tie, the strict one
     high = min(upper, key=lambda b: (b[0], not b[1])) if interval else (0, False)
     if how != "inner" and (low[0] % 1000 or high[0] % 1000):
         raise UnsupportedQuery(query, join, "an outer join's time bound is checked in whole milliseconds: write "
@@ -216,17 +218,19 @@ def _plan(query: str, root: Node, rowtimes: dict[str, Optional[str]], offset: Of
         projections += [f"{k} AS {quoted(n)}" for k, n in zip(keys[i], key_names)]
         # a null key meets nothing: a side whose rows need a match drops them at once (an outer
         # side keeps them, to leave alone)
-        where = ([] if kept[i] else [f"({k}) IS NOT NULL" for k in keys[i]]) + pushed[i]
+        cut = ([] if kept[i] else [f"({k}) IS NOT NULL" for k in keys[i]]) + pushed[i]
         pre.append(f"SELECT {', '.join(projections)} FROM {_from_item(query, side)}"
-                   + (f" WHERE {' AND '.join(where)}" if where else ""))
+                   + (f" WHERE {' AND '.join(cut)}" if cut else ""))
         keys[i][:] = key_names
     rowtime_names = tuple(names[_column_sql(t)] if interval and t is not None else None for t in times)
+    renamed = {text: quoted(name) for text, name in names.items()}
+    after_join = " AND ".join(_replace(r.sql, renamed) for r in residual)
     if aggregated is not None:
-        final, rowtime = _structs(sides, read, [r.sql for r in residual], names), None
+        final, rowtime = _structs(sides, read, renamed), None
     else:
         # the left's time stays the result's event time only where every row has one
-        final, rowtime = _final(project, join, [r.sql for r in residual], names,
-                                times[0] if interval and not kept[1] else None)
+        final, rowtime = _final(project, join, renamed, times[0] if interval and not kept[1] else None)
+    final += f" WHERE {after_join}" if after_join else ""
     bounds = (low[0] // 1000, -(-high[0] // 1000)) if interval else None
     inclusive = (True, True) if how == "inner" else (not low[1], not high[1])  # inner: WHERE checks exactly
     return StreamJoin((views[0], views[1]), (pre[0], pre[1]), keys, (rowtime_names[0], rowtime_names[1]), bounds,
@@ -350,36 +354,35 @@ def _bound(condition: Expr, owner: dict, times: Sequence[Optional[Column]],
     return (">=" if ">" in op else "<="), constant, op in (">", "<")
 
 
-def _structs(sides: Sequence[Node], read: set, residual: list[str], names: dict[str, str]) -> str:
-    """The result step's SQL for an aggregation above: each side's columns it reads as a struct
-    named as the side, so that ``o.city`` reads the struct ``o``'s field ``city``."""
-    where = " AND ".join(_replace(r, {k: quoted(v) for k, v in names.items()}) for r in residual)
+def _structs(sides: Sequence[Node], read: set, columns: dict[str, str]) -> str:
+    """The result step's select for an aggregation above: each side's columns it reads as a struct
+    named as the side, so that ``o.city`` reads the struct ``o``'s field ``city``. ``columns``: each
+    side column's SQL -> its column in the joined rows."""
     structs = []
     for side in sides:
-        fields = [f"'{c.name.replace(chr(39), chr(39) * 2)}', {quoted(names[_column_sql(c)])}"
+        fields = [f"'{c.name.replace(chr(39), chr(39) * 2)}', {columns[_column_sql(c)]}"
                   for c in side.output if (c.qualifier, c.name) in read]
         if fields:
             structs.append(f"named_struct({', '.join(fields)}) AS {quoted(side.output[0].qualifier[-1])}")
-    return f"SELECT {', '.join(structs) or '1 AS `__sql_row`'} FROM input" + (f" WHERE {where}" if where else "")
+    return f"SELECT {', '.join(structs) or '1 AS `__sql_row`'} FROM input"
 
 
-def _final(project: Optional[Node], join: Node, residual: list[str], names: dict[str, str],
+def _final(project: Optional[Node], join: Node, columns: dict[str, str],
            left_time: Optional[Column]) -> tuple[str, Optional[str]]:
-    """The result step's SQL over the joined rows, and the result's event-time column (the left's
-    time selected as it is)."""
+    """The result step's select over the joined rows (``columns``: each side column's SQL -> its
+    column there), and the result's event-time column (the left's time selected as it is)."""
     outputs = project.expressions if project is not None else tuple(
         Expr("AttributeReference", _column_sql(c), c.name, c.qualifier, c.data_type) for c in join.output)
     seen: Counter = Counter()
-    columns, rowtime = [], None
+    selected, rowtime = [], None
     for e in outputs:
         body = e.children[0] if e.kind == "Alias" else e
         name = e.name or body.sql
         if seen[name]:  # as Flink names a repeated column of a join: ts, ts0, ts1, ...
             name = f"{name}{seen[name] - 1}"
         seen[e.name or body.sql] += 1
-        columns.append(f"{_replace(body.sql, {k: quoted(v) for k, v in names.items()})} AS {quoted(name)}")
+        selected.append(f"{_replace(body.sql, columns)} AS {quoted(name)}")
         if left_time is not None and rowtime is None and body.kind == "AttributeReference" and \
                 (body.qualifier, body.name) == (left_time.qualifier, left_time.name):
             rowtime = name
-    where = " AND ".join(_replace(r, {k: quoted(v) for k, v in names.items()}) for r in residual)
-    return f"SELECT {', '.join(columns)} FROM input" + (f" WHERE {where}" if where else ""), rowtime
+    return f"SELECT {', '.join(selected)} FROM input", rowtime
