@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 LABEXT_STAMP := $(VENV)/.labext-installed
 LABEXT_SRC   := labext/package.json labext/tsconfig.json $(wildcard labext/src/*.ts labext/style/*.css labext/style/*.js)
 
-.PHONY: setup system-deps system-packages kafka-jars spark-archive quickstart lab test test-fast typecheck bench bench-peers bench-kafka bench-windows bench-dashboards bench-first-spark-cell bench-spark-batch bench-runtime-latency bench-lab-panel cluster-start cluster-stop clean check-python check-java
+.PHONY: setup system-deps system-packages kafka-jars spark-archive quickstart lab test test-fast typecheck bench bench-peers bench-kafka bench-nexmark bench-windows bench-dashboards bench-first-spark-cell bench-spark-batch bench-runtime-latency bench-lab-panel cluster-start cluster-stop clean check-python check-java
 
 setup: $(STAMP) $(LABEXT_STAMP) spark-archive
 
@@ -152,6 +152,12 @@ bench-kafka: setup system-deps
 # PyFlink; the latency of window results at half the throughput; ARGS=--quick for a smoke run
 bench-windows: setup
 	$(PY) bench/windows.py $(ARGS)
+
+# Nexmark's queries on the same events (Parquet files written once) on streamlab and PyFlink 2.3,
+# answers compared, beside the same work with no framework; Flink's Parquet format comes from Maven
+# Central, hence system-deps (mvn); ARGS=--quick for a smoke run
+bench-nexmark: setup system-deps
+	$(PY) bench/nexmark.py $(ARGS)
 
 bench-dashboards: setup
 	$(PY) bench/dashboards.py

@@ -168,23 +168,27 @@ def produce_paced(servers: str, topic: str, rate: int, seconds: float, first_seq
 def jars(profile: str, version: str) -> Path:
     """bench/kafka/pom.xml's profile (flink, spark) at a connector version, fetched with Maven into
     ~/.cache/streamlab/kafka-bench-jars/<profile>-<version>/ once."""
-    home = JARS / f"{profile}-{version}"
+    prop = "flink.kafka.version" if profile == "flink" else "spark.version"
+    return maven_jars(POM, JARS / f"{profile}-{version}", f"-P{profile}", f"-D{prop}={version}")
+
+
+def maven_jars(pom: Path, home: Path, *options: str) -> Path:
+    """A POM's runtime dependencies (``options``: a profile, properties) fetched with Maven into
+    ``home`` once; nothing is built."""
     stamp = home / ".fetched"
     if stamp.exists():
         return home
     mvn = shutil.which("mvn")
     if mvn is None:
-        raise RuntimeError("Maven (mvn) is needed to fetch the peers' Kafka connectors: make system-deps")
+        raise RuntimeError("Maven (mvn) is needed to fetch the peers' jars: make system-deps")
     shutil.rmtree(home, ignore_errors=True)
-    prop = "flink.kafka.version" if profile == "flink" else "spark.version"
-    done = subprocess.run([mvn, "-q", "-B", "-U", "-f", str(POM), f"-P{profile}", f"-D{prop}={version}",
-                           "dependency:copy-dependencies", "-DincludeScope=runtime", f"-DoutputDirectory={home}"],
-                          capture_output=True, text=True)
+    done = subprocess.run([mvn, "-q", "-B", "-U", "-f", str(pom), *options, "dependency:copy-dependencies",
+                           "-DincludeScope=runtime", f"-DoutputDirectory={home}"], capture_output=True, text=True)
     if done.returncode != 0:
         text = re.sub(r"\x1b\[[0-9;]*m", "", done.stdout + done.stderr)
         lines = [x for x in text.splitlines() if "ERROR" in x]
-        raise RuntimeError(f"mvn -P{profile} -D{prop}={version} failed: {lines[0] if lines else done.stdout[-500:]}")
-    stamp.write_text(version)
+        raise RuntimeError(f"mvn -f {pom} {' '.join(options)} failed: {lines[0] if lines else done.stdout[-500:]}")
+    stamp.write_text(" ".join(options))
     return home
 
 

@@ -114,16 +114,19 @@ class GeneratorSource(SourceOperator, kind="generator-source"):
                 return pa.table({})
             n = min(n, due)
             self.last_poll = now
-        seq = np.arange(start, start + n, dtype=np.int64)
-        if self.udf is None:
-            table = pa.table({"seq": seq})
-        else:
-            table = to_table(self.call_user(seq), f"{self.spec.where()}: the generator function")
-            if table.num_rows != n:
-                raise UserFunctionError(f"{self.spec.where()}: the generator function returned "
-                                        f"{table.num_rows} rows for {n} sequence numbers")
+        table = self.make_rows(np.arange(start, start + n, dtype=np.int64))
         self.offset += n
         self.emitted += n
+        return table
+
+    def make_rows(self, seq: np.ndarray) -> pa.Table:
+        """The rows of sequence numbers ``seq``: the user's function of them, or the numbers."""
+        if self.udf is None:
+            return pa.table({"seq": seq})
+        table = to_table(self.call_user(seq), f"{self.spec.where()}: the generator function")
+        if table.num_rows != len(seq):
+            raise UserFunctionError(f"{self.spec.where()}: the generator function returned "
+                                    f"{table.num_rows} rows for {len(seq)} sequence numbers")
         return table
 
     def _rows_before_sentinel(self, start: int, n: int) -> int:

@@ -95,6 +95,8 @@ KINDS: dict[str, OperatorKind] = declare([
     OperatorKind("generator-source", _SOURCE, Output.SEQUENCE, stateful=True, ends=_counted),
     # the generator with planned failures at chosen rows and attempts (cluster.connectors.sources)
     OperatorKind("testing-source", _SOURCE, Output.SEQUENCE, stateful=True, ends=_counted),
+    # Nexmark's persons, auctions or bids (cluster.connectors.nexmark): the generator's splits, declared columns
+    OperatorKind("nexmark-source", _SOURCE, Output.DECLARED, stateful=True, ends=_counted),
     OperatorKind("file-source", _SOURCE, Output.DECLARED, stateful=True, ends=_unwatched),
     OperatorKind("redis-stream-source", _SOURCE, Output.DECLARED, stateful=True, ends=_bounded_stream),
     OperatorKind("kafka-source", _SOURCE, Output.DECLARED, stateful=True, ends=_bounded),

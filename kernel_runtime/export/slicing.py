@@ -160,17 +160,21 @@ def _magic(first: str, name: str) -> Optional[str]:
 
 
 def _view_registration(statement: "Statement") -> Optional[str]:
-    """``create_temporary_view(name, definition)`` of a plain cell as a %%stream_sql cell's job
-    makes it: on its ``env`` (a view of the process is a definition, run on each environment)."""
+    """``create_temporary_view(name, definition)`` (or ``NexmarkSource.create_views(...)``) of a
+    plain cell as a %%stream_sql cell's job makes it: on its ``env`` (a view of the process is a
+    definition, run on each environment)."""
     node = statement.node
     if not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)):
         return None
     func = node.value.func
     name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+    call = node.value
+    if name == "create_views" and isinstance(func, ast.Attribute) and \
+            not any(k.arg == "env" for k in call.keywords):  # NexmarkSource.create_views: its views, on env
+        return ast.unparse(ast.Call(func, call.args, call.keywords + [ast.keyword("env", ast.Name("env"))]))
     if name != "create_temporary_view" or isinstance(func, ast.Attribute) and \
             isinstance(func.value, ast.Name) and func.value.id == "env":
         return None
-    call = node.value
     given = [ast.unparse(a) for a in call.args] + [f"{k.arg}={ast.unparse(k.value)}" if k.arg else
                                                     f"**{ast.unparse(k.value)}" for k in call.keywords]
     return f"env.create_temporary_view({', '.join(given)})"

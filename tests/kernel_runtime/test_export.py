@@ -296,3 +296,14 @@ def test_a_stream_sql_cell_exports_as_its_query_over_the_views_registered_before
            ".collect('per city')" in script, script
     assert "scratch" not in script and "UNUSED" not in script and "def orders" in script
     assert yaml.safe_load((directory / "config.yaml").read_text())["parallelism.default"] == 2
+
+
+def test_nexmark_views_export_onto_the_jobs_environment(tmp_path):
+    path = notebook(tmp_path,
+                    "%load_ext kernel_runtime",
+                    "from kernel_runtime.api import NexmarkSource\nNexmarkSource.create_views(events=5_000, seed=3)",
+                    "%%stream_sql --name 'hot auctions'\nSELECT auction, price FROM bid WHERE MOD(auction, 123) = 0")
+    (package, directory), = export_notebook(path, tmp_path / "out")
+    script = script_of(directory)
+    assert "from kernel_runtime.api import NexmarkSource" in script
+    assert "NexmarkSource.create_views(events=5000, seed=3, env=env)" in script, script

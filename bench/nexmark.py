@@ -1,0 +1,263 @@
+"""Nexmark on streamlab beside PyFlink 2.3, on the same events, with the same answers.
+
+The events (NexmarkSource's generator, cluster.connectors.nexmark) are written once as Parquet
+files, 1M rows a file, into ~/.cache/streamlab/nexmark/<events>-<seed>/{bid,auction,person}; both
+engines read those files, one after the other, each with 2 cores and parallelism 2:
+
+* streamlab: an embedded LocalCluster (2 TaskManagers x 2 slots), the three tables as views of
+  FileSource.parquet with Nexmark's watermark, each query as Spark SQL through env.sql_query
+  (kernel_runtime.api.nexmark.QUERIES) into a DiscardingSink;
+* PyFlink: bench/nexmark_flink.py in PyFlink's own venv, Flink's filesystem connector with its
+  Parquet format (jars from Maven Central: bench/nexmark/pom.xml), nexmark-flink's own SQL text of
+  each query into a blackhole sink, as Nexmark measures.
+
+Per query: a warm-up run, then the timed run (events/s = all events / the job's RUNNING time, as
+bench/peers.py), then a run writing the answer to Parquet: the two answers must hold the same rows
+(compared as multisets of row hashes, file by file). Peak RSS is the most the engine's processes
+held at once during its runs (streamlab: this process, the client, and its cluster's processes and
+JVMs; PyFlink: its Python process and JVM). The bound is the same work with no framework at all:
+one process per core reading its half of the files with pyarrow and doing the query in pandas;
+streamlab / bound says how near to it the runtime comes.
+
+    .venv/bin/python bench/nexmark.py [--quick | --events N] [--queries q0,q1,q2,q3] [--pyflink-venv DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import psutil
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+from kafka_io import maven_jars  # noqa: E402  (it also puts the project on sys.path)
+from peers import pyflink_python  # noqa: E402
+from throughput import running_rows_per_s, warm_every_taskmanager  # noqa: E402
+
+from cluster.connectors import nexmark as nx  # noqa: E402
+from cluster.graph.nexmark import SCHEMAS, TABLES, count  # noqa: E402
+from kernel_runtime import JobClient, LocalCluster, StreamEnvironment  # noqa: E402
+from kernel_runtime.api import DiscardingSink, FileSink, FileSource, NexmarkSource  # noqa: E402
+from kernel_runtime.api.nexmark import QUERIES  # noqa: E402
+
+CACHE = Path.home() / ".cache/streamlab"
+FILE_ROWS = 1_000_000
+PARALLELISM = 2
+
+
+# ---------------------------------------------------------------------- the events, once
+def write_events(events: int, seed: int) -> Path:
+    """The first ``events`` Nexmark events as Parquet files, made once per (events, seed)."""
+    home = CACHE / "nexmark" / f"{events}-{seed}"
+    if (home / ".written").exists():
+        return home
+    shutil.rmtree(home, ignore_errors=True)
+    config = nx.NexmarkConfig(seed=seed)
+    for table in TABLES:
+        (home / table).mkdir(parents=True)
+        rows = count(table, events)
+        for part, start in enumerate(range(0, rows, FILE_ROWS)):
+            seq = np.arange(start, min(rows, start + FILE_ROWS), dtype=np.int64)
+            pq.write_table(nx.rows(table, seq, config), home / table / f"part-{part:04d}.parquet")
+    (home / ".written").write_text(str(events))
+    return home
+
+
+# ---------------------------------------------------------------------- peak RSS
+class PeakRss:
+    """The most resident memory a process tree held at once, sampled every 100 ms."""
+
+    def __init__(self, pid: int):
+        self.root = psutil.Process(pid)
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.1):
+            try:
+                procs = [self.root, *self.root.children(recursive=True)]
+            except psutil.Error:  # a process ended while the tree was walked: the next sample counts
+                continue
+            total = 0
+            for proc in procs:
+                try:
+                    total += proc.memory_info().rss
+                except psutil.Error:
+                    pass
+            self.peak = max(self.peak, total)
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return self.peak
+
+
+# ---------------------------------------------------------------------- streamlab
+def streamlab_job(cluster, data: Path, query: str, sink) -> StreamEnvironment:
+    env = StreamEnvironment(parallelism=PARALLELISM, cluster=cluster.cluster_dir)
+    for table in TABLES:
+        source = FileSource.parquet(data / table, schema=SCHEMAS[table], batch_size=65_536, name=table)
+        env.create_temporary_view(table, env.from_source(source, NexmarkSource.watermarks()))
+    env.sql_query(QUERIES[query]).sink_to(sink)
+    return env
+
+
+def run_streamlab(data: Path, out: Path, queries: list[str], events: int) -> dict:
+    results = {}
+    peak = PeakRss(os.getpid())
+    with LocalCluster(Path(tempfile.mkdtemp(prefix="streamlab-nexmark-")), taskmanagers=2, slots=2,
+                      embedded=True) as cluster:
+        client = JobClient(cluster.info)
+        warm_every_taskmanager(cluster, client)
+        for query in queries:
+            runs = []
+            for attempt in ("warm-up", "timed"):
+                handle = streamlab_job(cluster, data, query, DiscardingSink()).execute_async(
+                    f"nexmark {query} {attempt}", client=client)
+                handle.wait(3600)
+                runs.append(running_rows_per_s(client, handle.job_id, events))
+            streamlab_job(cluster, data, query, FileSink.parquet(out / query)).execute_async(
+                f"nexmark {query} answer", client=client).wait(3600)
+            results[query] = {"events_per_s": runs[1], "warmup_events_per_s": runs[0]}
+            print(f"  streamlab {query}: {runs[1]:,.0f} events/s (warm-up {runs[0]:,.0f})", flush=True)
+        client.close()
+    return {"results": results, "peak_rss": peak.stop()}
+
+
+# ---------------------------------------------------------------------- PyFlink
+def run_pyflink(venv: Path, data: Path, out: Path, queries: list[str], events: int) -> dict:
+    jars = sorted(str(jar) for jar in maven_jars(BENCH / "nexmark" / "pom.xml", CACHE / "nexmark-bench-jars")
+                  .glob("*.jar"))
+    proc = subprocess.Popen([str(pyflink_python(venv)), str(BENCH / "nexmark_flink.py"), "--data", str(data),
+                             "--out", str(out), "--jars", ",".join(jars), "--queries", ",".join(queries),
+                             "--events", str(events)], stdout=subprocess.PIPE, text=True)
+    peak = PeakRss(proc.pid)
+    stdout, _ = proc.communicate()
+    rss = peak.stop()
+    if proc.returncode != 0:
+        raise RuntimeError(f"bench/nexmark_flink.py failed ({proc.returncode})")
+    report = json.loads(stdout.strip().splitlines()[-1])
+    for query, figures in report["results"].items():
+        print(f"  PyFlink {query}: {figures['events_per_s']:,.0f} events/s", flush=True)
+    return report | {"peak_rss": rss}
+
+
+# ---------------------------------------------------------------------- the bound: no framework
+def bare_part(args: tuple) -> int:
+    """One core's half of a query in plain pyarrow/pandas: its files read, the query done on each."""
+    data, query, part = args
+    files = {t: sorted((Path(data) / t).glob("*.parquet"))[part::PARALLELISM] for t in TABLES}
+    rows = 0
+    if query == "q3":
+        people = pd.concat([pq.read_table(f, columns=["id", "name", "city", "state"]).to_pandas()
+                            for f in sorted((Path(data) / "person").glob("*.parquet"))])
+        people = people[people["state"].isin(["OR", "ID", "CA"])]
+        for f in files["auction"]:
+            auctions = pq.read_table(f, columns=["id", "seller", "category"]).to_pandas()
+            rows += len(auctions[auctions["category"] == 10].merge(people, left_on="seller", right_on="id"))
+        return rows
+    for f in files["bid"]:
+        for batch in pq.ParquetFile(f).iter_batches(65_536):
+            bids = batch.to_pandas()
+            if query == "q1":
+                bids = bids.assign(price=bids["price"] * 0.908)
+            elif query == "q2":
+                bids = bids.loc[bids["auction"] % 123 == 0, ["auction", "price"]]
+            rows += len(bids)
+    return rows
+
+
+def run_bare(data: Path, queries: list[str], events: int) -> dict:
+    results = {}
+    with multiprocessing.get_context("spawn").Pool(PARALLELISM) as pool:
+        pool.map(bare_part, [(str(data), "q2", part) for part in range(PARALLELISM)])  # processes started, imports done
+        for query in queries:
+            started = time.perf_counter()
+            pool.map(bare_part, [(str(data), query, part) for part in range(PARALLELISM)])
+            results[query] = events / (time.perf_counter() - started)
+    return results
+
+
+# ---------------------------------------------------------------------- the answers
+def answer_digest(folder: Path) -> tuple[int, int]:
+    """Rows and the sum of their hashes (a multiset's digest), file by file; times as epoch ms and
+    decimals as text, so that two writers' Parquet types compare."""
+    rows, digest = 0, np.uint64(0)
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith((".", "_"))):
+        table = pq.read_table(path)
+        columns = {}
+        for name, column in zip(table.column_names, table.columns):
+            if pa.types.is_timestamp(column.type):
+                column = pc.cast(pc.cast(column, pa.timestamp("ms")), pa.int64())
+            elif pa.types.is_decimal(column.type):
+                column = pc.cast(column, pa.string())
+            columns[name] = column
+        frame = pa.table(columns).to_pandas()
+        rows += len(frame)
+        with np.errstate(over="ignore"):
+            digest += pd.util.hash_pandas_object(frame[sorted(frame.columns)], index=False).to_numpy().sum()
+    return rows, int(digest)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--events", type=int, default=10_000_000)
+    parser.add_argument("--quick", action="store_true", help="200,000 events: a smoke run")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--queries", default=",".join(QUERIES))
+    parser.add_argument("--peers", default="streamlab,flink,bare")
+    parser.add_argument("--pyflink-venv", type=Path, default=CACHE / "pyflink-venv",
+                        help="PyFlink's own venv, created when missing (default ~/.cache/streamlab/pyflink-venv)")
+    args = parser.parse_args()
+    events = 200_000 if args.quick else args.events
+    queries = args.queries.split(",")
+    peers = args.peers.split(",")
+    data = write_events(events, args.seed)
+    out = Path(tempfile.mkdtemp(prefix="nexmark-answers-"))
+    print(f"Nexmark, {events:,} events (seed {args.seed}) in {data}; parallelism {PARALLELISM}, one engine "
+          "after the other; events/s = events / the timed job's RUNNING time", flush=True)
+    report = {}
+    if "streamlab" in peers:
+        report["streamlab"] = run_streamlab(data, out / "streamlab", queries, events)
+    if "flink" in peers:
+        report["flink"] = run_pyflink(args.pyflink_venv, data, out / "flink", queries, events)
+    if "bare" in peers:
+        report["bare"] = run_bare(data, queries, events)
+    print("\n| query | answers | streamlab events/s | PyFlink events/s | ratio | bare events/s | streamlab / bare |")
+    print("|---|---|---|---|---|---|---|")
+    for query in queries:
+        ours = report.get("streamlab", {}).get("results", {}).get(query, {}).get("events_per_s")
+        theirs = report.get("flink", {}).get("results", {}).get(query, {}).get("events_per_s")
+        bare = report.get("bare", {}).get(query)
+        same = "-"
+        if ours and theirs:
+            a, b = answer_digest(out / "streamlab" / query), answer_digest(out / "flink" / query)
+            same = f"equal ({a[0]:,} rows)" if a == b else f"DIFFER: {a[0]:,} vs {b[0]:,} rows"
+        cells = [f"{v:,.0f}" if v else "-" for v in (ours, theirs)]
+        ratio = f"{ours / theirs:.2f}x" if ours and theirs else "-"
+        to_bare = f"{ours / bare:.2f}" if ours and bare else "-"
+        print(f"| {query} | {same} | {cells[0]} | {cells[1]} | {ratio} | {f'{bare:,.0f}' if bare else '-'} | {to_bare} |")
+    for engine in ("streamlab", "flink"):
+        if engine in report:
+            print(f"peak RSS {engine}: {report[engine]['peak_rss'] / 2**20:,.0f} MiB")
+    shutil.rmtree(out, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""Nexmark's queries on a real cluster, each answer equal to pandas over the same events at once.
+
+The events are NexmarkSource's (100k of them: 2k persons, 6k auctions, 92k bids), read at
+parallelism 2 in batches of a random size (seeded, printed); the queries are nexmark-flink's as
+Spark SQL (kernel_runtime.api.nexmark.QUERIES) and, where Flink's DataStream API has one, the
+same query as a user writes it with the API. The expected tables are pandas', written here from
+the queries' meaning, over cluster.connectors.nexmark's rows of all events at once.
+"""
+from __future__ import annotations
+
+import random
+from decimal import Decimal
+
+import pandas as pd
+import pytest
+
+from cluster.connectors import nexmark as nx
+from kernel_runtime import StreamEnvironment
+from kernel_runtime.api import NexmarkSource
+from kernel_runtime.api.nexmark import QUERIES
+from tests.e2e.test_streaming_sql import naive_utc, same_table
+
+EVENTS = 100_000
+RATE = 10_000  # events per second of event time: 10 s of auctions
+
+
+@pytest.fixture(scope="module")
+def events() -> dict[str, pd.DataFrame]:
+    config = nx.NexmarkConfig(events_per_second=RATE)
+    return {table: nx.all_rows(table, EVENTS, config).to_pandas() for table in ("bid", "auction", "person")}
+
+
+def expected(events: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
+    bid, auction, person = events["bid"], events["auction"], events["person"]
+    q3 = auction[auction["category"] == 10].merge(person[person["state"].isin(["OR", "ID", "CA"])],
+                                                  left_on="seller", right_on="id", suffixes=("_a", "_p"))
+    return {
+        "q0": bid[["auction", "bidder", "price", "dateTime", "extra"]],
+        # Spark's 0.908 * price is a decimal(23, 3): exact
+        "q1": bid.assign(price=[Decimal(p) * Decimal("0.908") for p in bid["price"]])[
+            ["auction", "bidder", "price", "dateTime", "extra"]],
+        "q2": bid.loc[bid["auction"] % 123 == 0, ["auction", "price"]],
+        "q3": q3.rename(columns={"id_a": "id"})[["name", "city", "state", "id"]],
+    }
+
+
+def test_nexmark_queries_in_sql_and_with_the_api_equal_pandas(cluster, client, events):
+    batch = random.Random(39).choice([997, 4_096, None])
+    print(f"batches of {batch or 'what is due'}")
+    env = StreamEnvironment(parallelism=2, cluster=cluster.cluster_dir)
+    NexmarkSource.create_views(EVENTS, env=env, events_per_second=RATE, batch_size=batch)
+    for name, query in QUERIES.items():
+        env.sql_query(query).collect(f"sql {name}")
+    bids = env.from_source(NexmarkSource.bids(EVENTS, events_per_second=RATE, batch_size=batch),
+                           NexmarkSource.watermarks())
+    bids.collect("api q0")
+    bids.map_batches(lambda df: df.assign(price=df["price"] * 0.908), name="to euro").collect("api q1")
+    bids.filter(lambda df: df["auction"] % 123 == 0).map_batches(lambda df: df[["auction", "price"]]).collect("api q2")
+    result = env.execute_async("nexmark q0-q3", client=client).wait(240)
+
+    answers = expected(events)
+    for name, table in answers.items():
+        assert len(table) > 300, (name, len(table))  # enough rows that a wrong answer shows
+        same_table(naive_utc(result.to_pandas(f"sql {name}")), table, f"sql {name}: {QUERIES[name]}")
+    for name in ("q0", "q2"):
+        same_table(naive_utc(result.to_pandas(f"api {name}")), answers[name], f"api {name}")
+    euros = answers["q1"].assign(price=answers["q1"]["price"].astype(float))
+    same_table(naive_utc(result.to_pandas("api q1")), euros, "api q1")
