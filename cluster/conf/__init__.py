@@ -145,6 +145,7 @@ class TaskConfig:
     spark_local_batch_rows: int = _option(SparkOptions.LOCAL_BATCH_ROWS)
     spark_max_concurrent_batches: int = _option(SparkOptions.MAX_CONCURRENT_BATCHES)
     spark_fuse_subtasks: bool = _option(SparkOptions.FUSE_SUBTASKS)
+    spark_arrow_projections: bool = _option(SparkOptions.ARROW_PROJECTIONS)
     spark_properties: dict[str, str] = _option(SparkOptions.CONF)
 
     @classmethod

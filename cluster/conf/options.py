@@ -299,6 +299,11 @@ class SparkOptions:
         "execution.spark.fuse-subtasks", boolean,
         "One Spark job for the waiting batches of a chain's subtasks that share a TaskManager, when the "
         "chain's plan keeps each input partition's rows apart (filters, projections).")
+    ARROW_PROJECTIONS = ConfigOption(
+        "execution.spark.arrow-projections", boolean,
+        "A .sql chain of projections and filters whose expressions Arrow's kernels compute as Spark does "
+        "runs by Arrow, without the Spark JVM, once Spark's answer to a batch equalled Arrow's "
+        "(cluster.spark.arrow_eval).")
 
 
 class CheckpointingOptions:

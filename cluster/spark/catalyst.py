@@ -252,6 +252,17 @@ def analyzed_plan(jdf, refs: Refs) -> Any:
     return refs.add(refs.add(jdf.queryExecution()).analyzed())
 
 
+def analyzed_plan_json(jdf, refs: Refs) -> str:
+    """Catalyst's JSON of the analysed plan (TreeNode.toJSON): nodes and expressions, pre-order."""
+    return analyzed_plan(jdf, refs).toJSON()
+
+
+def ansi_mode(session) -> bool:
+    """Whether the session runs SQL in ANSI mode (Spark 4's default): overflows and division by
+    zero fail instead of wrapping or giving null."""
+    return str(session.conf.get("spark.sql.ansi.enabled", "true")).lower() == "true"
+
+
 def executed_plan_tree(jdf, refs: Refs) -> str:
     """The physical plan's tree string, as ``EXPLAIN`` shows it."""
     return refs.add(refs.add(jdf.queryExecution()).executedPlan()).treeString()

@@ -19,8 +19,9 @@ from cluster.graph.job_graph import OperatorSpec
 from cluster.operators.base import Operator, OperatorContext, UserFunctionError
 from cluster.spark import catalyst
 from cluster.spark.arrow import ArrowBridge, JvmRefs
+from cluster.spark.arrow_eval import ArrowPath
 from cluster.spark.fast_paths import FastPaths
-from cluster.spark.fusion import PARTITION_COLUMN, FusionGroup
+from cluster.spark.fusion import PARTITION_COLUMN, FusionGroup, split_by_partition
 from cluster.spark.runner import SparkRunner
 from cluster.spark.steps import BatchTimings, ChainSteps
 
@@ -50,6 +51,8 @@ class SparkChain(Operator, kind="spark"):
         self._local = threading.local()
         self.fused_jobs = 0  # jobs this subtask ran with other subtasks' batches in them (fusion.py)
         self.paths: Optional[FastPaths] = None  # set by open
+        # set by open: batches by Arrow, once it answered as Spark
+        self.arrow = ArrowPath(False, self.spec.where(), lambda schema: ())
         self.public = False  # PySpark's public path only: the runner's probe or a failure turned the others off
         self._public_lock = threading.Lock()
 
@@ -63,6 +66,10 @@ class SparkChain(Operator, kind="spark"):
                                runner.local_batches, runner.batch_jobs, self.ctx.config.spark_local_batch_rows,
                                self.bridge, self.timings, self.spec.where())
         self.public = catalyst.ARROW_BRIDGE not in runner.fast_paths
+        paths = self.paths
+        self.arrow = ArrowPath(self.ctx.config.spark_arrow_projections and self.steps.sql_only and not self.public
+                               and catalyst.ansi_mode(self._task_session), self.spec.where(),
+                               lambda schema: paths.key(False, schema))
         # The input schema the client knew (a source's declared schema, a generator's sample).
         # Analysis only (no Spark job, no row read): a wrong column fails the task here, naming the
         # step, and the job's sources have not read yet (a task opens its inputs only once its
@@ -123,6 +130,8 @@ class SparkChain(Operator, kind="spark"):
 
     def _process(self, table: pa.Table, public: bool) -> list[pa.Table]:
         assert self.paths is not None
+        if not public and (answered := self.arrow.run(table)) is not None:
+            return [answered]
         session = self._session()
         with self.memory.hold(table.nbytes, self.ctx.cancelled), JvmRefs(session) as refs:
             started = time.perf_counter()
@@ -144,6 +153,8 @@ class SparkChain(Operator, kind="spark"):
                     jdf = self.paths.keep(session, jdf, columns, table.schema, False, refs)
             ran = time.perf_counter()
             out = self._run(session, jdf, refs, public)
+            if not public:
+                self.arrow.trial(lambda: catalyst.analyzed_plan_json(jdf, refs), table, out)
         self.timings.add(table.num_rows, planned - started, ran - planned, time.perf_counter() - ran)
         return [out]
 
@@ -175,6 +186,11 @@ class SparkChain(Operator, kind="spark"):
                                       tables[0].schema, True, refs)
             ran = time.perf_counter()
             out = self._run(session, jdf, refs, False)
+            if not self.arrow.tried:  # the first batch's own rows of the fused answer
+                first = split_by_partition(out, ranges[:1])[0]
+                self.arrow.trial(lambda: catalyst.analyzed_plan_json(jdf, refs), tables[0],
+                                 pa.concat_tables(first) if first else out.drop_columns([PARTITION_COLUMN]).slice(0, 0),
+                                 drop=(PARTITION_COLUMN,))
         self.timings.add(sum(t.num_rows for t in tables), planned - started, ran - planned, time.perf_counter() - ran)
         self.fused_jobs += 1
         return out, ranges
@@ -182,7 +198,8 @@ class SparkChain(Operator, kind="spark"):
     def runs_locally(self, schema: pa.Schema, rows: int) -> bool:
         """Whether a batch may run in the driver without a Spark job (fast_paths.FastPaths.runs_locally).
         Only asks (a fused round's worker asks it of the leader's chain): never raises."""
-        return not self.public and self.paths is not None and self.paths.runs_locally(schema, rows)
+        return not self.public and self.paths is not None and (self.arrow.translation is not None
+                                                               or self.paths.runs_locally(schema, rows))
 
     def _run(self, session, jdf, refs: JvmRefs, public: bool) -> pa.Table:
         with self.steps.running(public):
@@ -205,4 +222,5 @@ class SparkChain(Operator, kind="spark"):
         jobs = catalyst.job_count(self._task_session, self.group) if hasattr(self, "group") else 0
         return self.timings.metrics() | {"spark-jobs": jobs, "spark-fused-jobs": self.fused_jobs,
                                          "spark-plans-reused": self.plans_reused,
-                                         "spark-local-batches": self.local_batch_count}
+                                         "spark-local-batches": self.local_batch_count,
+                                         "spark-arrow-batches": self.arrow.batches}

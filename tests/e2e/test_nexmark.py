@@ -2,8 +2,9 @@
 
 The events are NexmarkSource's (100k of them: 2k persons, 6k auctions, 92k bids), read at
 parallelism 2 in batches of a random size (seeded, printed); the queries are nexmark-flink's as
-Spark SQL (kernel_runtime.api.nexmark.QUERIES) and, where Flink's DataStream API has one, the
-same query as a user writes it with the API. The expected tables are pandas', written here from
+Spark SQL (kernel_runtime.api.nexmark.QUERIES), whose projections and filters run by Arrow after
+the first batches (cluster.spark.arrow_eval), and, where Flink's DataStream API has one, the same
+query as a user writes it with the API. The expected tables are pandas', written here from
 the queries' meaning, over cluster.connectors.nexmark's rows of all events at once.
 """
 from __future__ import annotations
@@ -66,3 +67,7 @@ def test_nexmark_queries_in_sql_and_with_the_api_equal_pandas(cluster, client, e
         same_table(naive_utc(result.to_pandas(f"api {name}")), answers[name], f"api {name}")
     euros = answers["q1"].assign(price=answers["q1"]["price"].astype(float))
     same_table(naive_utc(result.to_pandas("api q1")), euros, "api q1")
+    # the queries' projections and filters ran by Arrow once Spark had answered a batch as it did
+    # (cluster.spark.arrow_eval): the equal answers above are Arrow's as much as Spark's
+    subtasks = client.job_details(result.job_id)["subtasks"]
+    assert sum(s["metrics"].get("spark-arrow-batches", 0) for s in subtasks) > 0

@@ -131,6 +131,11 @@ def chain_context(job: str, subtask: int, parallelism: int, config: Optional[dic
                            task_name=f"{name} ({subtask + 1}/{parallelism})")
 
 
+# for the tests of Spark's own paths (kept plans, local batches, fusion): the chain's projections and
+# filters would otherwise be answered by Arrow after the first batch (cluster.spark.arrow_eval)
+SPARK_PATHS = {"execution.spark.arrow-projections": False}
+
+
 def spark_chains(query: str, job: str, parallelism: int = 2, params: Optional[dict] = None,
                  config: Optional[dict] = None) -> list["SparkChain"]:
     """The subtasks of a one-step .sql chain, opened on the process's TaskManager SparkSession;

@@ -1,0 +1,337 @@
+"""A ``.sql`` step's projections and filters run by Arrow's compute kernels, without the JVM.
+
+A batch through Spark crosses into the JVM and back: for string-heavy rows (Nexmark's bids, 100
+bytes each) that crossing, not the work, set a per-batch query's speed (1.0M rows/s for a bare
+``SELECT`` of the columns, where the source alone gives 18M). Yet most per-batch queries only
+project and filter, which Arrow's kernels do in place. Here Spark's analysed plan of the step
+(Catalyst's JSON of it: Spark still parses and analyses the query, resolves its columns and types
+and inserts its casts) is translated, when it is a chain of projections and filters over the input
+and each expression is one this module knows, into one Arrow filter and one Arrow projection.
+
+What it knows keeps Spark's meaning (ANSI mode, Spark 4's default; with it off nothing is
+translated): integer arithmetic checked for overflow, ``%`` with the dividend's sign, division of
+doubles that fails on zero, SQL's three-valued logic, ``IN`` null when its value is, NaN equal to
+NaN and above every number in comparisons; a comparison of types it cannot see is left to Spark. An
+expression that fails in Arrow (an overflow, a division by zero) sends the batch to Spark, which
+fails or answers as Spark does (chain.py). The translation is used only after Spark's own answer
+to a batch equalled it (chain.py), and its output takes the Arrow types Spark's output had.
+
+``compile_plan`` is pure: JSON in, ``ArrowProgram`` out; a program is immutable, for any thread.
+"""
+from __future__ import annotations
+
+import decimal
+import json
+import logging
+import re
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import pyarrow as pa
+import pyarrow.acero as acero
+import pyarrow.compute as pc
+
+log = logging.getLogger(__name__)
+
+_EXPR = "org.apache.spark.sql.catalyst.expressions."
+# nodes between the input and the query that change no row
+_PASS = {"SubqueryAlias", "View"}
+
+
+class Untranslatable(Exception):
+    """The plan or an expression is not one this module translates: Spark runs the step."""
+
+
+@dataclass(frozen=True)
+class ArrowProgram:
+    predicate: Optional[pc.Expression]   # over the input's columns; None: every row
+    columns: dict[str, pc.Expression]    # output name -> expression over the input's columns
+
+    def run(self, table: pa.Table) -> pa.Table:
+        nodes = [acero.Declaration("table_source", acero.TableSourceNodeOptions(table))]
+        if self.predicate is not None:
+            nodes.append(acero.Declaration("filter", acero.FilterNodeOptions(self.predicate)))
+        nodes.append(acero.Declaration("project", acero.ProjectNodeOptions(list(self.columns.values()),
+                                                                          list(self.columns))))
+        # one thread: rows keep their order, as Spark's narrow plan keeps it within the batch
+        return acero.Declaration.from_sequence(nodes).to_table(use_threads=False)
+
+
+def compile_plan(plan_json: str, input_columns: list[str], drop: tuple[str, ...] = ()) -> ArrowProgram:
+    """``plan_json``: Catalyst's JSON of the analysed plan (``plan.toJSON()``); ``input_columns``:
+    the batch's columns; ``drop``: columns of the top projection left out (a fused job's partition
+    tag). Untranslatable when it is anything but projections and filters over the input, or an
+    expression is not known here."""
+    nodes = _tree(json.loads(plan_json))
+    chain = []
+    node = nodes
+    while node["children"]:  # down to the one leaf: the batch
+        kind = node["class"].rsplit(".", 1)[-1]
+        if kind not in _PASS | {"Project", "Filter"} or len(node["children"]) != 1:
+            raise Untranslatable(f"a {kind} in the plan")
+        chain.append(node)
+        node = node["children"][0]
+    inputs = set(input_columns)
+    env: dict[int, pc.Expression] = {}
+    predicates: list[pc.Expression] = []
+    output: Optional[dict[str, pc.Expression]] = None
+    for node in reversed(chain):  # from the input up
+        kind = node["class"].rsplit(".", 1)[-1]
+        if kind == "Filter":
+            predicates.append(_translate(_tree(node["condition"]), env, inputs))
+        elif kind == "Project":
+            output = {}
+            for item in node["projectList"]:
+                expr = _tree(item)
+                if node is chain[0] and expr["name"] in drop:
+                    continue
+                value = _translate(expr, env, inputs)
+                env[expr["exprId"]["id"]] = value
+                output[expr["name"]] = value
+    if output is None:
+        output = {name: pc.field(name) for name in input_columns}
+    predicate = None
+    for p in predicates:
+        predicate = p if predicate is None else pc.and_kleene(predicate, p)
+    return ArrowProgram(predicate, output)
+
+
+def _tree(nodes: list[dict]) -> dict:
+    """Catalyst's pre-order list of nodes (each with its ``num-children``) as a tree: each node
+    gets its ``children`` in order (an IN's value, then its list)."""
+    position = 0
+
+    def build() -> dict:
+        nonlocal position
+        node = dict(nodes[position])
+        position += 1
+        node["children"] = [build() for _ in range(node["num-children"])]
+        return node
+    return build()
+
+
+def _type(name: str) -> pa.DataType:
+    simple = {"byte": pa.int8(), "short": pa.int16(), "integer": pa.int32(), "long": pa.int64(),
+              "float": pa.float32(), "double": pa.float64(), "string": pa.string(), "boolean": pa.bool_(),
+              "void": pa.null()}
+    if name in simple:
+        return simple[name]
+    match = re.fullmatch(r"decimal\((\d+),(\d+)\)", name)
+    if match:
+        return pa.decimal128(int(match.group(1)), int(match.group(2)))
+    raise Untranslatable(f"the type {name}")
+
+
+def _literal(node: dict) -> pc.Expression:
+    return pc.scalar(pa.scalar(None if node["value"] is None else _python(node), _type(node["dataType"])))
+
+
+def _remainder(a: pc.Expression, b: pc.Expression) -> pc.Expression:
+    # Java's %: the dividend's sign; Arrow's integer division truncates toward zero, and fails on zero
+    return pc.subtract_checked(a, pc.multiply_checked(pc.divide_checked(a, b), b))
+
+
+_BINARY: dict[str, Callable[[Any, Any], pc.Expression]] = {
+    "Add": pc.add_checked, "Subtract": pc.subtract_checked, "Multiply": pc.multiply_checked,
+    "And": pc.and_kleene, "Or": pc.or_kleene,
+}
+_COMPARE: dict[str, Callable[[Any, Any], pc.Expression]] = {
+    "EqualTo": pc.equal, "LessThan": pc.less, "LessThanOrEqual": pc.less_equal,
+    "GreaterThan": pc.greater, "GreaterThanOrEqual": pc.greater_equal,
+}
+_FLOATS = ("float", "double")
+_EXACT = ("byte", "short", "integer", "long", "string", "boolean")
+
+
+def _compare(kind: str, a: pc.Expression, b: pc.Expression, floating: bool) -> pc.Expression:
+    """Spark's comparison: of floating numbers, NaN equals NaN and is above every other number
+    (where IEEE's, and Arrow's, says false); nulls give null either way."""
+    plain = _COMPARE[kind](a, b)
+    if not floating:
+        return plain
+    a_nan, b_nan = pc.is_nan(a), pc.is_nan(b)
+    equal = pc.or_kleene(pc.equal(a, b), pc.and_kleene(a_nan, b_nan))
+    less = pc.or_kleene(pc.less(a, b), pc.and_kleene(pc.invert(a_nan), b_nan))
+    greater = pc.or_kleene(pc.greater(a, b), pc.and_kleene(a_nan, pc.invert(b_nan)))
+    return {"EqualTo": equal, "LessThan": less, "GreaterThan": greater,
+            "LessThanOrEqual": pc.or_kleene(less, equal), "GreaterThanOrEqual": pc.or_kleene(greater, equal)}[kind]
+
+
+def _translate(node: dict, env: dict[int, pc.Expression], inputs: set[str]) -> pc.Expression:
+    kind = node["class"].removeprefix(_EXPR)
+    kids = node["children"]
+    if kind == "AttributeReference":
+        known = env.get(node["exprId"]["id"])
+        if known is not None:
+            return known
+        if node["name"] not in inputs:
+            raise Untranslatable(f"the column {node['name']}")
+        return pc.field(node["name"])
+    if kind == "Alias":
+        return _translate(kids[0], env, inputs)
+    if kind == "Literal":
+        return _literal(node)
+    if kind in _BINARY:
+        return _BINARY[kind](_translate(kids[0], env, inputs), _translate(kids[1], env, inputs))
+    if kind in _COMPARE:
+        # Spark's analysis gave both sides one type: the side whose JSON says it says it for both
+        types = {t for t in map(_data_type, kids) if t is not None}
+        if not types or not types <= set(_FLOATS + _EXACT) and not all(t.startswith("decimal") for t in types):
+            raise Untranslatable(f"a comparison of {' and '.join(sorted(map(str, types)))}")
+        return _compare(kind, _translate(kids[0], env, inputs), _translate(kids[1], env, inputs),
+                        bool(types & set(_FLOATS)))
+    if kind == "Remainder":
+        if not all(_is_integer(k) for k in kids):
+            raise Untranslatable("a % of other than integers")
+        return _remainder(_translate(kids[0], env, inputs), _translate(kids[1], env, inputs))
+    if kind == "Divide":  # Spark's / is of doubles or decimals; ANSI mode fails on zero
+        if not all(_data_type(k) == "double" for k in kids):
+            raise Untranslatable("a / of other than doubles")
+        return pc.divide_checked(_translate(kids[0], env, inputs), _translate(kids[1], env, inputs))
+    if kind == "UnaryMinus":
+        return pc.negate_checked(_translate(kids[0], env, inputs))
+    if kind == "Not":
+        return pc.invert(_translate(kids[0], env, inputs))
+    if kind == "IsNull":
+        return pc.is_null(_translate(kids[0], env, inputs))
+    if kind == "IsNotNull":
+        return pc.is_valid(_translate(kids[0], env, inputs))
+    if kind == "In":
+        value = _translate(kids[0], env, inputs)
+        if _data_type(kids[0]) not in _EXACT or not all(k["class"] == _EXPR + "Literal" and k["value"] is not None
+                                                        for k in kids[1:]):
+            raise Untranslatable("an IN of other than a whole number's or text's and non-null constants")
+        options = pa.array([_python(k) for k in kids[1:]], _type(kids[0]["dataType"]))
+        # null IN (...) is null, as in SQL; Arrow's is_in says false
+        return pc.if_else(pc.is_null(value), pc.scalar(pa.scalar(None, pa.bool_())),
+                          pc.is_in(value, value_set=options))
+    if kind == "Cast":
+        return _cast(node, _translate(kids[0], env, inputs))
+    raise Untranslatable(f"the expression {kind}")
+
+
+def _python(node: dict):
+    """A non-null literal's value (Catalyst's JSON holds it as text) as Python's."""
+    kind, value = _type(node["dataType"]), node["value"]
+    if pa.types.is_integer(kind):
+        return int(value)
+    if pa.types.is_floating(kind):
+        return float(value)
+    if pa.types.is_decimal(kind):
+        return decimal.Decimal(value)
+    if pa.types.is_boolean(kind):
+        return value == "true"
+    return value
+
+
+def _data_type(node: dict) -> Optional[str]:
+    """A node's type where its JSON says it (columns, literals, casts)."""
+    return node.get("dataType")
+
+
+def _is_integer(node: dict) -> bool:
+    return _data_type(node) in ("byte", "short", "integer", "long")
+
+
+def _cast(node: dict, value: pc.Expression) -> pc.Expression:
+    target = _type(node["dataType"])
+    source = _data_type(node["children"][0])
+    if source is None or not (pa.types.is_integer(target) or pa.types.is_floating(target)
+                              or pa.types.is_decimal(target)):
+        raise Untranslatable("a cast")
+    if source not in ("byte", "short", "integer", "long", "float", "double") and not source.startswith("decimal"):
+        raise Untranslatable(f"a cast from {source}")
+    if source in ("float", "double") and not pa.types.is_floating(target):
+        raise Untranslatable("a cast of a double to a whole or exact number")  # Spark rounds its own way
+    return value.cast(target, safe=True)  # an overflow fails, as ANSI mode's cast does
+
+
+def same_rows(a: pa.Table, b: pa.Table) -> bool:
+    """Equal tables, a NaN equal to a NaN in the same place (Arrow's equality says unequal)."""
+    if not a.schema.equals(b.schema) or a.num_rows != b.num_rows:
+        return False
+    for x, y in zip(a.columns, b.columns):
+        if pa.types.is_floating(x.type):
+            x_nan, y_nan = pc.fill_null(pc.is_nan(x), False), pc.fill_null(pc.is_nan(y), False)
+            if not x_nan.equals(y_nan):
+                return False
+            x, y = pc.if_else(x_nan, 0.0, x), pc.if_else(y_nan, 0.0, y)
+        if not x.equals(y):
+            return False
+    return True
+
+
+@dataclass(frozen=True)
+class Translation:
+    """A program that answered a batch of ``input`` as Spark did, and Spark's output types."""
+    program: ArrowProgram
+    input: pa.Schema
+    output: pa.Schema
+
+
+# the translations that answered as Spark did, by chain (its SQL) and input schema: a later
+# chain of the same SQL (another subtask, a cell run again) takes one without a trial of its own,
+# as it takes the plan Spark analysed for it (plans.PlanCache)
+_known: dict[tuple, Translation] = {}
+_known_lock = threading.Lock()
+
+
+class ArrowPath:
+    """Whether a Spark chain's batches run by Arrow (``compile_plan``): tried on the first batch
+    with rows that Spark answered, and taken only if its answer equals Spark's, cast to Spark's
+    output types; ``key(schema)`` names the chain's SQL over an input schema. Thread use: any of
+    the chain's threads (a trial under a lock)."""
+
+    def __init__(self, enabled: bool, where: str, key: Callable[[pa.Schema], tuple]):
+        self.where, self.key = where, key
+        self.translation: Optional[Translation] = None
+        self.tried = not enabled
+        self._lock = threading.Lock()
+        self.batches = 0      # batches Arrow answered (metrics only)
+        self.handed_back = 0  # batches Arrow failed on, answered by Spark
+
+    def trial(self, plan_json: Callable[[], str], table: pa.Table, out: pa.Table, drop: tuple[str, ...] = ()) -> None:
+        """After Spark answered ``table`` with ``out``: the plan translated (without the
+        columns ``drop``), and kept if its answer is the same."""
+        if self.tried or out.num_rows == 0:  # an empty answer proves little: the next batch tries
+            return
+        with self._lock:
+            if self.tried:
+                return
+            self.tried = True
+            try:
+                program = compile_plan(plan_json(), table.column_names, drop)
+                got = program.run(table)
+                got = got.cast(out.schema) if got.schema != out.schema else got
+            except Untranslatable as exc:
+                log.info("%s: Spark runs each batch: %s is not translated to Arrow", self.where, exc)
+                return
+            except (pa.ArrowException, ValueError) as exc:
+                log.info("%s: Spark runs each batch: Arrow failed on its translation: %s", self.where, exc)
+                return
+            if not same_rows(got, out):
+                log.warning("%s: Spark runs each batch: Arrow's answer to a batch differed from Spark's", self.where)
+                return
+            self.translation = Translation(program, table.schema, out.schema)
+            with _known_lock:
+                _known[self.key(table.schema)] = self.translation
+            log.info("%s: its projections and filters run by Arrow, without Spark", self.where)
+
+    def run(self, table: pa.Table) -> Optional[pa.Table]:
+        """The batch's answer by Arrow, in Spark's output types; None: Spark answers it (no
+        translation for its schema, or Arrow failed on this batch: an overflow, a division by zero)."""
+        done = self.translation
+        if done is None and not self.tried:
+            with _known_lock:
+                done = self.translation = _known.get(self.key(table.schema))
+        if done is None or not done.input.equals(table.schema):
+            return None
+        try:
+            out = done.program.run(table)
+            out = out.cast(done.output) if out.schema != done.output else out
+        except (pa.ArrowException, ValueError):
+            self.handed_back += 1
+            return None
+        self.batches += 1
+        return out
