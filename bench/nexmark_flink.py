@@ -35,6 +35,12 @@ QUERIES = {
     "q3": ("name STRING, city STRING, state STRING, id BIGINT",
            "SELECT P.name, P.city, P.state, A.id FROM auction AS A INNER JOIN person AS P on A.seller = P.id "
            "WHERE A.category = 10 and (P.state = 'OR' OR P.state = 'ID' OR P.state = 'CA')"),
+    # its sink names the columns as selected (nexmark-flink's inserts price and bidder the other way round)
+    "q7": ("auction BIGINT, price BIGINT, bidder BIGINT, dateTime TIMESTAMP(3), extra STRING",
+           "SELECT B.auction, B.price, B.bidder, B.dateTime, B.extra from bid B JOIN ("
+           "SELECT MAX(price) AS maxprice, window_end as dateTime FROM TABLE("
+           "TUMBLE(TABLE bid, DESCRIPTOR(dateTime), INTERVAL '10' SECOND)) GROUP BY window_start, window_end) B1 "
+           "ON B.price = B1.maxprice WHERE B.dateTime BETWEEN B1.dateTime - INTERVAL '10' SECOND AND B1.dateTime"),
 }
 
 

@@ -16,6 +16,8 @@ from cluster.graph.operator_kinds import KINDS, Role
 from kernel_runtime.api.checks import call_site, check_parallelism, pickle_udf, plays, require_parallelism
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from kernel_runtime.api.connectors import Connector
 
 
@@ -152,6 +154,9 @@ class DataStream:
 
     # how a .sql step was planned (kernel_runtime.api.sql.planner), for explain()
     sql_plan: Any = None
+    # the columns of a SQL result that keyed state emits (unknown to sampling until it runs), from
+    # Spark's analysis of the query: a view of it can be planned over
+    known_schema: Optional[pa.Schema] = None
 
     def explain(self) -> str:
         """How the .sql step that made this stream runs: per batch on Spark, or which parts run
@@ -233,6 +238,7 @@ class DataStream:
         """Another view of this stream's rows: their event time is the same."""
         view.rowtime = self.rowtime
         view._side_rowtimes = self._side_rowtimes
+        view.known_schema = self.known_schema
         return view
 
     # the event time of side outputs that carry input rows (a window's late rows), by tag

@@ -230,8 +230,8 @@ def test_fused_sql_subtasks_are_exactly_once_through_a_restart(cluster, client, 
         return df
     env = StreamEnvironment(parallelism=2, cluster=cluster.cluster_dir, config={
         # every batch a Spark job: at this rate the rounds are small enough to run in the driver
-        # without one (spark_local), each subtask's own, not fused
-        "execution.spark.local-batch-rows": 0,
+        # without one (spark_local), each subtask's own, not fused; and none by Arrow (arrow_eval)
+        "execution.spark.local-batch-rows": 0, "execution.spark.arrow-projections": False,
         "execution.checkpointing.interval": "200 ms", "restart-strategy.type": "fixed-delay",
         "restart-strategy.fixed-delay.attempts": 3, "restart-strategy.fixed-delay.delay": "200 ms"})
     (env.from_generator(orders, count=n, rate=8_000)

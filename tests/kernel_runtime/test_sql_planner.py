@@ -91,6 +91,26 @@ def test_a_time_window_in_group_by_is_an_event_time_window_per_key(planned, call
     assert how.upsert_key == ["k", "ws"] and "__sql_key" not in how.final
 
 
+def test_a_windows_result_keeps_its_event_time_in_the_column_of_its_end_and_can_be_a_view(planned, spark):
+    query = "SELECT k, window.end AS closes, max(v) AS top FROM input GROUP BY window(ts, '10 seconds'), k"
+    assert plan(query, analysis.analyse(query, SCHEMA), analysis.window_calls(query)).rowtime == "closes"
+    query = query.replace("window.end AS closes", "window.start AS opens")
+    assert plan(query, analysis.analyse(query, SCHEMA), analysis.window_calls(query)).rowtime is None
+    env = StreamEnvironment(parallelism=1)
+    rows = env.from_generator(lambda s: {"k": s % 3, "v": s, "ts": s.astype("datetime64[ms]")}, count=10,
+                              watermark_strategy=WatermarkStrategy.for_bounded_out_of_orderness(0)
+                              .with_timestamp_column("ts"))
+    tops = rows.sql("SELECT k, window.end AS closes, max(v) AS top FROM input GROUP BY window(ts, '10 seconds'), k")
+    assert tops.rowtime == "closes"
+    assert tops.known_schema.names == ["k", "closes", "top"]
+    assert pa.types.is_timestamp(tops.known_schema.field("closes").type)
+    env.create_temporary_view("tops", tops)
+    env.create_temporary_view("rows", rows)
+    joined = env.sql_query("SELECT r.k, t.top FROM rows r JOIN tops t ON r.k = t.k AND r.v = t.top "
+                           "WHERE r.ts BETWEEN t.closes - INTERVAL 10 SECONDS AND t.closes")
+    assert "interval join" in joined.explain()
+
+
 def test_a_time_window_needs_the_stream_s_event_time(spark):
     env = StreamEnvironment(parallelism=1)
     rows = env.from_generator(lambda s: {"k": s % 3, "ts": s.astype("datetime64[ms]"), "t2": s.astype("datetime64[ms]")},

@@ -131,8 +131,9 @@ def chain_context(job: str, subtask: int, parallelism: int, config: Optional[dic
                            task_name=f"{name} ({subtask + 1}/{parallelism})")
 
 
-# for the tests of Spark's own paths (kept plans, local batches, fusion): the chain's projections and
-# filters would otherwise be answered by Arrow after the first batch (cluster.spark.arrow_eval)
+# the chains here test Spark's own paths (kept plans, local batches, fusion): their projections and
+# filters would otherwise be answered by Arrow after the first batch, or at once where another test
+# of the process had Arrow answer the same SQL (cluster.spark.arrow_eval; tests/spark/test_arrow_eval.py)
 SPARK_PATHS = {"execution.spark.arrow-projections": False}
 
 
@@ -140,11 +141,11 @@ def spark_chains(query: str, job: str, parallelism: int = 2, params: Optional[di
                  config: Optional[dict] = None) -> list["SparkChain"]:
     """The subtasks of a one-step .sql chain, opened on the process's TaskManager SparkSession;
     ``params``: the step's own besides its SQL (the client's input_schema, consumer_columns);
-    ``config``: the job's configuration."""
+    ``config``: the job's configuration, Spark's paths only unless it says otherwise."""
     from cluster.spark.chain import SparkChain
     out = []
     for subtask in range(parallelism):
-        ctx = chain_context(job, subtask, parallelism, config, "sql")
+        ctx = chain_context(job, subtask, parallelism, SPARK_PATHS | (config or {}), "sql")
         spec = OperatorSpec(uid="sql-1", kind="spark", name="sql", call_site="test.py:1",
                             params={"sql": query, **(params or {})}, udf=None)
         chain = SparkChain([spec], ctx)

@@ -14,13 +14,13 @@ from cluster.spark.fusion import FusionGroup, is_narrow, split_by_partition
 from cluster.spark.memory import BatchMemory
 from cluster.spark.stage import SparkStage
 
-from .harness import SPARK_PATHS, spark_chains
+from .harness import spark_chains
 
 
 def job_chains(*args, **kwargs):
     """spark_chains whose every batch is a Spark job: small rounds would run in the driver without
     one, each subtask's batch its own (test_small_rounds_run_in_the_driver_each_subtask_its_own)."""
-    return spark_chains(*args, config={"execution.spark.local-batch-rows": 0} | SPARK_PATHS, **kwargs)
+    return spark_chains(*args, config={"execution.spark.local-batch-rows": 0}, **kwargs)
 
 
 def rows(subtask: int, n: int, start: int = 0) -> pa.Table:
@@ -80,7 +80,7 @@ def run_subtasks(subtasks: list[SparkChain], inputs: list[list[pa.Table]], fuse:
 def test_small_rounds_run_in_the_driver_each_subtask_its_own(spark):
     """Once the plan is kept, a round small enough runs each subtask's batch without a Spark job
     (spark_local) rather than one job for both: each still gets exactly its own rows."""
-    subtasks = spark_chains("SELECT id, v * 10 AS w FROM input WHERE v <> 3", "fused small", config=SPARK_PATHS)
+    subtasks = spark_chains("SELECT id, v * 10 AS w FROM input WHERE v <> 3", "fused small")
     inputs = [[rows(s, 50 + i, start=10_000 * i) for i in range(30)] for s in range(2)]
     try:
         results = run_subtasks(subtasks, inputs, paced=True)

@@ -18,13 +18,13 @@ from cluster.spark.runner import SparkRunner
 from cluster.spark.fusion import FusionGroup, split_by_partition
 from cluster.spark.plans import PlanCache
 
-from .harness import SPARK_PATHS, spark_chains
+from .harness import spark_chains
 
 
 def job_chains(*args, **kwargs):
     """spark_chains whose every batch is a Spark job: the plans re-used here are bound to each
     batch's input (small batches that run in the driver are test_spark_local.py's)."""
-    return spark_chains(*args, config={"execution.spark.local-batch-rows": 0} | SPARK_PATHS, **kwargs)
+    return spark_chains(*args, config={"execution.spark.local-batch-rows": 0}, **kwargs)
 
 
 @pytest.fixture(autouse=True)

@@ -15,7 +15,7 @@ from cluster.conf import TaskConfig
 from cluster.operators.base import UserFunctionError
 from cluster.spark import catalyst
 from cluster.spark.runner import SparkRunner
-from tests.operators.harness import SPARK_PATHS, spark_chains
+from tests.operators.harness import spark_chains
 
 QUERY = "SELECT id, v * 10 AS w FROM input WHERE v <> 3"
 
@@ -32,7 +32,7 @@ def expected(table: pa.Table) -> dict:
 
 def run(job: str, config: dict | None = None, tables: int = 4, query: str = QUERY) -> tuple[list[dict], object]:
     """The batches' outputs through a one-step chain on the runner in place, and the chain."""
-    chain, = spark_chains(query, job, parallelism=1, config=SPARK_PATHS | (config or {}))
+    chain, = spark_chains(query, job, parallelism=1, config=config)
     try:
         return [chain.process(batch(i))[0].to_pydict() for i in range(tables)], chain
     finally:

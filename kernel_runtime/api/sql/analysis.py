@@ -181,6 +181,14 @@ def output_schema(query: str, schema: pa.Schema) -> pa.Schema:
         return to_arrow_schema(_over_views({"input": schema}).sql(query).schema)
 
 
+def query_output_schema(query: str, schemas: dict[str, pa.Schema]) -> pa.Schema:
+    """The schema of the rows a query gives over views of ``schemas``, as Spark analyses it."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+    with _lock:
+        session = _over_views(schemas)
+        return to_arrow_schema(session.sql(query).schema, timezone=session.conf.get("spark.sql.session.timeZone"))
+
+
 def offset_us(timestamp: str, origin: str) -> int:
     """``timestamp - origin`` in microseconds, two constant timestamp expressions as SQL (a join's
     time bound: Spark's own interval arithmetic, time zones and all)."""

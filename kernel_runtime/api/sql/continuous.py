@@ -80,6 +80,8 @@ def _input_schema(stream: DataStream) -> Optional[pa.Schema]:
         if table is None or node.spec.udf is not None or not query or "upsert_key" in node.spec.params:
             return None
         return analysis.output_schema(query, table.schema).empty_table()
+    if stream.known_schema is not None:
+        return stream.known_schema
     table = input_samples(stream.env._nodes, stream._edges(), {"spark": spark_sample})
     return None if table is None else table.schema
 
@@ -95,14 +97,20 @@ def build(streams: dict[str, DataStream], query: str, name: str, parallelism: Op
         out.sql_plan = how
         return out
     if isinstance(how, StreamJoin):
-        return _join(streams, how, name, parallelism, where)
-    if isinstance(how, JoinedAggregate):
+        out = _join(streams, how, name, parallelism, where)
+    elif isinstance(how, JoinedAggregate):
         joined = _join(streams, how.join, name, parallelism, where, "joined rows")
         out = _aggregation(joined, how.aggregate, name, parallelism, where)
         out.sql_plan = dataclasses.replace(how, join=joined.sql_plan)
-        return out
-    assert isinstance(how, ContinuousAggregate)
-    return _aggregation(stream, how, name, parallelism, where)
+    else:
+        assert isinstance(how, ContinuousAggregate)
+        out = _aggregation(stream, how, name, parallelism, where)
+    # what keyed state emits is known only when it runs, but the query's columns are Spark's: a
+    # view of the result can be queried in turn (a join with a window's rows, Nexmark q7)
+    schemas = {v: _input_schema(s) for v, s in streams.items()}
+    if all(schema is not None for schema in schemas.values()):
+        out.known_schema = analysis.query_output_schema(query, schemas)
+    return out
 
 
 def _aggregation(stream: DataStream, how: ContinuousAggregate, name: str, parallelism: Optional[int],
@@ -119,6 +127,8 @@ def _aggregation(stream: DataStream, how: ContinuousAggregate, name: str, parall
                                                       **aggregations)
     _pin_state_uid(merged, repr((how.pre, how.keys, how.aggregations, how.window)))
     out = merged
+    if how.rowtime is not None:  # each window's row at its window's end, which the watermark has passed
+        out.rowtime = how.rowtime
     if how.final is not None:
         assert merged.node is not None and KINDS[merged.node.spec.kind].upsert
         out = merged._then("spark", f"{name}: result", params={"sql": how.final, "upsert_key": how.upsert_key},

@@ -82,6 +82,9 @@ class ContinuousAggregate:
     upsert_key: list[str]                 # the result's key columns (hidden ones: HIDDEN_KEY...)
     grouping: str                         # how the query groups, for the operators' names
     window: Optional["EventTimeWindow"] = None  # GROUP BY window(...): windows per key, not a running value
+    # the result's column holding its window's end, if selected: the event time of the window's row
+    # (a later join or window reads the result by it, as Flink's window_end after a window TVF)
+    rowtime: Optional[str] = None
 
     def explain(self) -> str:
         state = f"keyed state by {', '.join(self.keys) or '(all rows)'}"
@@ -260,13 +263,17 @@ def _aggregate(query: str, node: Node, grouping: list[Expr], results: list[Expr]
         keys = [f"{HIDDEN_KEY}0"]
     pre = f"SELECT {', '.join(pre_columns + arguments)} FROM {rows}{where}"
     renamed = None if window is not None else _direct(keys, results, names, aggregations)
+    rowtime = None
     if renamed is not None:  # the result is the merged rows as they are: no final step
         aggregations, final, upsert_key = renamed, None, list(keys)
     else:
         final, upsert_key = _result(grouping, keys, results, names, window[2:] if window else None)
+    if window is not None:
+        ends = {f"{window[2]}.end", f"{window[2]}.`end`"}
+        rowtime = next((r.name for r in results if r.kind == "Alias" and r.children[0].sql in ends), None)
     group_text = node.origin.clause(query) if node.kind == "Aggregate" else "DISTINCT"
     return ContinuousAggregate(pre, keys, aggregations, final, upsert_key, group_text or "GROUP BY",
-                               window[0] if window else None)
+                               window[0] if window else None, rowtime)
 
 
 def _direct(keys: list[str], results: list[Expr], names: dict, aggregations: dict) -> Optional[dict]:
