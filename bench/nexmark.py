@@ -19,7 +19,8 @@ bench/peers.py), then a run writing the answer to Parquet: the two answers must 
 held at once during its runs (streamlab: this process, the client, and its cluster's processes and
 JVMs; PyFlink: its Python process and JVM). The bound is the same work with no framework at all:
 one process per core reading its half of the files with pyarrow and doing the query with Arrow's
-kernels; streamlab / bound says how near to it the runtime comes.
+kernels (q3: each process joins its half of the auctions with all persons; q7: each window's
+maximum over its half of the bids, in pandas); streamlab / bound says how near to it the runtime comes.
 
     .venv/bin/python bench/nexmark.py [--quick | --events N] [--queries q0,q1,q2,q3] [--pyflink-venv DIR]
 """

@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 _EXPR = "org.apache.spark.sql.catalyst.expressions."
 # nodes between the input and the query that change no row
 _PASS = {"SubqueryAlias", "View"}
+_BATCH = {"LogicalRDD", "LocalRelation"}  # the relation a batch reaches Spark as
 
 
 class Untranslatable(Exception):
@@ -72,22 +73,34 @@ def compile_plan(plan_json: str, input_columns: list[str], drop: tuple[str, ...]
             raise Untranslatable(f"a {kind} in the plan")
         chain.append(node)
         node = node["children"][0]
+    # the leaf is the batch, read as the view input: not a constant row, a range, a table or a view
+    # of the session's (whose rows are not the batch's)
+    if node["class"].rsplit(".", 1)[-1] not in _BATCH or not any(
+            n["class"].endswith(".SubqueryAlias") and n["identifier"].get("name") == "input" for n in chain):
+        raise Untranslatable(f"a plan over a {node['class'].rsplit('.', 1)[-1]}, not the batch")
     inputs = set(input_columns)
     env: dict[int, pc.Expression] = {}
+    for item in node.get("output") or []:  # the batch's columns, by the ids the plan names them by
+        attribute = _tree(item)
+        if attribute["name"] not in inputs:
+            raise Untranslatable(f"the batch has no column {attribute['name']}")
+        env[attribute["exprId"]["id"]] = pc.field(attribute["name"])
     predicates: list[pc.Expression] = []
     output: Optional[dict[str, pc.Expression]] = None
     for node in reversed(chain):  # from the input up
         kind = node["class"].rsplit(".", 1)[-1]
         if kind == "Filter":
-            predicates.append(_translate(_tree(node["condition"]), env, inputs))
+            predicates.append(_translate(_tree(node["condition"]), env))
         elif kind == "Project":
             output = {}
             for item in node["projectList"]:
                 expr = _tree(item)
                 if node is chain[0] and expr["name"] in drop:
                     continue
-                value = _translate(expr, env, inputs)
+                value = _translate(expr, env)
                 env[expr["exprId"]["id"]] = value
+                if expr["name"] in output:
+                    raise Untranslatable(f"two columns named {expr['name']}")
                 output[expr["name"]] = value
     if output is None:
         output = {name: pc.field(name) for name in input_columns}
@@ -111,7 +124,9 @@ def _tree(nodes: list[dict]) -> dict:
     return build()
 
 
-def _type(name: str) -> pa.DataType:
+def _type(name) -> pa.DataType:
+    if not isinstance(name, str):  # an array's, a map's or a struct's type is JSON of its own
+        raise Untranslatable("a nested type")
     simple = {"byte": pa.int8(), "short": pa.int16(), "integer": pa.int32(), "long": pa.int64(),
               "float": pa.float32(), "double": pa.float64(), "string": pa.string(), "boolean": pa.bool_(),
               "void": pa.null()}
@@ -158,47 +173,45 @@ def _compare(kind: str, a: pc.Expression, b: pc.Expression, floating: bool) -> p
             "LessThanOrEqual": pc.or_kleene(less, equal), "GreaterThanOrEqual": pc.or_kleene(greater, equal)}[kind]
 
 
-def _translate(node: dict, env: dict[int, pc.Expression], inputs: set[str]) -> pc.Expression:
+def _translate(node: dict, env: dict[int, pc.Expression]) -> pc.Expression:
     kind = node["class"].removeprefix(_EXPR)
     kids = node["children"]
     if kind == "AttributeReference":
         known = env.get(node["exprId"]["id"])
-        if known is not None:
-            return known
-        if node["name"] not in inputs:
-            raise Untranslatable(f"the column {node['name']}")
-        return pc.field(node["name"])
+        if known is None:
+            raise Untranslatable(f"the column {node['name']}, not the batch's")
+        return known
     if kind == "Alias":
-        return _translate(kids[0], env, inputs)
+        return _translate(kids[0], env)
     if kind == "Literal":
         return _literal(node)
     if kind in _BINARY:
-        return _BINARY[kind](_translate(kids[0], env, inputs), _translate(kids[1], env, inputs))
+        return _BINARY[kind](_translate(kids[0], env), _translate(kids[1], env))
     if kind in _COMPARE:
         # Spark's analysis gave both sides one type: the side whose JSON says it says it for both
         types = {t for t in map(_data_type, kids) if t is not None}
         if not types or not types <= set(_FLOATS + _EXACT) and not all(t.startswith("decimal") for t in types):
             raise Untranslatable(f"a comparison of {' and '.join(sorted(map(str, types)))}")
-        return _compare(kind, _translate(kids[0], env, inputs), _translate(kids[1], env, inputs),
+        return _compare(kind, _translate(kids[0], env), _translate(kids[1], env),
                         bool(types & set(_FLOATS)))
     if kind == "Remainder":
         if not all(_is_integer(k) for k in kids):
             raise Untranslatable("a % of other than integers")
-        return _remainder(_translate(kids[0], env, inputs), _translate(kids[1], env, inputs))
+        return _remainder(_translate(kids[0], env), _translate(kids[1], env))
     if kind == "Divide":  # Spark's / is of doubles or decimals; ANSI mode fails on zero
         if not all(_data_type(k) == "double" for k in kids):
             raise Untranslatable("a / of other than doubles")
-        return pc.divide_checked(_translate(kids[0], env, inputs), _translate(kids[1], env, inputs))
+        return pc.divide_checked(_translate(kids[0], env), _translate(kids[1], env))
     if kind == "UnaryMinus":
-        return pc.negate_checked(_translate(kids[0], env, inputs))
+        return pc.negate_checked(_translate(kids[0], env))
     if kind == "Not":
-        return pc.invert(_translate(kids[0], env, inputs))
+        return pc.invert(_translate(kids[0], env))
     if kind == "IsNull":
-        return pc.is_null(_translate(kids[0], env, inputs))
+        return pc.is_null(_translate(kids[0], env))
     if kind == "IsNotNull":
-        return pc.is_valid(_translate(kids[0], env, inputs))
+        return pc.is_valid(_translate(kids[0], env))
     if kind == "In":
-        value = _translate(kids[0], env, inputs)
+        value = _translate(kids[0], env)
         if _data_type(kids[0]) not in _EXACT or not all(k["class"] == _EXPR + "Literal" and k["value"] is not None
                                                         for k in kids[1:]):
             raise Untranslatable("an IN of other than a whole number's or text's and non-null constants")
@@ -207,7 +220,7 @@ def _translate(node: dict, env: dict[int, pc.Expression], inputs: set[str]) -> p
         return pc.if_else(pc.is_null(value), pc.scalar(pa.scalar(None, pa.bool_())),
                           pc.is_in(value, value_set=options))
     if kind == "Cast":
-        return _cast(node, _translate(kids[0], env, inputs))
+        return _cast(node, _translate(kids[0], env))
     raise Untranslatable(f"the expression {kind}")
 
 
@@ -227,7 +240,10 @@ def _python(node: dict):
 
 def _data_type(node: dict) -> Optional[str]:
     """A node's type where its JSON says it (columns, literals, casts)."""
-    return node.get("dataType")
+    kind = node.get("dataType")
+    if kind is not None and not isinstance(kind, str):
+        raise Untranslatable("a nested type")
+    return kind
 
 
 def _is_integer(node: dict) -> bool:
@@ -244,6 +260,12 @@ def _cast(node: dict, value: pc.Expression) -> pc.Expression:
         raise Untranslatable(f"a cast from {source}")
     if source in ("float", "double") and not pa.types.is_floating(target):
         raise Untranslatable("a cast of a double to a whole or exact number")  # Spark rounds its own way
+    if source.startswith("decimal") and pa.types.is_floating(target):
+        child = node["children"][0]
+        if child["class"] == _EXPR + "Literal":  # a constant (d > 0.5): Python's float() rounds as Spark's does
+            value = None if child["value"] is None else float(decimal.Decimal(child["value"]))
+            return pc.scalar(pa.scalar(value, target))
+        raise Untranslatable("a cast of a decimal to a double")  # Spark's rounds exactly, Arrow's within an ulp
     return value.cast(target, safe=True)  # an overflow fails, as ANSI mode's cast does
 
 
@@ -294,7 +316,9 @@ class ArrowPath:
     def trial(self, plan_json: Callable[[], str], table: pa.Table, out: pa.Table, drop: tuple[str, ...] = ()) -> None:
         """After Spark answered ``table`` with ``out``: the plan translated (without the
         columns ``drop``), and kept if its answer is the same."""
-        if self.tried or out.num_rows == 0:  # an empty answer proves little: the next batch tries
+        # an empty answer proves little: a later batch that Spark plans tries (a batch of a kept plan
+        # goes to Spark without a plan to read: a chain whose first answer was empty may never try)
+        if self.tried or out.num_rows == 0:
             return
         with self._lock:
             if self.tried:
@@ -307,8 +331,9 @@ class ArrowPath:
             except Untranslatable as exc:
                 log.info("%s: Spark runs each batch: %s is not translated to Arrow", self.where, exc)
                 return
-            except (pa.ArrowException, ValueError) as exc:
-                log.info("%s: Spark runs each batch: Arrow failed on its translation: %s", self.where, exc)
+            except Exception as exc:  # whatever fails here, Spark answered the batch: it goes on answering
+                log.info("%s: Spark runs each batch: Arrow failed on its translation: %s", self.where, exc,
+                         exc_info=True)
                 return
             if not same_rows(got, out):
                 log.warning("%s: Spark runs each batch: Arrow's answer to a batch differed from Spark's", self.where)
@@ -324,7 +349,9 @@ class ArrowPath:
         done = self.translation
         if done is None and not self.tried:
             with _known_lock:
-                done = self.translation = _known.get(self.key(table.schema))
+                done = _known.get(self.key(table.schema))
+            if done is not None:
+                self.translation = done
         if done is None or not done.input.equals(table.schema):
             return None
         try:

@@ -257,6 +257,11 @@ def analyzed_plan_json(jdf, refs: Refs) -> str:
     return analyzed_plan(jdf, refs).toJSON()
 
 
+def utc_session(session) -> bool:
+    """Whether the session reads naive timestamps as UTC (streamlab's default time zone)."""
+    return str(session.conf.get("spark.sql.session.timeZone", "")) in ("UTC", "Etc/UTC", "GMT", "Z", "+00:00")
+
+
 def ansi_mode(session) -> bool:
     """Whether the session runs SQL in ANSI mode (Spark 4's default): overflows and division by
     zero fail instead of wrapping or giving null."""

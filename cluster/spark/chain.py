@@ -67,9 +67,10 @@ class SparkChain(Operator, kind="spark"):
                                self.bridge, self.timings, self.spec.where())
         self.public = catalyst.ARROW_BRIDGE not in runner.fast_paths
         paths = self.paths
+        # Arrow keeps a naive time as UTC where Spark reads it in the session's time zone
         self.arrow = ArrowPath(self.ctx.config.spark_arrow_projections and self.steps.sql_only and not self.public
-                               and catalyst.ansi_mode(self._task_session), self.spec.where(),
-                               lambda schema: paths.key(False, schema))
+                               and catalyst.ansi_mode(self._task_session) and catalyst.utc_session(self._task_session),
+                               self.spec.where(), lambda schema: paths.key(False, schema))
         # The input schema the client knew (a source's declared schema, a generator's sample).
         # Analysis only (no Spark job, no row read): a wrong column fails the task here, naming the
         # step, and the job's sources have not read yet (a task opens its inputs only once its
@@ -136,7 +137,7 @@ class SparkChain(Operator, kind="spark"):
         with self.memory.hold(table.nbytes, self.ctx.cancelled), JvmRefs(session) as refs:
             started = time.perf_counter()
             if not public:
-                if self.runs_locally(table.schema, table.num_rows) and (local := self.paths.local(session, table)):
+                if self.paths.runs_locally(table.schema, table.num_rows) and (local := self.paths.local(session, table)):
                     out, written = local
                     self.timings.add(table.num_rows, written - started, 0.0, time.perf_counter() - written)
                     return [out]
@@ -198,7 +199,8 @@ class SparkChain(Operator, kind="spark"):
     def runs_locally(self, schema: pa.Schema, rows: int) -> bool:
         """Whether a batch may run in the driver without a Spark job (fast_paths.FastPaths.runs_locally).
         Only asks (a fused round's worker asks it of the leader's chain): never raises."""
-        return not self.public and self.paths is not None and (self.arrow.translation is not None
+        done = self.arrow.translation
+        return not self.public and self.paths is not None and (done is not None and done.input.equals(schema)
                                                                or self.paths.runs_locally(schema, rows))
 
     def _run(self, session, jdf, refs: JvmRefs, public: bool) -> pa.Table:
@@ -223,4 +225,5 @@ class SparkChain(Operator, kind="spark"):
         return self.timings.metrics() | {"spark-jobs": jobs, "spark-fused-jobs": self.fused_jobs,
                                          "spark-plans-reused": self.plans_reused,
                                          "spark-local-batches": self.local_batch_count,
-                                         "spark-arrow-batches": self.arrow.batches}
+                                         "spark-arrow-batches": self.arrow.batches,
+                                         "spark-arrow-handed-back": self.arrow.handed_back}

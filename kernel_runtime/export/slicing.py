@@ -169,8 +169,9 @@ def _view_registration(statement: "Statement") -> Optional[str]:
     func = node.value.func
     name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
     call = node.value
-    if name == "create_views" and isinstance(func, ast.Attribute) and \
-            not any(k.arg == "env" for k in call.keywords):  # NexmarkSource.create_views: its views, on env
+    if name == "create_views" and isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) \
+            and func.value.id == "NexmarkSource" and not any(k.arg == "env" for k in call.keywords):
+        # NexmarkSource.create_views: its views, on the job's env
         return ast.unparse(ast.Call(func, call.args, call.keywords + [ast.keyword("env", ast.Name("env"))]))
     if name != "create_temporary_view" or isinstance(func, ast.Attribute) and \
             isinstance(func.value, ast.Name) and func.value.id == "env":

@@ -104,11 +104,15 @@ def test_people_strings_and_sizes_are_nexmarks(tables):
     assert person_bytes.mean() == pytest.approx(200, rel=0.02)
 
 
-def test_an_event_is_the_same_in_any_batch_and_a_seed_changes_it():
-    whole = nx.rows("bid", np.arange(5_000, dtype=np.int64))
-    parts = pa.concat_tables([nx.rows("bid", np.arange(a, b, dtype=np.int64))
-                              for a, b in ((0, 7), (7, 1_000), (1_000, 4_321), (4_321, 5_000))])
+@pytest.mark.parametrize("table", TABLES)
+def test_an_event_is_the_same_in_any_batch_and_a_seed_changes_it(table):
+    whole = nx.rows(table, np.arange(2_000, dtype=np.int64))
+    cuts = (0, 1, 2, 7, 1_000, 1_001, 1_777, 2_000)  # batches of 1 too: no batch's own figure draws
+    parts = pa.concat_tables([nx.rows(table, np.arange(a, b, dtype=np.int64)) for a, b in zip(cuts, cuts[1:])])
     assert whole.equals(parts)
-    other = nx.rows("bid", np.arange(5_000, dtype=np.int64), nx.NexmarkConfig(seed=1))
-    assert not whole.column("price").equals(other.column("price"))
-    assert whole.column("dateTime").equals(other.column("dateTime"))
+    if table != "bid":
+        return
+    for seed in (1, 2**24):  # every bit of the seed counts
+        other = nx.rows("bid", np.arange(2_000, dtype=np.int64), nx.NexmarkConfig(seed=seed))
+        assert not whole.column("price").equals(other.column("price"))
+        assert whole.column("dateTime").equals(other.column("dateTime"))

@@ -31,6 +31,10 @@ UNTRANSLATED = {
     "SELECT s, count(*) AS n FROM input GROUP BY s": "Aggregate",
     "SELECT * FROM input ORDER BY price": "Sort",
     "SELECT t + INTERVAL 1 SECOND AS later FROM input": "TimestampAddInterval",
+    "SELECT CAST(0.908 * price AS double) AS euros FROM input": "a cast",
+    "SELECT 1 AS one": "not the batch",
+    "SELECT auction, auction FROM input": "two columns named auction",
+    "SELECT * FROM input WHERE array(auction) = array(1)": "nested type",
 }
 
 
