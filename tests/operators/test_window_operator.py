@@ -437,6 +437,34 @@ def test_pre_aggregated_input_gives_the_same_results_as_raw_rows(backend, tmp_pa
     assert merged.op.metrics()["numLateRecordsDropped"] == raw.op.metrics()["numLateRecordsDropped"] > 0
 
 
+@pytest.mark.parametrize("assigner", [{"type": "tumbling", "size": 500, "offset": 70},
+                                      {"type": "sliding", "size": 1000, "slide": 300, "offset": 100},
+                                      {"type": "sliding", "size": 1000, "slide": 250}],
+                         ids=["tumbling", "sliding-by-gcd-panes", "sliding-by-slide-panes"])
+def test_arrow_partials_by_panes_equal_pandas_partials_of_each_rows_windows(assigner):
+    from cluster.graph.windows import assigner_of
+    from cluster.operators.windowing.pre_aggregation import arrow_window_partials, assign, window_partials
+    rng = np.random.default_rng(3)
+    n = 5000
+    x = rng.normal(size=n)
+    x[rng.random(n) < 0.1] = np.nan
+    table = pa.table({"k": rng.integers(0, 40, n), "s": rng.choice(["p", "q"], n),
+                      "v": pa.array(rng.integers(0, 100, n), mask=rng.random(n) < 0.05), "x": x})
+    ts = BASE + rng.integers(0, 4000, n)
+    aggregations = {**AGGREGATIONS, "xs": ["x", "sum"], "xn": ["x", "count"], "xm": ["x", "mean"],
+                    "xlo": ["x", "min"], "xhi": ["x", "max"]}
+    windows = assigner_of(assigner, WHERE)
+    rows, starts, latest = assign(windows, ts)
+    key = ["k", "s"]
+    want = window_partials(table.to_pandas().take(rows), key, starts, starts + windows.size, latest, aggregations)
+    got = arrow_window_partials(windows, table, ts, key, aggregations).to_pandas()
+    assert list(got.columns) == list(want.columns)
+    by = key + ["window_start"]
+    pd.testing.assert_frame_equal(got.sort_values(by).reset_index(drop=True),
+                                  want.sort_values(by).reset_index(drop=True), check_dtype=False)
+    assert got["__latest__"].sum() == n
+
+
 # --------------------------------------------------------------------------- checkpoints
 @pytest.mark.parametrize("assigner", [{"type": "session", "gap": 30}, {"type": "sliding", "size": 1000, "slide": 500}],
                          ids=["session", "sliding-blocks"])

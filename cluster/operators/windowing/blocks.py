@@ -17,6 +17,7 @@ import pandas as pd
 import pyarrow as pa
 
 from cluster.operators.keyed import MERGE_IN_BATCH
+from cluster.operators.windowing.arrow_groups import OVER_PARTIALS, aggregate, groupable
 from cluster.operators.windowing.contents import (BLOCK, WINDOW_STATE, AggregateContents, block_keys,
                                                   run_starts)
 from cluster.operators.windowing.pre_aggregation import window_partials
@@ -55,16 +56,14 @@ class BlockContents(AggregateContents):
                                 ("window_end", touched_ends[i])):
                 where[name].append(np.full(size, value, dtype=np.int64))
             where["__new__"].append(np.zeros(size, dtype=np.int8))
-        frame = pd.DataFrame({name: np.concatenate(parts) for name, parts in {**where, **columns}.items()})
         # sorted by key group and window: each block is one run of rows
-        merged = frame.groupby(["__group__", "window_start", "window_end"] + key, sort=True, dropna=False).agg(
-            **{name: (name, MERGE_IN_BATCH[kind]) for name, kind in zip(self.state_columns, self.kinds)},
-            __new__=("__new__", "max")).reset_index()
-        m_groups = merged["__group__"].to_numpy(np.int64)
-        m_starts = merged["window_start"].to_numpy(np.int64)
-        m_ends = merged["window_end"].to_numpy(np.int64)
-        arrays = [merged[name].to_numpy() for name in names]
-        bounds = np.append(run_starts(m_groups, m_starts, m_ends), len(merged))
+        merged = self._merged({name: np.concatenate(parts) for name, parts in {**where, **columns}.items()},
+                              ["__group__", "window_start", "window_end"] + key)
+        m_groups = merged["__group__"].astype(np.int64, copy=False)
+        m_starts = merged["window_start"].astype(np.int64, copy=False)
+        m_ends = merged["window_end"].astype(np.int64, copy=False)
+        arrays = [merged[name] for name in names]
+        bounds = np.append(run_starts(m_groups, m_starts, m_ends), len(m_groups))
         blocks = [tuple(a[lo:hi].copy() for a in arrays) for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
         # the same (key group, window)s in the same order as the touched ones
         backend.put_many(WINDOW_STATE, touched_groups.tolist(), block_keys(touched_starts, touched_ends), blocks)
@@ -72,8 +71,26 @@ class BlockContents(AggregateContents):
         if not fire.any():
             return []
         # late rows within the lateness: the updated rows of the keys this batch touched
-        emit = np.repeat(fire, np.diff(bounds)) & (merged["__new__"].to_numpy() == 1)
+        emit = np.repeat(fire, np.diff(bounds)) & (merged["__new__"] == 1)
         return self.result_columns({name: a[emit] for name, a in zip(names, arrays)}, m_starts[emit], m_ends[emit])
+
+    def _merged(self, columns: dict[str, np.ndarray], by: list[str]) -> dict[str, np.ndarray]:
+        """One row per ``by`` (sorted by it) of rows of blocks and partials: their state columns
+        merged, and whether any was new (``__new__``)."""
+        kinds = dict(zip(self.state_columns, self.kinds))
+        try:
+            table = pa.table(columns)
+        except (pa.ArrowInvalid, pa.ArrowTypeError):  # objects Arrow cannot type (mixed keys): pandas'
+            table = None
+        if table is not None and groupable(table.schema, by, self.state_columns):
+            outputs = [(name, name, *OVER_PARTIALS[kind]) for name, kind in kinds.items()]
+            merged = aggregate(table, by, outputs + [("__new__", "__new__", "max", None)])
+            merged = merged.sort_by([(name, "ascending") for name in by])
+            return {name: merged.column(name).to_numpy() for name in merged.column_names}
+        frame = pd.DataFrame(columns).groupby(by, sort=True, dropna=False).agg(
+            **{name: (name, MERGE_IN_BATCH[kind]) for name, kind in kinds.items()},
+            __new__=("__new__", "max")).reset_index()
+        return {name: frame[name].to_numpy() for name in frame.columns}
 
     def fire(self, groups: list, keys: list, starts: list, ends: list) -> list[pa.Table]:
         """The rows of the blocks of (key group, BLOCK, window) timers."""

@@ -13,6 +13,7 @@ Thread use: the task thread only.
 """
 from __future__ import annotations
 
+from math import gcd
 from typing import Optional
 
 import numpy as np
@@ -23,6 +24,7 @@ from cluster.graph.windows import SessionWindows, SlidingWindows, TumblingWindow
 from cluster.common.frames import frame_to_table
 from cluster.operators.base import Operator
 from cluster.operators.keyed import MERGE_IN_BATCH, partial_columns
+from cluster.operators.windowing.arrow_groups import OVER_PARTIALS, OVER_ROWS, aggregate, groupable, missing_as_null
 from cluster.operators.windowing.watermarks import rowtime_ms
 
 ROWS, LATEST = "__rows__", "__latest__"
@@ -58,6 +60,35 @@ def window_partials(frame: pd.DataFrame, key: list[str], starts: np.ndarray, end
     return out[order].reset_index()
 
 
+def arrow_window_partials(assigner, table: pa.Table, ts: np.ndarray, key: list[str],
+                          aggregations: dict) -> pa.Table:
+    """window_partials' rows (with __latest__) by Arrow, for a table arrow_groups.groupable takes.
+    A sliding window's rows are aggregated once per pane (the gcd of size and slide: Flink's slices,
+    each wholly inside or outside every window), and each pane's partial goes to its windows: a
+    row is not copied once per window."""
+    table = missing_as_null(table, [column for column, _ in aggregations.values()])
+    outputs = [(name, column, *OVER_ROWS[kind]) for name, kind, column in partial_columns(aggregations)]
+    sliding = isinstance(assigner, SlidingWindows)
+    pane = gcd(assigner.size, assigner.slide) if sliding else assigner.size
+    starts = ts - np.mod(ts - assigner.offset, pane)
+    panes = aggregate(table.append_column("window_start", pa.array(starts)), key + ["window_start"], outputs, ROWS)
+    rows = panes.column(ROWS).to_numpy()
+    if not sliding:
+        ends = pa.array(panes.column("window_start").to_numpy() + assigner.size)
+        return panes.add_column(len(key) + 1, "window_end", ends).append_column(LATEST, pa.array(rows))
+    pane_starts = panes.column("window_start").to_numpy()
+    at, starts = assigner.assign(pane_starts)
+    # a pane's rows have one latest window: the one that starts at the pane's slide
+    latest = np.where(starts == (pane_starts - np.mod(pane_starts - assigner.offset, assigner.slide))[at], rows[at], 0)
+    windows = (panes.take(pa.array(at)).set_column(len(key), "window_start", pa.array(starts))
+               .add_column(len(key) + 1, "window_end", pa.array(starts + assigner.size))
+               .append_column(LATEST, pa.array(latest.astype(np.int64))))
+    # the panes of one batch that share a window: one row, as the rows' own would be
+    merge = [(name, name, *OVER_PARTIALS[kind]) for name, kind, _ in partial_columns(aggregations)]
+    merge += [(name, name, *OVER_PARTIALS["c"]) for name in (ROWS, LATEST)]
+    return aggregate(windows, key + ["window_start", "window_end"], merge)
+
+
 class WindowPartial(Operator, kind="window-partial"):
     """Partial aggregates per key and window of each batch, before the exchange (no state).
     params: key, rowtime, assigner, aggregations ({} for count)."""
@@ -73,9 +104,12 @@ class WindowPartial(Operator, kind="window-partial"):
             return []
         key, aggregations = list(self.params["key"]), self.params["aggregations"]
         ts = rowtime_ms(table, self.params["rowtime"], self.spec.where())
+        values = [column for column, _ in aggregations.values()]
+        needed = table.select(list(dict.fromkeys(key + values)))
+        if groupable(needed.schema, key, values):
+            return [arrow_window_partials(self.assigner, needed, ts, key, aggregations)]
         rows, starts, latest = assign(self.assigner, ts)
-        needed = list(dict.fromkeys(key + [column for column, _ in aggregations.values()]))
-        frame = table.select(needed).to_pandas()
+        frame = needed.to_pandas()
         if not isinstance(self.assigner, TumblingWindows):  # a row in several windows: one row per window
             frame = frame.take(rows)
         partials = window_partials(frame, key, starts, starts + self.assigner.size, latest, aggregations)
