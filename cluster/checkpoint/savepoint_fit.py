@@ -29,8 +29,9 @@ def saved_operator(uid: str, entry: dict) -> str:
 
 PREVIEW_COLUMNS = ["operator", "uid", "kind", "state"]  # a row of SavepointFit.preview
 # the parameters that shape an operator's state (the aggregates it keeps, a window's function and
-# assigner): a checkpoint keeps them per operator, so that an upgrade's preview can say they changed
-STATE_SHAPE = ("aggregations", "function", "assigner")
+# assigner, a sliding window kept per slice): a checkpoint keeps them per operator, so that an
+# upgrade's preview can say they changed
+STATE_SHAPE = ("aggregations", "function", "assigner", "slices")
 
 
 def state_shape(spec: OperatorSpec) -> dict:

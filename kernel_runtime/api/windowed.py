@@ -8,6 +8,7 @@ exchange, inside the upstream Spark plan when there is one (ARCHITECTURE.md sect
 """
 from __future__ import annotations
 
+import math
 from typing import Callable, Optional
 
 from cluster.graph.chaining import StreamEdge, StreamNode
@@ -94,6 +95,12 @@ class WindowedStream:
                 and self.late_tag is None and upstream is not None and stream._partitioning is None
                 and len(stream._upstreams) == 1 and stream._upstreams[0][1] is None):
             partial = {"key": key, "rowtime": self.rowtime, "assigner": assigner.spec, "aggregations": aggregations or {}}
+            spec = assigner.spec
+            if spec["type"] == "sliding" and spec["slide"] < spec["size"]:
+                # Flink's slicing: partials per slice (a tumbling window of the gcd), merged per window as it fires
+                slices = math.gcd(spec["size"], spec["slide"])
+                partial["assigner"] = {"type": "tumbling", "size": slices, "offset": (spec.get("offset") or 0) % slices}
+                params["slices"] = slices
             if upstream.spec.kind == "spark":
                 source = stream._then("spark", f"{name} (partial)", params={"key": key, "window_partial": partial},
                                       parallelism=upstream.parallelism)

@@ -24,7 +24,9 @@ from kernel_runtime.api import Duration, FileSink, Time, TumblingEventTimeWindow
 from tests.conftest import rest, wait_for
 from tests.e2e.test_exactly_once import fault_cluster, kill_repeatedly  # noqa: F401 (a fixture)
 
-pytestmark = pytest.mark.slow
+# the reference run starts the TaskManagers' Spark, and each of the five kills waits for a
+# replacement TaskManager to start its own (about 10 s each here): two minutes is not a hang
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 N, RATE, BATCH = 16_000, 2_000, 200
 SPLIT = 16 * BATCH

@@ -17,7 +17,7 @@ from cluster.conf import TaskConfig
 from cluster.graph.job_graph import OperatorSpec
 from cluster.taskmanager.operator_registry import OPERATORS
 from cluster.operators.base import OperatorContext
-from cluster.operators.windowing.contents import BLOCK
+from cluster.operators.windowing.contents import BLOCK, WINDOW_STATE
 from cluster.graph.event_time import MAX_WATERMARK, NO_WATERMARK
 from cluster.operators.windowing.watermarks import TimestampError
 from cluster.protocol.metrics import late_rows
@@ -416,25 +416,40 @@ def test_processing_time_windows_fire_on_the_wall_clock(backend, tmp_path):
 
 
 # --------------------------------------------------------------------------- pre-aggregation
-def test_pre_aggregated_input_gives_the_same_results_as_raw_rows(backend, tmp_path):
-    batches = scenario(seed=6, n=2000)
-    assigner = {"type": "sliding", "size": 1000, "slide": 500}
-    raw = Driven("window", window_params(assigner, lateness=400), backend, tmp_path / "raw")
-    want = emitted(raw.feed(as_tables(batches)) + raw.end())
-    partial = Driven("window-partial", {"key": ["k"], "rowtime": "ts", "assigner": assigner,
-                                        "aggregations": AGGREGATIONS}, backend, tmp_path / "pp")
-    merged = Driven("window", window_params(assigner, lateness=400, pre_aggregated=True), backend, tmp_path / "m")
-    # two producers: each half of a batch pre-aggregated on its own, both in one batch downstream
+def slice_partials(batches, assigner: dict, backend: str, tmp_path, slices: Optional[int],
+                   aggregations: dict = AGGREGATIONS) -> list:
+    """Each batch pre-aggregated as two producers would (each half on its own, both in one batch
+    downstream): per window, or per slice of ``slices`` ms (a tumbling window of it)."""
+    partial_assigner = assigner if slices is None else \
+        {"type": "tumbling", "size": slices, "offset": assigner.get("offset", 0) % slices}
+    partial = Driven("window-partial", {"key": ["k"], "rowtime": "ts", "assigner": partial_assigner,
+                                        "aggregations": aggregations}, backend, tmp_path / "pp")
     fed = []
     for table, wm in as_tables(batches):
         half = table.num_rows // 2
         fed.append((pa.concat_tables(partial.op.process(table.slice(0, half)) +
                                      partial.op.process(table.slice(half))), wm))
+    return fed
+
+
+@pytest.mark.parametrize("assigner, slices", [({"type": "sliding", "size": 1000, "slide": 500}, None),
+                                              ({"type": "sliding", "size": 1000, "slide": 500}, 500),
+                                              ({"type": "sliding", "size": 1000, "slide": 300, "offset": 100}, 100)],
+                         ids=["per-window", "slices", "slices-of-the-gcd"])
+def test_pre_aggregated_input_gives_the_same_results_as_raw_rows(backend, tmp_path, assigner, slices):
+    batches = scenario(seed=6, n=2000)
+    raw = Driven("window", window_params(assigner, lateness=400), backend, tmp_path / "raw")
+    want = emitted(raw.feed(as_tables(batches)) + raw.end())
+    fed = slice_partials(batches, assigner, backend, tmp_path, slices)
+    more = {"slices": slices} if slices else {}
+    merged = Driven("window", window_params(assigner, lateness=400, pre_aggregated=True, **more), backend,
+                    tmp_path / "m")
     assert sum(t.num_rows for t, _ in fed) < sum(t.num_rows for t, _ in as_tables(batches))
     got = emitted(merged.feed(fed) + merged.end())
     pd.testing.assert_frame_equal(final_view(got), final_view(want))
     assert emissions(got) == emissions(want)
     assert merged.op.metrics()["numLateRecordsDropped"] == raw.op.metrics()["numLateRecordsDropped"] > 0
+    assert not list(merged.op.backend.items(WINDOW_STATE))  # every block (or slice) went with its windows
 
 
 @pytest.mark.parametrize("assigner", [{"type": "tumbling", "size": 500, "offset": 70},
@@ -466,14 +481,20 @@ def test_arrow_partials_by_panes_equal_pandas_partials_of_each_rows_windows(assi
 
 
 # --------------------------------------------------------------------------- checkpoints
-@pytest.mark.parametrize("assigner", [{"type": "session", "gap": 30}, {"type": "sliding", "size": 1000, "slide": 500}],
-                         ids=["session", "sliding-blocks"])
-def test_restore_into_two_subtasks_continues_as_without_the_restore(backend, tmp_path, assigner):
+@pytest.mark.parametrize("assigner, slices", [({"type": "session", "gap": 30}, None),
+                                              ({"type": "sliding", "size": 1000, "slide": 500}, None),
+                                              ({"type": "sliding", "size": 1000, "slide": 250}, 250)],
+                         ids=["session", "sliding-blocks", "sliding-slices"])
+def test_restore_into_two_subtasks_continues_as_without_the_restore(backend, tmp_path, assigner, slices):
     batches = scenario(seed=7, n=2400, keys="abcdefghij")
     params = window_params(assigner, lateness=500)
     params["aggregations"] = {"total": ["v", "sum"]}
     whole = Driven("window", params, backend, tmp_path / "whole")
     want = emitted(whole.feed(as_tables(batches)) + whole.end())
+    if slices:  # the same rows as partials per slice, into a window kept per slice
+        batches = [(frame.to_pandas(), wm) for frame, wm in
+                   slice_partials(batches, assigner, backend, tmp_path, slices, params["aggregations"])]
+        params = {**params, "pre_aggregated": True, "slices": slices}
 
     cut = len(batches) // 2
     first = Driven("window", params, backend, tmp_path / "first")
@@ -512,6 +533,19 @@ def test_window_state_of_another_layout_is_refused_at_restore(backend, tmp_path)
     with pytest.raises(ValueError, match=r"operator 'windowed' \(test.py:7\): the restored window state is not kept "
                                          r"as per \(key group, window\) blocks"):
         tumbling.op.restore_state([handle])
+
+
+def test_window_state_kept_per_window_is_refused_by_a_window_kept_per_slice(backend, tmp_path):
+    assigner = {"type": "sliding", "size": 1000, "slide": 250}
+    per_window = Driven("window", window_params(assigner, "count", pre_aggregated=True), backend, tmp_path / "w")
+    per_window.feed(slice_partials(scenario(seed=3, n=200), assigner, backend, tmp_path, None, {}))
+    snapshot = per_window.op.snapshot_state(1)
+    snapshot.keyed.write(tmp_path / "keyed-0")
+    handle = {**snapshot.handle, "directory": str(tmp_path), "keyed_file": "keyed-0"}
+    sliced = Driven("window", window_params(assigner, "count", pre_aggregated=True, slices=250), backend, tmp_path / "s")
+    with pytest.raises(ValueError, match=r"operator 'windowed' \(test.py:7\): the restored window state is kept per "
+                                         r"window, and this window keeps it per slice of 250 ms"):
+        sliced.op.restore_state([handle])
 
 
 # --------------------------------------------------------------------------- bad input

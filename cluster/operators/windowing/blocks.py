@@ -12,6 +12,8 @@ Thread use: the owning operator's task thread only.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -23,16 +25,63 @@ from cluster.operators.windowing.contents import (BLOCK, WINDOW_STATE, Aggregate
 from cluster.operators.windowing.pre_aggregation import window_partials
 
 
+@dataclass
+class MergedBlocks:
+    """What merge_blocks touched: per block (key group, start, end, whether it existed before) and
+    per row of the merged blocks (the key and state ``columns``, their bounds, whether a new partial
+    row went into it); ``bounds`` cut the rows into the blocks."""
+    groups: np.ndarray
+    starts: np.ndarray
+    ends: np.ndarray
+    had: np.ndarray
+    bounds: np.ndarray
+    columns: dict
+    row_starts: np.ndarray
+    row_ends: np.ndarray
+    new: np.ndarray
+
+
 class BlockContents(AggregateContents):
     blocks = True
+    slices = 0  # the length of the slices blocks are kept per (slices.py); 0: per window
+
+    def snapshot(self, handle: dict) -> None:
+        handle["slices"] = self.slices
+
+    def restore(self, handles: list[dict]) -> None:
+        kept = {int(h.get("slices", 0)) for h in handles} - {self.slices}
+        if kept:
+            def layout(slices: int) -> str:
+                return f"per slice of {slices} ms" if slices else "per window"
+            raise ValueError(f"{self.scope.where()}: the restored window state is kept {layout(kept.pop())}, and "
+                             f"this window keeps it {layout(self.slices)} (a window pre-aggregated in another way, "
+                             "or written by another version)")
 
     def add(self, pairs: pd.DataFrame, starts: np.ndarray, ends: np.ndarray) -> list[pa.Table]:
         return self.add_partials(window_partials(pairs, self.scope.key, starts, ends, None, self.aggregations))
 
     def add_partials(self, partials: pd.DataFrame) -> list[pa.Table]:
         """Merges partial rows (key, window_start, window_end, state columns; several rows of one
-        key and window allowed: one per producer) into the blocks of their (key group, window)s:
-        the old blocks and the new rows aggregated in one groupby, split back into blocks."""
+        key and window allowed: one per producer) into the blocks of their (key group, window)s,
+        and fires those the trigger says fire at once."""
+        merged = self.merge_blocks(partials)
+        fire = self.scope.added(merged.groups.tolist(), [BLOCK] * len(merged.groups), merged.starts, merged.ends,
+                                ~merged.had)
+        if not fire.any():
+            return []
+        # late rows within the lateness: the updated rows of the keys this batch touched
+        emit = np.repeat(fire, np.diff(merged.bounds)) & merged.new
+        return self.result_columns({name: a[emit] for name, a in merged.columns.items()},
+                                   merged.row_starts[emit], merged.row_ends[emit])
+
+    def last_instants(self, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        """The last instant of the latest window that partial rows of these bounds go to: a row
+        is late once that window is (the trigger's is_late)."""
+        return ends - 1
+
+    def merge_blocks(self, partials: pd.DataFrame) -> "MergedBlocks":
+        """Partial rows merged into the blocks of their (key group, start, end): the old blocks and
+        the new rows aggregated in one groupby, split back into blocks and stored."""
         key, backend = self.scope.key, self.scope.backend
         n = len(partials)
         starts = partials["window_start"].to_numpy(np.int64)
@@ -65,31 +114,27 @@ class BlockContents(AggregateContents):
         arrays = [merged[name] for name in names]
         bounds = np.append(run_starts(m_groups, m_starts, m_ends), len(m_groups))
         blocks = [tuple(a[lo:hi].copy() for a in arrays) for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
-        # the same (key group, window)s in the same order as the touched ones
+        # the same (key group, start, end)s in the same order as the touched ones
         backend.put_many(WINDOW_STATE, touched_groups.tolist(), block_keys(touched_starts, touched_ends), blocks)
-        fire = self.scope.added(touched_groups.tolist(), [BLOCK] * len(firsts), touched_starts, touched_ends, ~had)
-        if not fire.any():
-            return []
-        # late rows within the lateness: the updated rows of the keys this batch touched
-        emit = np.repeat(fire, np.diff(bounds)) & (merged["__new__"] == 1)
-        return self.result_columns({name: a[emit] for name, a in zip(names, arrays)}, m_starts[emit], m_ends[emit])
+        return MergedBlocks(touched_groups, touched_starts, touched_ends, had, bounds, dict(zip(names, arrays)),
+                            m_starts, m_ends, merged["__new__"] == 1)
 
     def _merged(self, columns: dict[str, np.ndarray], by: list[str]) -> dict[str, np.ndarray]:
         """One row per ``by`` (sorted by it) of rows of blocks and partials: their state columns
-        merged, and whether any was new (``__new__``)."""
+        merged, and (given a column ``__new__``) whether any was new."""
         kinds = dict(zip(self.state_columns, self.kinds))
+        if "__new__" in columns:
+            kinds["__new__"] = "max"
         try:
             table = pa.table(columns)
         except (pa.ArrowInvalid, pa.ArrowTypeError):  # objects Arrow cannot type (mixed keys): pandas'
             table = None
         if table is not None and groupable(table.schema, by, self.state_columns):
             outputs = [(name, name, *OVER_PARTIALS[kind]) for name, kind in kinds.items()]
-            merged = aggregate(table, by, outputs + [("__new__", "__new__", "max", None)])
-            merged = merged.sort_by([(name, "ascending") for name in by])
+            merged = aggregate(table, by, outputs).sort_by([(name, "ascending") for name in by])
             return {name: merged.column(name).to_numpy() for name in merged.column_names}
         frame = pd.DataFrame(columns).groupby(by, sort=True, dropna=False).agg(
-            **{name: (name, MERGE_IN_BATCH[kind]) for name, kind in kinds.items()},
-            __new__=("__new__", "max")).reset_index()
+            **{name: (name, MERGE_IN_BATCH[kind]) for name, kind in kinds.items()}).reset_index()
         return {name: frame[name].to_numpy() for name in frame.columns}
 
     def fire(self, groups: list, keys: list, starts: list, ends: list) -> list[pa.Table]:

@@ -2,9 +2,9 @@
 
 Per key and window [start, end) the operator keeps the window's contents in the keyed backend
 (state ``window``): its parts are Flink's. The assigner (cluster.graph.windows) places rows in
-windows; the contents (contents.py, blocks.py: one class per window function kind) keep what a
-window holds and make its output rows; the trigger (triggers.py: EventTimeTrigger,
-ProcessingTimeTrigger) decides from the watermark and the timers per (key, window) when a window
+windows; the contents (contents.py, blocks.py, slices.py: one class per window function kind and
+state layout) keep what a window holds and make its output rows; the trigger (triggers.py:
+EventTimeTrigger, ProcessingTimeTrigger) decides from the watermark and the timers per (key, window) when a window
 fires and when it is purged, allowed lateness included; session windows merge per key
 (sessions.py). A window is late once the trigger says so (``end - 1 + allowed_lateness <=
 watermark``): rows for it are skipped, and a row all of whose windows are late goes to the late
@@ -37,7 +37,7 @@ import pyarrow as pa
 from cluster.common.clock import now_ms
 from cluster.graph.event_time import NO_WATERMARK
 from cluster.graph.job_graph import OperatorSpec
-from cluster.graph.windows import SessionWindows, assigner_of
+from cluster.graph.windows import SessionWindows, SlidingWindows, assigner_of
 from cluster.operators.base import OperatorContext, OperatorSnapshot
 from cluster.operators.keyed import KeyedOperator
 from cluster.operators.late_rows import LateRows
@@ -47,6 +47,7 @@ from cluster.operators.windowing.contents import (BLOCK, AggregateContents, Proc
                                                   WindowContents)
 from cluster.operators.windowing.pre_aggregation import LATEST, assign
 from cluster.operators.windowing.sessions import MergingWindowSet
+from cluster.operators.windowing.slices import SliceContents
 from cluster.operators.windowing.triggers import EventTimeTrigger, ProcessingTimeTrigger, Trigger, TriggerResult
 from cluster.operators.windowing.watermarks import rowtime_ms
 from cluster.protocol.metrics import (LATE_ROWS, NEWEST_EVENT_TIMESTAMP, NUM_LATE_RECORDS_DROPPED,
@@ -116,6 +117,10 @@ class WindowOperator(KeyedOperator, kind="window"):
         if function == "process":
             return ProcessContents(self)
         aggregations = (self.params.get("aggregations") or {}) if function == "aggregate" else {}
+        if self.params.get("slices"):  # the partials upstream are per slice (windowed.py decides)
+            if not isinstance(self.assigner, SlidingWindows) or not self.params.get("pre_aggregated"):
+                raise ValueError(f"{where}: only a pre-aggregated sliding window is kept per slice")
+            return SliceContents(self, aggregations, function == "count", self.assigner, int(self.params["slices"]))
         return (AggregateContents if self.sessions else BlockContents)(self, aggregations, function == "count")
 
     # ------------------------------------------------------------------ the contents' scope
@@ -137,6 +142,10 @@ class WindowOperator(KeyedOperator, kind="window"):
             keys = key_frame[self.key[0]].tolist() if len(self.key) == 1 else \
                 list(zip(*[key_frame[k].tolist() for k in self.key]))
         return groups, keys, list(zip(keys, starts, ends))
+
+    def is_late(self, last_instants: np.ndarray) -> np.ndarray:
+        """Whether windows of these last instants are late (past their clean-up)."""
+        return self.trigger.is_late(last_instants, self.watermark)
 
     def key_groups_of(self, key_frame: pd.DataFrame) -> np.ndarray:
         if not self.key:  # window_all: one key, parallelism 1
@@ -209,13 +218,14 @@ class WindowOperator(KeyedOperator, kind="window"):
         frame = table.to_pandas()
         ends = frame["window_end"].to_numpy(np.int64)
         self.newest = max(self.newest, int(ends.max()) - 1)  # the rows' own times were aggregated away
-        keep = ~self.trigger.is_late(ends - 1, self.watermark)
+        last = self.contents.last_instants(frame["window_start"].to_numpy(np.int64), ends)
+        keep = ~self.is_late(last)
         if not keep.all():
             # the rows were aggregated away upstream: their partials stand for them, one per key and
             # window, at the window's last instant; a row counts once, in its latest window
             late = frame.loc[~keep, self.key + ["window_start", "window_end", LATEST]].rename(columns={LATEST: "rows"})
             late[["window_start", "window_end"]] = late[["window_start", "window_end"]].astype("datetime64[ms]")
-            self.late.record(pa.Table.from_pandas(late, preserve_index=False), ends[~keep] - 1, self.watermark,
+            self.late.record(pa.Table.from_pandas(late, preserve_index=False), last[~keep], self.watermark,
                              False, rows=int(late["rows"].sum()))
             frame = frame[keep]
         if frame.empty:
