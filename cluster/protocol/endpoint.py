@@ -237,6 +237,13 @@ class RpcEndpoint:
                 for sock in list(events):
                     if sock is not self._wake_recv:
                         self._drain(sock)
+                if self._timers and self._timers[0][0] <= time.monotonic():
+                    # what arrived while those messages were handled (a long step: many tasks
+                    # deployed at once) goes before the timers too, or a heartbeat waiting in a
+                    # socket would be judged missing
+                    for sock in list(dict(poller.poll(0))):
+                        if sock is not self._wake_recv:
+                            self._drain(sock)
                 self._run_due_timers()
         finally:
             for sock in self._sockets:

@@ -55,3 +55,39 @@ def test_the_local_address_towards_a_peer_is_on_its_route():
     assert local_address_towards("tcp://127.0.0.1:6123") == "127.0.0.1"
     # a name not resolvable (yet): loopback, as before a cluster spanned hosts
     assert local_address_towards("tcp://no-such-host.invalid:6123") == "127.0.0.1"
+
+
+def test_a_message_that_came_during_a_long_step_is_handled_before_a_due_timer_judges(endpoint):
+    """The TaskManager's heartbeat check is a timer: a heartbeat that reached the socket while the
+    loop was busy (many tasks deployed at once) must count before the check runs."""
+    import time
+
+    import zmq
+
+    from cluster.protocol.task_executor_messages import HeartbeatFromResourceManager
+
+    address = endpoint.call(lambda: endpoint.bind_router("tcp://127.0.0.1:0"))
+    router = endpoint._sockets[-1]
+    sender = RpcEndpoint("sender", Codec(b"s" * 32))
+    sender.start()
+    heard, judged = threading.Event(), {}
+    endpoint.handlers[HeartbeatFromResourceManager] = lambda msg, peer: heard.set()
+    sent = threading.Event()
+
+    def long_step():
+        endpoint.call_later(0, lambda: judged.setdefault("heard", heard.is_set()))  # due at once
+        assert sent.wait(10)
+        deadline = time.monotonic() + 10  # a backstop: the heartbeat reaches the socket in microseconds
+        while not router.getsockopt(zmq.EVENTS) & zmq.POLLIN and time.monotonic() < deadline:
+            time.sleep(0.001)
+
+    try:
+        peer = sender.call(lambda: sender.connect_dealer(address, b"tm"))
+        endpoint.call_soon(long_step)
+        sender.call(lambda: sender.send(peer, HeartbeatFromResourceManager()))
+        sent.set()
+        assert heard.wait(10)
+        endpoint.call(lambda: None)  # the judging timer has run by now (same loop turn)
+    finally:
+        sender.stop()
+    assert judged == {"heard": True}
