@@ -234,22 +234,23 @@ class RpcEndpoint:
                         except zmq.Again:
                             break
                 self._run_calls()
-                for sock in list(events):
-                    if sock is not self._wake_recv:
-                        self._drain(sock)
+                self._drain_ready(events)
                 if self._timers and self._timers[0][0] <= time.monotonic():
                     # what arrived while those messages were handled (a long step: many tasks
                     # deployed at once) goes before the timers too, or a heartbeat waiting in a
                     # socket would be judged missing
-                    for sock in list(dict(poller.poll(0))):
-                        if sock is not self._wake_recv:
-                            self._drain(sock)
+                    self._drain_ready(dict(poller.poll(0)))
                 self._run_due_timers()
         finally:
             for sock in self._sockets:
                 sock.close(0)
             self._wake_recv.close(0)
             self._wake_send.close(0)
+
+    def _drain_ready(self, events: dict) -> None:
+        for sock in list(events):
+            if sock is not self._wake_recv:
+                self._drain(sock)
 
     def _run_due_timers(self) -> None:
         now = time.monotonic()

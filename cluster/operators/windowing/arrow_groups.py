@@ -40,8 +40,10 @@ def missing_as_null(table: pa.Table, columns: list[str]) -> pa.Table:
     """NaN as null in these float columns: pandas skips both, Arrow's count and sum only nulls."""
     for name in dict.fromkeys(columns):
         column = table.column(name)
-        if pa.types.is_floating(column.type) and pc.any(pc.is_nan(column)).as_py():
-            nan = pc.is_nan(column)
+        if not pa.types.is_floating(column.type):
+            continue
+        nan = pc.is_nan(column)
+        if pc.any(nan).as_py():
             table = table.set_column(table.schema.get_field_index(name), name,
                                      pc.if_else(nan, pa.scalar(None, column.type), column))
     return table

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from cluster.graph.windows import SessionWindows, SlidingWindows, TumblingWindows, assigner_of
+from cluster.graph.windows import SessionWindows, SlidingWindows, TumblingWindows, assigner_of, window_start
 from cluster.common.frames import frame_to_table
 from cluster.operators.base import Operator
 from cluster.operators.keyed import MERGE_IN_BATCH, partial_columns
@@ -70,7 +70,7 @@ def arrow_window_partials(assigner, table: pa.Table, ts: np.ndarray, key: list[s
     outputs = [(name, column, *OVER_ROWS[kind]) for name, kind, column in partial_columns(aggregations)]
     sliding = isinstance(assigner, SlidingWindows)
     pane = gcd(assigner.size, assigner.slide) if sliding else assigner.size
-    starts = ts - np.mod(ts - assigner.offset, pane)
+    starts = window_start(ts, pane, assigner.offset)
     panes = aggregate(table.append_column("window_start", pa.array(starts)), key + ["window_start"], outputs, ROWS)
     rows = panes.column(ROWS).to_numpy()
     if not sliding:
@@ -79,7 +79,7 @@ def arrow_window_partials(assigner, table: pa.Table, ts: np.ndarray, key: list[s
     pane_starts = panes.column("window_start").to_numpy()
     at, starts = assigner.assign(pane_starts)
     # a pane's rows have one latest window: the one that starts at the pane's slide
-    latest = np.where(starts == (pane_starts - np.mod(pane_starts - assigner.offset, assigner.slide))[at], rows[at], 0)
+    latest = np.where(starts == window_start(pane_starts, assigner.slide, assigner.offset)[at], rows[at], 0)
     windows = (panes.take(pa.array(at)).set_column(len(key), "window_start", pa.array(starts))
                .add_column(len(key) + 1, "window_end", pa.array(starts + assigner.size))
                .append_column(LATEST, pa.array(latest.astype(np.int64))))

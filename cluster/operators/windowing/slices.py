@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from cluster.graph.windows import SlidingWindows
+from cluster.graph.windows import SlidingWindows, window_start
 from cluster.operators.windowing.blocks import BlockContents
 from cluster.operators.windowing.contents import BLOCK, WINDOW_STATE, WindowScope, block_keys
 
@@ -33,8 +33,7 @@ class SliceContents(BlockContents):
     def last_instants(self, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
         """A slice's rows are late once the latest window holding it is: the one starting at the
         slide the slice begins in."""
-        latest = starts - np.mod(starts - self.assigner.offset, self.assigner.slide)
-        return latest + self.assigner.size - 1
+        return window_start(starts, self.assigner.slide, self.assigner.offset) + self.assigner.size - 1
 
     def add_partials(self, partials: pd.DataFrame) -> list[pa.Table]:
         """Partial rows of slices into their blocks; the windows of those slices get their timers,
@@ -74,11 +73,9 @@ class SliceContents(BlockContents):
         """The key and state columns of windows (one row per key of each window: its slices merged)
         and, per row, the window it belongs to; None when none of their slices holds a row."""
         per = self.assigner.size // self.slices
-        slice_starts = (np.asarray(starts, dtype=np.int64)[:, None] + np.arange(per) * self.slices).ravel()
-        slice_groups = np.repeat(np.asarray(groups, dtype=np.int64), per)
+        slice_groups, slice_keys = self._slices(groups, starts, per)
         window_of = np.repeat(np.arange(len(starts)), per)
-        blocks = self.scope.backend.get_many(WINDOW_STATE, slice_groups.tolist(),
-                                             block_keys(slice_starts, slice_starts + self.slices))
+        blocks = self.scope.backend.get_many(WINDOW_STATE, slice_groups, slice_keys)
         live = [i for i, b in enumerate(blocks) if b is not None]
         if not live:
             return None
@@ -99,8 +96,11 @@ class SliceContents(BlockContents):
 
     def clear(self, groups: list, keys: list, starts: list, ends: list) -> None:
         """A window cleaned up: the slices before the next window's start go."""
-        per = self.assigner.slide // self.slices
+        slice_groups, slice_keys = self._slices(groups, starts, self.assigner.slide // self.slices)
+        self.scope.backend.put_many(WINDOW_STATE, slice_groups, slice_keys, [None] * len(slice_groups))
+
+    def _slices(self, groups, starts, per: int) -> tuple[list, list]:
+        """The key groups and state keys of the first ``per`` slices from each window start."""
         slice_starts = (np.asarray(starts, dtype=np.int64)[:, None] + np.arange(per) * self.slices).ravel()
         slice_groups = np.repeat(np.asarray(groups, dtype=np.int64), per).tolist()
-        self.scope.backend.put_many(WINDOW_STATE, slice_groups, block_keys(slice_starts, slice_starts + self.slices),
-                                    [None] * len(slice_groups))
+        return slice_groups, block_keys(slice_starts, slice_starts + self.slices)

@@ -4,8 +4,8 @@ Per key and window [start, end) the operator keeps the window's contents in the 
 (state ``window``): its parts are Flink's. The assigner (cluster.graph.windows) places rows in
 windows; the contents (contents.py, blocks.py, slices.py: one class per window function kind and
 state layout) keep what a window holds and make its output rows; the trigger (triggers.py:
-EventTimeTrigger, ProcessingTimeTrigger) decides from the watermark and the timers per (key, window) when a window
-fires and when it is purged, allowed lateness included; session windows merge per key
+EventTimeTrigger, ProcessingTimeTrigger) decides from the watermark and the timers per (key,
+window) when a window fires and when it is purged, allowed lateness included; session windows merge per key
 (sessions.py). A window is late once the trigger says so (``end - 1 + allowed_lateness <=
 watermark``): rows for it are skipped, and a row all of whose windows are late goes to the late
 side output (or counts in numLateRecordsDropped); either way the newest few are kept to be seen
@@ -191,7 +191,7 @@ class WindowOperator(KeyedOperator, kind="window"):
             assert not isinstance(self.assigner, SessionWindows)  # only session windows merge
             rows, starts, _ = assign(self.assigner, ts)
             ends = starts + self.assigner.size
-            keep = ~self.trigger.is_late(ends - 1, self.watermark)
+            keep = ~self.is_late(ends - 1)
             rows, starts, ends = rows[keep], starts[keep], ends[keep]
             skipped = np.bincount(rows, minlength=len(ts)) == 0
         if skipped.any():
