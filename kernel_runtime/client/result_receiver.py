@@ -76,6 +76,10 @@ class ResultSummary:
     preview: pd.DataFrame
     error: Optional[str] = None
     first_row_at: Optional[float] = None  # time.perf_counter() when the first row arrived
+    kind: str = ""  # append, update or single (results.MODES)
+    key: tuple[str, ...] = ()  # an update table's key columns
+    limit: Optional[int] = None  # the most rows (append) or keys (update) kept
+    attempt: int = 0  # the job's attempt whose rows these are (a restart replaces the rows)
 
 
 class ResultReceiver:
@@ -142,7 +146,8 @@ class ResultReceiver:
             buffer = results.buffer
             preview = buffer.preview(n) if not results.error else pd.DataFrame()
             return ResultSummary(buffer.total, len(buffer), buffer.describe(), preview, results.error,
-                                 results.first_row_at)
+                                 results.first_row_at, buffer.mode, tuple(getattr(buffer, "key", ())),
+                                 buffer.max_rows, results.attempt)
 
     def rows(self, job_id: str, sink: str) -> int:
         """Rows received from the current attempt, kept or not."""

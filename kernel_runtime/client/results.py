@@ -228,25 +228,33 @@ class SingleRowBuffer(ResultBuffer):
 
 
 # --------------------------------------------------------------------------- choosing a mode
+# operators that keep an upsert stream's rows as they are, or drop some: what comes out is still
+# keyed as it came in (Flink's upsert stream through a WHERE), so the sink's rows upsert by that key
+_KEY_KEEPING = frozenset({"filter"})
+
+
 def upsert_key(graph: JobGraph, sink_uid: str) -> Optional[list[str]]:
-    """The key of the running keyed aggregation feeding this collect sink directly, if one does
-    and the sink does not collect its changelog; whatever else feeds the sink is an append stream."""
-    for vertex in graph.vertices:
-        uids = [o.uid for o in vertex.operators]
-        if sink_uid not in uids:
-            continue
-        index = uids.index(sink_uid)
-        if vertex.operators[index].params.get("changelog"):
-            return None
+    """The key of the running keyed aggregation feeding this collect sink, directly or through
+    filters, if one does and the sink does not collect its changelog; whatever else feeds the
+    sink is an append stream."""
+    vertex = next((v for v in graph.vertices if sink_uid in [o.uid for o in v.operators]), None)
+    if vertex is None:
+        raise KeyError(f"the job graph has no operator {sink_uid}")
+    index = [o.uid for o in vertex.operators].index(sink_uid)
+    if vertex.operators[index].params.get("changelog"):
+        return None
+    while True:
         if index > 0:
-            upstream = vertex.operators[index - 1]
+            index -= 1
         else:
             inputs = graph.inputs_of(vertex.id)
             if len(inputs) != 1 or inputs[0][1].side_output is not None:
                 return None
-            upstream = graph.vertex(inputs[0][1].source).operators[-1]
-        return upsert_key_of(upstream.kind, upstream.params)
-    raise KeyError(f"the job graph has no operator {sink_uid}")
+            vertex = graph.vertex(inputs[0][1].source)
+            index = len(vertex.operators) - 1
+        upstream = vertex.operators[index]
+        if upstream.kind not in _KEY_KEEPING:
+            return upsert_key_of(upstream.kind, upstream.params)
 
 
 @dataclass(frozen=True)

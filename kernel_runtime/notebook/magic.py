@@ -248,6 +248,11 @@ def load_ipython_extension(shell) -> None:
     bokeh_resources.display_loader()
     if magics.start_at_load:
         magics.session.start_in_background()
+        from kernel_runtime.api.sql import analysis
+        # the planner's session, up by the time a cell's .sql needs it: a wrong column is then
+        # refused in the cell at once, instead of by the job's first task seconds later
+        analysis.warm_up_after = magics.session.wait_for_spark
+        analysis.warm_up()
 
 
 def unload_ipython_extension(shell) -> None:

@@ -15,10 +15,12 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Optional
 
 from cluster.conf import OPTIONS
+from cluster.protocol.endpoint import RpcError
 
 from kernel_runtime.client.cluster_info import ClusterInfo, ClusterNotRunning, default_cluster_dir
 from kernel_runtime.client.job_client import JobClient
@@ -68,6 +70,29 @@ class StreamSession:
             starting.join(timeout)
             if not starting.is_alive():
                 self._starting = None
+
+    def wait_for_spark(self, poll_s: float = 0.5) -> None:
+        """Until every TaskManager of the embedded cluster has started its SparkSession (or failed
+        to, or does not start one yet), or no cluster is up. Not on the kernel's main thread: the
+        SQL planner's warm-up waits on it, so that its JVM does not slow theirs."""
+        starting = self._starting
+        if starting is not None:
+            starting.join()
+        cluster = self.embedded
+        if cluster is None:
+            return
+        client = JobClient(cluster.info)
+        try:
+            while True:
+                taskmanagers = client.cluster_overview().taskmanagers
+                if (len(taskmanagers) >= cluster.num_taskmanagers
+                        and not any(t.get("spark") in ("queued", "starting") for t in taskmanagers)):
+                    return
+                time.sleep(poll_s)
+        except (RpcError, ClusterNotRunning, TimeoutError, OSError):
+            return  # stopped meanwhile
+        finally:
+            client.close()
 
     def start(self, taskmanagers: Optional[int] = None, slots: Optional[int] = None) -> LocalCluster:
         if self.untouched and ((taskmanagers or self.taskmanagers, slots or self.slots)

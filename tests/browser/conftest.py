@@ -108,6 +108,13 @@ CELLS_DONE = """() => {
 }"""
 
 
+# the rows a dashboard's results grid draws: Perspective's datagrid keeps its table (a
+# regular-table, which draws the rows in view) in its shadow root. Use as `(GRID_ROWS)(board)`.
+GRID_ROWS = """(board) => [...board.querySelectorAll('.streamlab-results perspective-viewer-datagrid')]
+  .map(g => g.shadowRoot ? g.shadowRoot.querySelectorAll('regular-table tbody tr').length : 0)
+  .reduce((a, b) => a + b, 0)"""
+
+
 def screenshot(page, name: str) -> None:
     page.evaluate("() => { const b = document.querySelector('.streamlab-dashboard');"
                   " if (b) { b.scrollIntoView({block: 'start'}); } }")

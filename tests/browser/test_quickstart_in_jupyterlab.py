@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from .conftest import ARTIFACTS, CELLS_DONE, ROOT, chromium, open_notebook, screenshot
+from .conftest import ARTIFACTS, CELLS_DONE, GRID_ROWS, ROOT, chromium, open_notebook, screenshot
 
 NOTEBOOK = "01-quickstart.ipynb"
 
@@ -28,7 +28,7 @@ PAGE_STATE = """() => {
     state: state ? state.dataset.state : '',
     busySlots: board.querySelectorAll('.streamlab-slot[data-state="busy"]').length,
     rows: rows ? Number(rows.dataset.rows) : -1,
-    tableRows: board.querySelectorAll('.streamlab-results table tbody tr').length,
+    tableRows: (""" + GRID_ROWS + """)(board),
     sourceRows: Number((board.querySelector('.streamlab-source-rows') || {dataset: {rows: -1}}).dataset.rows),
   };
 }"""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from .conftest import ARTIFACTS, CELLS_DONE, poll_page, tutorial_running
+from .conftest import ARTIFACTS, CELLS_DONE, GRID_ROWS, poll_page, tutorial_running
 
 NOTEBOOK = "08-streaming-sql.ipynb"
 REFUSED = "5e165e96"  # the section whose cell is refused: the run stops before it
@@ -22,7 +22,7 @@ BOARDS = """() => [...document.querySelectorAll('.streamlab-dashboard')].map(boa
   name: (board.textContent.match(/Job '([^']*)'/) || [])[1] || '',
   state: (board.querySelector('.streamlab-state') || {dataset: {}}).dataset.state || '',
   vertices: [...board.querySelectorAll('.streamlab-vertex')].map(v => v.textContent),
-  tableRows: board.querySelectorAll('.streamlab-results table tbody tr').length,
+  tableRows: (""" + GRID_ROWS + """)(board),
 }))"""
 
 OUTPUTS = """() => [...document.querySelectorAll('.jp-Notebook .jp-CodeCell')].map(cell =>

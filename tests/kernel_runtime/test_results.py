@@ -129,6 +129,17 @@ def test_a_keyed_count_chained_with_its_sink_is_found_too():
     assert upsert_key(graph, sinks["c"]) == ["seq"]
 
 
+def test_a_filter_behind_a_keyed_count_keeps_its_rows_keyed_chained_or_not():
+    # Flink's upsert stream through a WHERE is still keyed: the table per key stays a table
+    graph, sinks = _graph(lambda env: (
+        env.from_generator(count=10).key_by("seq").count().filter(lambda d: d["count"] > 0).collect("chained"),
+        env.from_generator(count=10).key_by("seq").count().filter(lambda d: d["count"] > 0, parallelism=1)
+        .filter(lambda d: d["count"] > 1).collect("apart"),
+        env.from_generator(count=10).key_by("seq").count().map_batches(lambda d: d).collect("mapped")))
+    assert upsert_key(graph, sinks["chained"]) == upsert_key(graph, sinks["apart"]) == ["seq"]
+    assert upsert_key(graph, sinks["mapped"]) is None  # a map may change the key's columns
+
+
 def test_a_changelog_sink_keeps_every_update_row_chained_or_not():
     def build(env):
         counts = env.from_generator(count=10).key_by("seq").count()

@@ -2,6 +2,9 @@
 cluster): which queries stay per batch, how an aggregation splits, and what is refused, where."""
 from __future__ import annotations
 
+import re
+import threading
+
 import pyarrow as pa
 import pytest
 
@@ -211,3 +214,46 @@ def test_a_refused_query_leaves_pyspark_s_own_error_log_as_it_was(tmp_path):
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert "refused: [UNRESOLVED_COLUMN" in done.stdout, done.stdout + done.stderr[-3000:]
     assert "pyspark logger: True True" in done.stdout, done.stdout
+
+
+@pytest.fixture
+def notebook_planner(spark, monkeypatch):
+    """The planner as a notebook has it: warmed up ahead of need (here at once), and up."""
+    monkeypatch.setattr(analysis, "warm_up_after", lambda: None)
+    analysis.planner_session()
+
+
+def test_in_a_notebook_a_wrong_column_of_a_per_batch_query_is_refused_at_its_line(notebook_planner):
+    env = StreamEnvironment(parallelism=1)
+    stream = env.from_generator(lambda s: {"order_id": s, "amount": s % 7}, count=10)
+    with pytest.raises(GraphValidationError) as info:
+        stream.sql("SELECT order_id, amout * 2 AS twice FROM input", name="typo")
+    text = str(info.value)
+    assert re.search(r"operator 'typo' \(test_sql_planner.py:\d+\): Spark refuses the query: "
+                     r"\[UNRESOLVED_COLUMN.WITH_SUGGESTION\] .*`amout`.* Did you mean .*`amount`", text), text
+    # what only the TaskManagers' sessions may know is left to them: a table, a function
+    stream.sql("SELECT i.order_id FROM input i JOIN dims d ON i.order_id = d.id", per_batch=True)
+    stream.sql("SELECT order_id, their_udf(amount) AS x FROM input")
+    assert len(env._nodes) == 3  # the source and the two steps just made
+
+
+def test_a_script_leaves_a_per_batch_query_to_the_job_s_first_task(spark, monkeypatch):
+    monkeypatch.setattr(analysis, "warm_up_after", None)
+    analysis.planner_session()  # up, but a script does not analyse what only projects and filters
+    env = StreamEnvironment(parallelism=1)
+    env.from_generator(lambda s: {"order_id": s}, count=10).sql("SELECT amout FROM input", name="typo")
+
+
+def test_the_warm_up_starts_the_session_only_after_its_gate(spark, monkeypatch):
+    opened = threading.Event()
+    monkeypatch.setattr(analysis, "_session", None)
+    monkeypatch.setattr(analysis, "_warming", None)
+    monkeypatch.setattr(analysis, "warm_up_after", opened.wait)
+    analysis.warm_up()
+    warming = analysis._warming
+    assert warming is not None and warming.is_alive() and not analysis.analyses_every_query()
+    analysis.warm_up()  # once
+    assert analysis._warming is warming
+    opened.set()
+    warming.join()
+    assert analysis.analyses_every_query()

@@ -28,6 +28,12 @@ _lock = threading.Lock()
 _session: Any = None
 # how the planner's session is made when the process has none active (tests give the suite's)
 session_factory: Optional[Callable[[], Any]] = None
+# what ``warm_up`` waits for before it starts the session, set by a notebook's session (its
+# cluster's TaskManagers starting their JVMs: a first row waits for those, not for this one);
+# None, as in scripts and exported jobs, starts none ahead of need
+warm_up_after: Optional[Callable[[], None]] = None
+_warming: Optional[threading.Thread] = None
+log = logging.getLogger(__name__)
 
 
 class SqlAnalysisError(Exception):
@@ -93,6 +99,32 @@ def planner_session() -> Any:
         active = SparkSession.getActiveSession()
         _session = (active or _new_session()).newSession()
     return _session
+
+
+def analyses_every_query() -> bool:
+    """Whether a query that only projects and filters is analysed as it is written too: in a
+    notebook (``warm_up_after`` set), once the session is up (an analysis then takes milliseconds,
+    not a JVM's start). Elsewhere the job's first task analyses it, as it always does."""
+    return warm_up_after is not None and _session is not None
+
+
+def warm_up() -> None:
+    """Start the session on a thread of its own after ``warm_up_after`` returns (nothing without
+    it, or once started)."""
+    global _warming
+    gate = warm_up_after
+    if gate is None or _session is not None or _warming is not None:
+        return
+
+    def start() -> None:
+        try:
+            gate()
+            with _lock:
+                planner_session()
+        except Exception:  # the next query that needs the session starts it, and says why it cannot
+            log.warning("the SQL planner's SparkSession did not start ahead of need", exc_info=True)
+    _warming = threading.Thread(target=start, name="streamlab-sql-planner-warm-up", daemon=True)
+    _warming.start()
 
 
 def analyse(query: str, schema: pa.Schema, view: str = "input") -> Node:

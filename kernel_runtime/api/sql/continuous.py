@@ -40,6 +40,10 @@ def planned(streams: dict[str, DataStream], query: str, where: str):
     operator and its line) if Spark refuses the query or streamlab cannot plan it."""
     view, stream = next(iter(streams.items()))
     if len(streams) == 1 and view == "input" and not may_span_batches(query):
+        if analysis.analyses_every_query():
+            _refuse_wrong_columns(query, stream, where)
+        else:
+            analysis.warm_up()
         return PerBatch(), query
     schemas = {v: _input_schema(s) for v, s in streams.items()}
     unknown = [v for v, schema in schemas.items() if schema is None]
@@ -75,6 +79,21 @@ def planned(streams: dict[str, DataStream], query: str, where: str):
     except UnsupportedQuery as exc:
         raise GraphValidationError(f"{where}: {exc}") from None
     return how, per_batch_query(query, root, view) if isinstance(how, PerBatch) else query
+
+
+def _refuse_wrong_columns(query: str, stream: DataStream, where: str) -> None:
+    """A query over each batch, analysed by the planner's session when it is up already, over its
+    input's schema when that is known: a column the input lacks (or any error Spark's analyser
+    finds) raises here, in the cell, not in the job's first task seconds later."""
+    schema = _input_schema(stream)
+    if schema is None:
+        return
+    try:
+        analysis.analyse_views(query, {"input": schema})
+    except analysis.SqlAnalysisError as exc:
+        # a table or a function of the TaskManagers' sessions is theirs to find when the task opens
+        if not exc.condition.startswith(("TABLE_OR_VIEW_NOT_FOUND", "UNRESOLVED_ROUTINE")):
+            raise GraphValidationError(f"{where}: Spark refuses the query: {exc}") from None
 
 
 def _input_schema(stream: DataStream) -> Optional[pa.Schema]:

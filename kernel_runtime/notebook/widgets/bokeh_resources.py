@@ -1,4 +1,5 @@
-"""BokehJS for the dashboard's charts, without internet and without megabytes in the notebook.
+"""BokehJS for the dashboard's charts, without internet and without megabytes in the notebook
+(and Perspective's module for its results grid, served the same way: grid.py).
 
 Bokeh's default loader fetches BokehJS from a CDN (unreachable offline and behind many
 firewalls); inline resources add about 8 MB to every saved notebook. Instead:
@@ -18,6 +19,7 @@ import json
 from kernel_runtime.notebook.widgets import in_kernel
 
 ROUTE = "streamlab/bokeh"
+PERSPECTIVE_ROUTE = "streamlab/perspective"
 LOAD_MIME_TYPE = "application/vnd.bokehjs_load.v0+json"  # jupyter_bokeh runs it as a script
 ENABLE = "jupyter server extension enable --sys-prefix kernel_runtime.notebook.widgets.bokeh_resources"
 
@@ -79,8 +81,13 @@ def _load_jupyter_server_extension(serverapp) -> None:
     from jupyter_server.utils import url_path_join
     from tornado.web import StaticFileHandler
 
+    from perspective.widget import _STATIC as perspective_static
+
     web_app = serverapp.web_app
-    pattern = url_path_join(web_app.settings["base_url"], ROUTE, "static/(.*)")
-    # BokehJS is a public library, as Jupyter's own /static is: no login needed to fetch it
-    web_app.add_handlers(".*$", [(pattern, StaticFileHandler, {"path": str(bokehjs_path())})])
-    serverapp.log.info("streamlab: serving BokehJS at %s", pattern)
+    base = web_app.settings["base_url"]
+    pattern = url_path_join(base, ROUTE, "static/(.*)")
+    grid = url_path_join(base, PERSPECTIVE_ROUTE, "static/(.*)")
+    # public libraries, as Jupyter's own /static is: no login needed to fetch them
+    web_app.add_handlers(".*$", [(pattern, StaticFileHandler, {"path": str(bokehjs_path())}),
+                                 (grid, StaticFileHandler, {"path": str(perspective_static)})])
+    serverapp.log.info("streamlab: serving BokehJS at %s and Perspective at %s", pattern, grid)
