@@ -1,6 +1,7 @@
 /**
- * A job's detail view in the main area: its graph (vertices in topological layers, each with its
- * back pressure), its checkpoint history, an operator's keyed state on demand, and its
+ * A job's detail view in the main area: its graph (vertices in columns by their distance from the
+ * sources, as Flink's web UI draws it left to right, each with its back pressure, and the edges
+ * between them with their ship strategies), its checkpoint history, an operator's keyed state on demand, and its
  * exceptions. Refreshes at most once a second while shown, and stops once the job reached a
  * terminal state.
  */
@@ -56,6 +57,30 @@ export function layers(vertices: IVertex[], edges: IEdge[]): IVertex[][] {
   return result.filter(layer => layer);
 }
 
+const SVG_NS = 'http://www.w3.org/2000/svg';
+
+/** The arrow head the edges end in (an SVG marker). */
+function arrowHead(): SVGElement {
+  const defs = document.createElementNS(SVG_NS, 'defs');
+  const marker = document.createElementNS(SVG_NS, 'marker');
+  for (const [k, v] of Object.entries({
+    id: 'streamlab-graph-arrow',
+    viewBox: '0 0 10 10',
+    refX: '10',
+    refY: '5',
+    markerWidth: '7',
+    markerHeight: '7',
+    orient: 'auto'
+  })) {
+    marker.setAttribute(k, v);
+  }
+  const tip = document.createElementNS(SVG_NS, 'path');
+  tip.setAttribute('d', 'M0,0 L10,5 L0,10 z');
+  marker.append(tip);
+  defs.append(marker);
+  return defs;
+}
+
 export class JobView extends Widget {
   constructor(
     readonly clusterId: string,
@@ -96,7 +121,59 @@ export class JobView extends Widget {
       section('Exceptions', this._exceptions)
     );
     this._error.hidden = true;
+    this._edges.setAttribute('class', 'streamlab-graph-edges');
+    this._graph.append(this._edges, this._layers);
     setText(this._name, jobName);
+  }
+
+  protected onResize(msg: Widget.ResizeMessage): void {
+    super.onResize(msg);
+    this._drawEdges();
+  }
+
+  /**
+   * The edges as arrows from a vertex's right side to its consumer's left, each labelled with its
+   * ship strategy, drawn over the laid-out boxes (their places are the browser's, so they are
+   * drawn again after every refresh and resize).
+   */
+  private _drawEdges(): void {
+    const frame = this._graph.getBoundingClientRect();
+    const boxes = new Map<string, DOMRect>();
+    this._layers.querySelectorAll<HTMLElement>('.streamlab-vertex').forEach(box => {
+      boxes.set(box.dataset.vertexId ?? '', box.getBoundingClientRect());
+    });
+    const svg = this._edges;
+    svg.setAttribute('width', String(Math.ceil(frame.width)));
+    svg.setAttribute('height', String(Math.ceil(frame.height)));
+    const paths: SVGElement[] = [];
+    for (const e of this._edgeList) {
+      const from = boxes.get(e.source);
+      const to = boxes.get(e.target);
+      if (!from || !to) {
+        continue;
+      }
+      const x1 = from.right - frame.left;
+      const y1 = from.top + from.height / 2 - frame.top;
+      const x2 = to.left - frame.left;
+      const y2 = to.top + to.height / 2 - frame.top;
+      const bend = Math.max(16, (x2 - x1) / 2);
+      const edge = document.createElementNS(SVG_NS, 'g');
+      edge.setAttribute('class', 'streamlab-graph-edge');
+      edge.setAttribute('data-source', e.source);
+      edge.setAttribute('data-target', e.target);
+      edge.setAttribute('data-ship-strategy', e.ship_strategy);
+      const path = document.createElementNS(SVG_NS, 'path');
+      path.setAttribute('d', `M${x1},${y1} C${x1 + bend},${y1} ${x2 - bend},${y2} ${x2},${y2}`);
+      path.setAttribute('marker-end', 'url(#streamlab-graph-arrow)');
+      const label = document.createElementNS(SVG_NS, 'text');
+      label.setAttribute('x', String((x1 + x2) / 2));
+      label.setAttribute('y', String((y1 + y2) / 2 - 4));
+      label.setAttribute('text-anchor', 'middle');
+      label.textContent = e.ship_strategy;
+      edge.append(path, label);
+      paths.push(edge);
+    }
+    svg.replaceChildren(this._arrowHead, ...paths);
   }
 
   protected onAfterShow(msg: Message): void {
@@ -167,14 +244,8 @@ export class JobView extends Widget {
     this._stateSection.setOperators(detail.keyed_operators);
     this._renderDiagnosis(detail.diagnosis, ended);
 
-    const strategies = new Map<string, string[]>();
-    for (const e of detail.edges) {
-      const list = strategies.get(e.target) || [];
-      list.push(e.ship_strategy);
-      strategies.set(e.target, list);
-    }
     syncChildren(
-      this._graph,
+      this._layers,
       layers(detail.vertices, detail.edges),
       layer => layer.map(v => v.id).join(','),
       () => el('div', 'streamlab-graph-layer'),
@@ -186,7 +257,6 @@ export class JobView extends Widget {
           () => {
             const box = el('div', 'streamlab-vertex');
             box.append(
-              el('div', 'streamlab-vertex-edge'),
               el('div', 'streamlab-vertex-name'),
               el('div', 'streamlab-vertex-numbers'),
               el('div', 'streamlab-vertex-backpressure')
@@ -200,10 +270,7 @@ export class JobView extends Widget {
             setData(box, 'backpressured', String(Math.round(v.backpressured * 100)));
             box.style.background = v.color ?? '';
             box.style.color = v.ink ?? '';
-            const [edge, name, numbers, bp] = Array.from(box.children) as HTMLElement[];
-            const incoming = strategies.get(v.id);
-            edge.hidden = !incoming;
-            setText(edge, incoming ? `↓ ${incoming.join(', ')}` : '');
+            const [name, numbers, bp] = Array.from(box.children) as HTMLElement[];
             setText(name, `${v.name} ×${v.parallelism}`);
             setText(numbers, `in ${formatCount(v.records_in)} · out ${formatCount(v.records_out)}`);
             setText(
@@ -213,6 +280,8 @@ export class JobView extends Widget {
           }
         )
     );
+    this._edgeList = detail.edges;
+    this._drawEdges();
 
     const checkpoints = [...detail.checkpoints].sort((a, b) => b.id - a.id);
     syncChildren(
@@ -345,6 +414,10 @@ export class JobView extends Widget {
   private readonly _checkpointsNote = el('div', 'streamlab-checkpoints-note');
   private readonly _error = el('div', 'streamlab-panel-error');
   private readonly _graph = el('div', 'streamlab-graph');
+  private readonly _layers = el('div', 'streamlab-graph-layers');
+  private readonly _edges = document.createElementNS(SVG_NS, 'svg');
+  private readonly _arrowHead = arrowHead();
+  private _edgeList: IEdge[] = [];
   private readonly _diagnosis = el('div', 'streamlab-diagnosis');
   private readonly _checkpoints = el('tbody');
   private readonly _exceptions = el('div', 'streamlab-exceptions');

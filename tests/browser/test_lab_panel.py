@@ -75,6 +75,11 @@ KERNEL_PRINT = """async (code) => {
 }"""
 
 
+EDGES = """() => [...document.querySelectorAll('.streamlab-jobview .streamlab-graph-edge')].map(e => ({
+  source: e.dataset.source, target: e.dataset.target, strategy: e.dataset.shipStrategy,
+  label: e.querySelector('text').textContent, d: e.querySelector('path').getAttribute('d')}))"""
+
+
 def notebook() -> dict:
     cells = [{"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [], "source": source}
              for source in CELLS]
@@ -176,6 +181,17 @@ def test_streams_panel_status_bar_export_and_cancel(standing_cluster_down, jupyt
             page.wait_for_selector(".streamlab-jobview .streamlab-vertex[data-backpressure]", timeout=20_000)
             vertices = page.locator(".streamlab-jobview .streamlab-vertex").count()
             assert vertices >= 2, f"the job view shows {vertices} vertices"
+            # drawn as a graph, left to right: an arrow from the source's box to the count's, with its ship strategy
+            page.wait_for_function("() => document.querySelectorAll('.streamlab-jobview .streamlab-graph-edge path')"
+                                   ".length > 0", timeout=20_000)
+            edges = page.evaluate(EDGES)
+            assert [e["strategy"] for e in edges] == ["HASH"] and edges[0]["label"] == "HASH", edges
+            source, count = (page.locator(f".streamlab-jobview .streamlab-vertex[data-vertex-id='{edges[0][end]}']")
+                             .bounding_box() for end in ("source", "target"))
+            assert source["x"] + source["width"] <= count["x"], (source, count)  # a column per distance from the source
+            x1, x2 = (float(v) for v in re.findall(r"M([\d.]+),.* ([\d.]+),[\d.]+$", edges[0]["d"])[0])
+            assert x1 < x2, edges  # from the source's right side to the count's left
+            page.locator(".streamlab-jobview .streamlab-graph").screenshot(path=str(ARTIFACTS / "lab-job-graph.png"))
             # each running vertex filled as Flink's job graph fills it, by its busy and back-pressured time
             page.wait_for_function("() => [...document.querySelectorAll('.streamlab-jobview .streamlab-vertex')]"
                                    ".every(v => v.style.backgroundColor && v.dataset.busy !== undefined)",
