@@ -108,3 +108,16 @@ def test_columns_the_grid_has_no_type_for_are_shown_as_text():
     table = perspective.table(for_the_grid(frame))
     assert table.schema() == {"k": "integer", "items": "string", "took": "string"}
     assert table.view().to_columns()["items"] == ["[1, 2]", "[3]"]  # not flattened into the rows
+
+
+def test_a_sql_key_the_query_does_not_select_is_no_choice_of_the_chart(client, spark):
+    env = StreamEnvironment(parallelism=1)
+    (env.from_generator(lambda seq: pd.DataFrame({"k": seq % 3, "v": seq}), count=300, batch_size=100, name="rows")
+        .sql("SELECT count(*) AS n, sum(v) AS total FROM input GROUP BY k", name="per k").collect(name="sums"))
+    board, results, handle = finished_board(client, env, "hidden key view", ResultMode())
+    try:
+        assert sorted(grid_frame(results)["n"]) == [100, 100, 100]
+        assert "keyed by columns it does not show" in results.summary.value
+        assert list(results.over.options) == ["n", "total"] and results.over.value == "n"
+    finally:
+        board.close()

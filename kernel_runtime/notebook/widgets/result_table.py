@@ -17,6 +17,8 @@ import ipywidgets as widgets
 import pandas as pd
 import pyarrow as pa
 
+from cluster.graph.operator_kinds import HIDDEN_KEY_PREFIX
+
 from kernel_runtime.client.result_receiver import ResultSummary
 from kernel_runtime.client.results import APPEND, UPDATE
 from kernel_runtime.notebook.widgets.base import FONT, Component, Update, esc, title
@@ -30,14 +32,20 @@ PLUGINS = {"table": "Datagrid", "line": "Y Line", "bar": "Y Bar"}
 def describe(summary: ResultSummary) -> str:
     """What kind of table the rows make, in words (the note a reader needs before sorting them)."""
     if summary.kind == UPDATE:
-        key = ", ".join(summary.key)
-        return (f'<span class="streamlab-result-kind" data-kind="update">an upsert table keyed by '
-                f"<b>{esc(key)}</b>: one row per key, updated in place</span>")
+        key = shown_key(summary)
+        keyed = f"keyed by <b>{esc(', '.join(key))}</b>" if key else "keyed by columns it does not show"
+        return (f'<span class="streamlab-result-kind" data-kind="update">an upsert table {keyed}: one row per key, '
+                "updated in place</span>")
     if summary.kind == APPEND:
         kept = "every row kept" if summary.limit is None else f"the newest {summary.limit:,} kept"
         return (f'<span class="streamlab-result-kind" data-kind="append">an append stream: every row is a new '
                 f"row ({kept})</span>")
     return '<span class="streamlab-result-kind" data-kind="single">the newest row only</span>'
+
+
+def shown_key(summary: ResultSummary) -> list[str]:
+    """The key columns the rows show: not those a SQL query grouped by without selecting them."""
+    return [k for k in summary.key if not k.startswith(HIDDEN_KEY_PREFIX)]
 
 
 def for_the_grid(frame: pd.DataFrame) -> bytes:
@@ -123,7 +131,7 @@ class SinkResults:
         numeric = [str(c) for c in rows.columns if pd.api.types.is_numeric_dtype(rows[c])
                    and not pd.api.types.is_bool_dtype(rows[c])]
         self.over.options = columns  # before the grid is set: the chart toggle's observer waits for it
-        self.over.value = list(summary.key)[0] if summary.key else columns[0]
+        self.over.value = next((k for k in shown_key(summary) if k in columns), columns[0])
         self.value.options = numeric or columns
         self.value.value = (numeric or columns)[-1]
         self.grid = grid
