@@ -212,12 +212,17 @@ JOINS = {  # each over the views orders and people
 @pytest.mark.timeout(300)
 def test_each_join_of_two_streams_equals_spark_over_all_rows_at_once(cluster, client, spark):
     count, batch, parallelism = sizes(4, (2_000, 3_000), [97, 500], [2])
-    env = StreamEnvironment(parallelism=parallelism, cluster=cluster.cluster_dir)
-    views = two_views(env, spark, 4, count, batch)
-    views()
-    each_equals_spark(env, client, "joins of streams", JOINS, lambda name, query: env.sql_query(query, name=name),
-                      lambda query: spark.sql(query).toPandas(), least_rows=100)
-    joins = [n.spec.kind for n in env._nodes if n.spec.kind.endswith("-join")]
+    # in two jobs of three joins: all six in one deployed 34 tasks at once, and a TaskManager busy
+    # starting its share on a loaded two-core machine missed the suite's 2 s heartbeat.timeout
+    names, joins = list(JOINS), []
+    for part in (names[:3], names[3:]):
+        env = StreamEnvironment(parallelism=parallelism, cluster=cluster.cluster_dir)
+        views = two_views(env, spark, 4, count, batch)
+        views()
+        each_equals_spark(env, client, f"joins of streams: {part[0]}, ...", {n: JOINS[n] for n in part},
+                          lambda name, query: env.sql_query(query, name=name),
+                          lambda query: spark.sql(query).toPandas(), least_rows=100)
+        joins += [n.spec.kind for n in env._nodes if n.spec.kind.endswith("-join")]
     assert joins == ["regular-join", "regular-join"] + ["interval-join"] * 4
 
 
