@@ -11,10 +11,10 @@ import io
 import re
 
 import pandas as pd
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from cluster.protocol.serde import ipc_to_table
 from kernel_runtime import JobClient, StreamEnvironment
 from kernel_runtime.client.results import ResultMode
 from kernel_runtime.notebook.widgets import Dashboard
@@ -41,7 +41,7 @@ def finished_board(client, env, name: str, mode: ResultMode):
 
 
 def grid_frame(results) -> pd.DataFrame:
-    return pa.ipc.open_stream(results.grid.data).read_all().to_pandas()
+    return ipc_to_table(results.grid.data).to_pandas()
 
 
 def saved(results, kind: str) -> bytes:

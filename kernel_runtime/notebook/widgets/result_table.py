@@ -18,6 +18,7 @@ import pandas as pd
 import pyarrow as pa
 
 from cluster.graph.operator_kinds import HIDDEN_KEY_PREFIX
+from cluster.protocol.serde import table_to_ipc
 
 from kernel_runtime.client.result_receiver import ResultSummary
 from kernel_runtime.client.results import APPEND, UPDATE
@@ -61,11 +62,7 @@ def for_the_grid(frame: pd.DataFrame) -> bytes:
         if pa.types.is_nested(kind) or pa.types.is_duration(kind) or pa.types.is_interval(kind):
             column = pa.array([None if v is None else str(v) for v in column.to_pylist()], pa.string())
         columns.append(column)
-    table = pa.table(columns, names=table.column_names)
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes()
+    return table_to_ipc(pa.table(columns, names=table.column_names)).to_pybytes()
 
 
 class SinkResults:
@@ -116,7 +113,7 @@ class SinkResults:
 
     def _fill(self, summary: ResultSummary) -> None:
         self._shown = (summary.attempt, summary.received)
-        rows = self.handle.summary(self.sink, max(summary.kept, 1)).preview
+        rows = self.handle.to_pandas(self.sink)
         if not len(rows.columns):
             return
         if self.grid is None:
@@ -154,7 +151,7 @@ class SinkResults:
                                 aggregates={value: "sum"}, sort=[[over, "asc"]])
 
     def _save(self, button: widgets.Button) -> None:
-        frame = self.handle.summary(self.sink, max(self.handle.summary(self.sink, 0).kept, 1)).preview
+        frame = self.handle.to_pandas(self.sink)
         self.link.value = download(frame, self.sink, button.description).link()
 
 
