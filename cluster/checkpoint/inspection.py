@@ -135,15 +135,11 @@ def _columns_of(state: str, value: Any, info: dict) -> dict[str, Any]:
     if kind == "map":
         return {state[2:]: dict(value)}
     if state == "partials" and info["kind"] == "keyed-aggregate":
-        from cluster.operators.keyed import PARTIALS, partial_columns  # the operator's own layout
+        from cluster.operators.aggregates import partial_columns, value as function_value  # the operator's layout
         partial = {name: v for (name, _, _), v in zip(partial_columns(info["aggregations"]), value)}
-        shown = {}
-        for out, (_, func) in info["aggregations"].items():
-            if func == "mean":
-                shown[out] = partial[f"__{out}__s"] / partial[f"__{out}__c"]
-            else:
-                shown[out] = partial[f"__{out}__{PARTIALS[func][0]}"]
-        return shown
+        return {out: function_value(func, {kind: partial[f"__{out}__{kind}"] for _, kind, _ in
+                                           partial_columns({out: (column, func)})})
+                for out, (column, func) in info["aggregations"].items()}
     return {state: value}
 
 

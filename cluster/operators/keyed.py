@@ -5,7 +5,7 @@ hash-partitioned, so every key in it belongs here. Each operator emits, per batc
 of every key the batch touched: an upsert stream whose latest row per key is the current value.
 
 * count: a running count per key;
-* aggregate: named aggregations (sum, count, min, max, mean). Partial aggregates are computed
+* aggregate: named aggregations (cluster.operators.aggregates). Partial aggregates are computed
   per batch before the exchange (in the upstream Spark plan when there is one, else in pandas)
   and merged into keyed state here, so the shuffle carries one row per key and batch;
 * reduce: a user function folding a key's rows into one (vectorised over keys);
@@ -14,6 +14,7 @@ of every key the batch touched: an upsert stream whose latest row per key is the
 from __future__ import annotations
 
 import tempfile
+from functools import reduce
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, Optional
 
@@ -29,38 +30,34 @@ from cluster.state.loader import create_backend
 from cluster.state.key_groups import key_group_range, key_groups_of_frame
 
 from cluster.common.frames import frame_to_table, to_table
+from cluster.operators.aggregates import FUNCTIONS, MERGE_IN_BATCH, PARTIALS, partial_columns, values
 from cluster.operators.base import Operator, OperatorSnapshot, UserFunctionError
 from cluster.operators.timers import EVENT_TIME, PROCESSING_TIME, TimerService
 
-# partial aggregates: how each function is computed from a batch and merged into state
-PARTIALS = {"sum": ("s",), "count": ("c",), "min": ("min",), "max": ("max",), "mean": ("s", "c")}
-MERGE: dict[str, Callable[[Any, Any], Any]] = {"s": lambda a, b: a + b, "c": lambda a, b: a + b, "min": min, "max": max}
-MERGE_IN_BATCH = {"s": "sum", "c": "sum", "min": "min", "max": "max"}
-
-
-def partial_columns(aggregations: dict) -> list[tuple[str, str, str]]:
-    """(partial column name, partial kind, source column) for named aggregations {out: [col, func]}."""
-    return [(f"__{out}__{kind}", kind, column) for out, (column, func) in aggregations.items()
-            for kind in PARTIALS[func]]
-
-
 def partial_aggregate_frame(frame: pd.DataFrame, key: list[str], aggregations: dict) -> pd.DataFrame:
     """One row per key with the partial aggregates of this batch (pandas)."""
-    grouped = frame.groupby(key, sort=False, dropna=False)
-    out = {}
-    for name, kind, column in partial_columns(aggregations):
-        series = grouped[column]
-        out[name] = {"s": series.sum, "c": series.count, "min": series.min, "max": series.max}[kind]()
+    out = {name: PARTIALS[kind].rows(frame, column, key) for name, kind, column in partial_columns(aggregations)}
     return pd.DataFrame(out).reset_index()
 
 
 def spark_partial_aggregate(key: list[str], aggregations: dict) -> str:
     """The same partials as one more SQL step of a Spark plan, over the view ``input``."""
-    functions = {"s": "sum", "c": "count", "min": "min", "max": "max"}
     keys = ", ".join(map(quoted, key))
-    partials = ", ".join(f"{functions[kind]}({quoted(column)}) AS {quoted(name)}"
+    partials = ", ".join(f"{PARTIALS[kind].spark.format(c=quoted(column))} AS {quoted(name)}"
                          for name, kind, column in partial_columns(aggregations))
     return f"SELECT {keys}, {partials} FROM input GROUP BY {keys}"
+
+
+def merge_in_batch(frame: pd.DataFrame, key: list[str], partials: list[tuple[str, str, str]]) -> pd.DataFrame:
+    """One row per key of partial rows (several per key: one per producer of the batch), merged."""
+    grouped = frame.groupby(key, sort=False, dropna=False)
+    merged = {}
+    for name, kind, _ in partials:
+        if kind in MERGE_IN_BATCH:
+            merged[name] = getattr(grouped[name], MERGE_IN_BATCH[kind])()
+        else:
+            merged[name] = grouped[name].agg(lambda values, merge=PARTIALS[kind].merge: reduce(merge, values.tolist()))
+    return pd.DataFrame(merged).reset_index()
 
 
 class KeyedBatch(NamedTuple):
@@ -149,6 +146,7 @@ class KeyedAggregate(KeyedOperator, kind="keyed-aggregate"):
         super().open()
         self.aggregations = self.params["aggregations"]
         self.partials = partial_columns(self.aggregations)
+        self.at = {name: i for i, (name, _, _) in enumerate(self.partials)}  # a partial's place in the state
 
     def process(self, table: pa.Table) -> list[pa.Table]:
         if table.num_rows == 0:
@@ -156,25 +154,25 @@ class KeyedAggregate(KeyedOperator, kind="keyed-aggregate"):
         frame = table.to_pandas()
         if not self.params.get("pre_aggregated"):
             frame = partial_aggregate_frame(frame, self.key, self.aggregations)
-        # several partial rows of one key come in one batch (one per producer): merge them first
-        grouped = frame.groupby(self.key, sort=False, dropna=False)
-        frame = pd.DataFrame({name: getattr(grouped[name], MERGE_IN_BATCH[kind])()
-                              for name, kind, _ in self.partials}).reset_index()
+        frame = merge_in_batch(frame, self.key, self.partials)
         frame, _, keys, groups, _ = self.group(frame_to_table(frame))
         new_values = frame[[n for n, _, _ in self.partials]].astype(object).values.tolist()
+        merges = [PARTIALS[kind].merge for _, kind, _ in self.partials]
         merged = []
         for old, new in zip(self.backend.get_many("partials", groups, keys), new_values):
-            merged.append(tuple(new) if old is None else
-                          tuple(MERGE[kind](a, b) for (_, kind, _), a, b in zip(self.partials, old, new)))
+            merged.append(tuple(self._stored(new)) if old is None else
+                          tuple(merge(a, b) for merge, a, b in zip(merges, old, new)))
         self.backend.put_many("partials", groups, keys, merged)
         out = frame[self.key].copy()
-        columns = {n: [m[i] for m in merged] for i, (n, _, _) in enumerate(self.partials)}
         for name, (column, func) in self.aggregations.items():
-            if func == "mean":
-                out[name] = np.asarray(columns[f"__{name}__s"], dtype=float) / np.asarray(columns[f"__{name}__c"])
-            else:
-                out[name] = columns[f"__{name}__{PARTIALS[func][0]}"]
+            kinds = FUNCTIONS[func].partials
+            out[name] = values(func, {k: [m[self.at[f"__{name}__{k}"]] for m in merged] for k in kinds})
         return [frame_to_table(out)]
+
+    def _stored(self, partials: list) -> list:
+        """A key's first partials as the state keeps them: sets and lists as tuples (Spark sends arrays)."""
+        return [PARTIALS[kind].merge((), value) if kind in ("set", "list") else value
+                for (_, kind, _), value in zip(self.partials, partials)]
 
 
 def fold_rows(frame: pd.DataFrame, slots: np.ndarray, acc: list, reduce: Callable, where: str) -> None:

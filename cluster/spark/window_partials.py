@@ -15,7 +15,7 @@ from typing import Callable
 
 from cluster.graph.windows import SessionWindows, assigner_of
 from cluster.graph.schema import quoted
-from cluster.operators.keyed import partial_columns
+from cluster.operators.aggregates import partial_columns
 from cluster.operators.windowing.pre_aggregation import LATEST, ROWS
 
 

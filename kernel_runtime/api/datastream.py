@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
 
 from cluster.conf import Configuration
+from cluster.graph.aggregations import AGGREGATE_FUNCTIONS
 from cluster.graph.chaining import StreamEdge, StreamNode
 from cluster.graph.job_graph import GraphValidationError, OperatorSpec, ShipStrategy
 from cluster.graph.operator_kinds import KINDS, Role
@@ -265,16 +266,16 @@ class DataStream:
         return self._then(sink.kind, name or sink.name, sink.fn, dict(sink.params), parallelism)
 
 
-def aggregation_spec(aggregations: dict, where: str) -> dict:
+def aggregation_spec(aggregations: dict, where: str, functions: tuple[str, ...] = AGGREGATE_FUNCTIONS) -> dict:
     """Named aggregations as pandas names them, checked: {out: [column, function]}."""
     if not aggregations:
         raise GraphValidationError(f"{where}: name at least one aggregation, e.g. aggregate(total=('amount', 'sum'))")
     spec = {}
     for out, agg in aggregations.items():
         if (not isinstance(agg, tuple) or len(agg) != 2 or not isinstance(agg[0], str)
-                or agg[1] not in ("sum", "count", "min", "max", "mean")):
+                or agg[1] not in functions):
             raise GraphValidationError(f"{where}: {out}={agg!r} must be (column, function) with "
-                                       "function one of sum, count, min, max, mean")
+                                       f"function one of {', '.join(functions)}")
         spec[out] = [agg[0], agg[1]]
     return spec
 
@@ -311,7 +312,10 @@ class KeyedStream:
     def aggregate(self, name: str = "aggregate", parallelism: Optional[int] = None,
                   **aggregations: tuple[str, str]) -> DataStream:
         """Running aggregates per key, named as pandas does: ``aggregate(total=("amount", "sum"),
-        n=("amount", "count"), avg=("amount", "mean"))``; functions: sum, count, min, max, mean.
+        n=("amount", "count"), avg=("amount", "mean"))``; functions: sum, count, min, max, mean,
+        nunique, first, last (the first and last non-null), std, var (of a sample), and as Spark
+        names them: std_pop, var_pop, collect_list, collect_set, sum_distinct, mean_distinct,
+        first_row, last_row (the first and last row's, null or not).
 
         Partial aggregates are computed per batch before the exchange, inside the upstream Spark
         plan when the upstream is a Spark step, and merged into keyed state after it."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import Callable, Optional
 
+from cluster.graph.aggregations import WINDOW_AGGREGATE_FUNCTIONS
 from cluster.graph.chaining import StreamEdge, StreamNode
 from cluster.graph.job_graph import GraphValidationError, OperatorSpec, ShipStrategy
 
@@ -64,7 +65,8 @@ class WindowedStream:
                   **aggregations: tuple[str, str]) -> DataStream:
         """Named aggregations per window, as the keyed aggregate's: ``aggregate(n=("v", "count"))``."""
         return self._build("aggregate", name, parallelism,
-                           aggregations=aggregation_spec(aggregations, f"aggregate ({call_site()})"))
+                           aggregations=aggregation_spec(aggregations, f"aggregate ({call_site()})",
+                                                        WINDOW_AGGREGATE_FUNCTIONS))
 
     def count(self, name: str = "window", parallelism: Optional[int] = None) -> DataStream:
         """The rows per window, in a column ``count``."""

@@ -26,6 +26,14 @@ QUERIES = {
     "unselected key": "SELECT count(*) AS n, min(v) AS lo FROM input GROUP BY tag",
     "global": "SELECT count(*) AS n, sum(v) AS s, max(x) AS top FROM input",
     "distinct": "SELECT DISTINCT tag, k % 2 AS parity FROM input",
+    "distinct aggregates": "SELECT k, count(DISTINCT tag) AS tags, count(DISTINCT v % 40) AS nd, "
+                           "sum(DISTINCT v % 40) AS sd, avg(DISTINCT v % 40) AS ad, max(DISTINCT x) AS top "
+                           "FROM input GROUP BY k",
+    "spread": "SELECT tag, stddev(v) AS sd, var_pop(v) AS vp, variance(x) AS vx, stddev_pop(x) AS sx "
+              "FROM input GROUP BY tag",
+    "collected": "SELECT k, concat_ws(',', sort_array(collect_set(tag))) AS tags, size(collect_list(v)) AS n, "
+                 "array_max(collect_list(v)) AS hi, concat_ws(',', sort_array(collect_list(CAST(v % 3 AS STRING)))) "
+                 "AS small FROM input GROUP BY k",
 }
 
 
@@ -137,6 +145,29 @@ def test_each_windowed_query_equals_spark_over_all_rows_at_once(cluster, client,
                                 .for_bounded_out_of_orderness(1_000).with_timestamp_column("ts"))
     each_equals_spark(env, client, "windowed SQL", WINDOWED, lambda name, query: source.sql(query, name=name),
                       lambda query: oracle(spark, make, count, query))
+
+
+NULLED = "(SELECT k, v, seq, CASE WHEN v % 3 = 0 THEN NULL ELSE v END AS w FROM input)"
+ORDERED = {  # first and last in the stream's order: Spark's min_by and max_by of the row's number
+    f"SELECT k, first(v) AS f, last(v) AS l, first(w) AS fw, last(w) AS lw, any_value(v) AS a FROM {NULLED} "
+    "GROUP BY k":
+    f"SELECT k, min_by(v, seq) AS f, max_by(v, seq) AS l, min_by(w, seq) AS fw, max_by(w, seq) AS lw, "
+    f"min_by(v, seq) AS a FROM {NULLED} GROUP BY k",
+    f"SELECT k, first(w, true) AS fv, last(w, true) AS lv FROM {NULLED} GROUP BY k":
+    "SELECT k, min_by(w, CASE WHEN w IS NOT NULL THEN seq END) AS fv, "
+    f"max_by(w, CASE WHEN w IS NOT NULL THEN seq END) AS lv FROM {NULLED} GROUP BY k",
+}
+
+
+@pytest.mark.timeout(300)
+def test_first_and_last_follow_the_order_rows_arrive_in(cluster, client, spark):
+    count, batch, _ = sizes(4, (2_000, 4_000), [97, 500], [1])
+    make = rows(4)
+    env = StreamEnvironment(parallelism=1, cluster=cluster.cluster_dir)
+    source = env.from_generator(make, count=count, batch_size=batch)
+    each_equals_spark(env, client, "first and last", {f"ordered {i}": q for i, q in enumerate(ORDERED)},
+                      lambda name, query: source.sql(query, name=name),
+                      lambda query: oracle(spark, make, count, ORDERED[query]))
 
 
 def test_a_group_by_counts_across_batches_as_spark_and_flink_do(cluster, client):

@@ -120,3 +120,13 @@ def test_an_interval_join_has_two_keyed_inputs_left_first():
     join = next(v for v in graph.vertices if v.name.startswith("interval join"))
     edges = [e for _, e in graph.inputs_of(join.id)]
     assert [e.key for e in edges] == [["k"], ["v"]] and join.operators[0].params["left_inputs"] == 1
+
+
+def test_a_window_aggregate_names_the_functions_a_window_merges():
+    env = StreamEnvironment(parallelism=2)
+    windowed = env.from_generator(events, watermark_strategy=strategy()).key_by("k").window(
+        TumblingEventTimeWindows.of(Time.seconds(1)))
+    with pytest.raises(GraphValidationError, match=rf"aggregate \({THIS}:\d+\): n=\('v', 'nunique'\) .*"
+                                                   r"one of sum, count, min, max, mean$"):
+        windowed.aggregate(n=("v", "nunique"))
+    env.from_generator(events).key_by("k").aggregate(n=("v", "nunique"), s=("v", "std"))  # a running one does

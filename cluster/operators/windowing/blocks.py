@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from cluster.operators.keyed import MERGE_IN_BATCH
+from cluster.operators.aggregates import MERGE_IN_BATCH
 from cluster.operators.windowing.arrow_groups import OVER_PARTIALS, aggregate, groupable
 from cluster.operators.windowing.contents import (BLOCK, WINDOW_STATE, AggregateContents, block_keys,
                                                   run_starts)

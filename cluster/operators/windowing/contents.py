@@ -32,7 +32,8 @@ import pyarrow as pa
 
 from cluster.graph.windows import TimeWindow
 from cluster.common.frames import frame_to_table, to_table
-from cluster.operators.keyed import MERGE, PARTIALS, fold_rows, partial_columns
+from cluster.operators.aggregates import PARTIALS, partial_columns, values as function_values
+from cluster.operators.keyed import fold_rows
 from cluster.operators.windowing.pre_aggregation import ROWS, window_partials
 
 WINDOW_STATE = "window"
@@ -71,7 +72,7 @@ def _merged(kind: str, column: np.ndarray, at: np.ndarray, before: list) -> np.n
     old = np.asarray(before)
     if column.dtype == object or old.dtype == object:  # min/max of strings, say: python's own, as KeyedAggregate
         merged = column.astype(object, copy=True)
-        merged[at] = [b if _null(a) else a if _null(b) else MERGE[kind](a, b)
+        merged[at] = [b if _null(a) else a if _null(b) else PARTIALS[kind].merge(a, b)
                       for a, b in zip(merged[at].tolist(), before)]
         return merged
     merged = column.astype(np.result_type(column, old), copy=True)
@@ -306,8 +307,6 @@ class AggregateContents(WindowContents):
             return [pa.table({**keys, **window, "count": np.asarray(columns[ROWS]).astype(np.int64)})]
         out = {}
         for name, (column, func) in self.aggregations.items():
-            if func == "mean":
-                out[name] = np.asarray(columns[f"__{name}__s"]).astype(float) / np.asarray(columns[f"__{name}__c"])
-            else:
-                out[name] = columns[f"__{name}__{PARTIALS[func][0]}"]
+            out[name] = function_values(func, {kind: columns[partial] for partial, kind, _ in
+                                               partial_columns({name: (column, func)})})
         return [pa.table({**keys, **window, **out})]

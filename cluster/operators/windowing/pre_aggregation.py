@@ -23,7 +23,7 @@ import pyarrow as pa
 from cluster.graph.windows import SessionWindows, SlidingWindows, TumblingWindows, assigner_of, window_start
 from cluster.common.frames import frame_to_table
 from cluster.operators.base import Operator
-from cluster.operators.keyed import MERGE_IN_BATCH, partial_columns
+from cluster.operators.aggregates import MERGE_IN_BATCH, partial_columns
 from cluster.operators.windowing.arrow_groups import OVER_PARTIALS, OVER_ROWS, aggregate, groupable, missing_as_null
 from cluster.operators.windowing.watermarks import rowtime_ms
 

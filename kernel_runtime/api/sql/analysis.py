@@ -281,15 +281,17 @@ def _expr(e) -> Expr:
     kind = e.getClass().getSimpleName()
     name = e.name() if kind in ("AttributeReference", "Alias") else ""
     qualifier = tuple(_seq(e.qualifier())) if kind == "AttributeReference" else ()
-    distinct = filtered = False
+    distinct = filtered = ignore_nulls = False
     if kind == "AggregateExpression":
         distinct, filtered = bool(e.isDistinct()), _option(e.filter()) is not None
+    elif kind in ("First", "Last", "AnyValue"):
+        ignore_nulls = bool(e.ignoreNulls())
     try:
         data_type = e.dataType().simpleString()
     except Exception:  # an expression without a type (a window spec, a sort order's direction)
         data_type = ""
     return Expr(kind, e.sql(), name, qualifier, data_type, tuple(_expr(c) for c in _seq(e.children())),
-                distinct, filtered)
+                distinct, filtered, ignore_nulls)
 
 
 def _column(a) -> Column:

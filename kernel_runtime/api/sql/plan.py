@@ -47,6 +47,7 @@ class Expr(_Tree):
     children: tuple["Expr", ...] = ()
     distinct: bool = False             # an AggregateExpression's DISTINCT
     filtered: bool = False             # an AggregateExpression's FILTER (WHERE ...)
+    ignore_nulls: bool = False         # first(v, true), last(v, true): Spark's SQL of them leaves it out
 
 
 @dataclass(frozen=True)

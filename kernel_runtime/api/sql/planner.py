@@ -24,6 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+from cluster.graph.aggregations import WINDOW_AGGREGATE_FUNCTIONS
 from cluster.graph.operator_kinds import HIDDEN_KEY_PREFIX as HIDDEN_KEY
 from cluster.graph.schema import quoted
 
@@ -31,7 +32,15 @@ from kernel_runtime.api.sql.plan import Expr, Node, WindowCall
 
 PER_BATCH = frozenset({"Project", "Filter", "SubqueryAlias", "View", "LogicalRDD", "LocalRelation",
                        "OneRowRelation", "Generate", "Union", "ResolvedHint", "Sample"})
-MERGEABLE = {"Count": "count", "Sum": "sum", "Min": "min", "Max": "max", "Average": "mean"}
+# Spark's aggregate functions merged across batches (cluster.graph.aggregations): by Catalyst's
+# class, without and with DISTINCT (min and max of the distinct values are theirs of all)
+MERGEABLE = {"Count": "count", "Sum": "sum", "Min": "min", "Max": "max", "Average": "mean",
+             "StddevSamp": "std", "StddevPop": "std_pop", "VarianceSamp": "var", "VariancePop": "var_pop",
+             "CollectList": "collect_list", "CollectSet": "collect_set", "First": "first_row", "Last": "last_row",
+             "AnyValue": "first_row"}
+MERGEABLE_DISTINCT = {"Count": "nunique", "Sum": "sum_distinct", "Average": "mean_distinct", "Min": "min",
+                      "Max": "max", "CollectSet": "collect_set"}
+IGNORING_NULLS = {"first_row": "first", "last_row": "last"}  # first(v, true): the first non-null value
 WINDOW_STRUCT = "struct<start:timestamp"  # window(), session_window(): a struct of start and end
 
 
@@ -232,23 +241,22 @@ def _aggregate(query: str, node: Node, grouping: list[Expr], results: list[Expr]
     calls: dict[str, Expr] = {}  # each distinct aggregate call, by its SQL
     for r in results:
         for e in r.walk():
-            if e.kind == "AggregateExpression":
-                calls.setdefault(e.sql, e)
+            if e.kind == "AggregateExpression" and calls.setdefault(e.sql, e) != e:
+                raise UnsupportedQuery(query, node, f"two aggregates Spark writes alike, {e.sql}: first(v) and "
+                                       "first(v, true), say; compute one of them in a query of its own")
     aggregations: dict = {}
     arguments: list[str] = []
     columns: dict[str, str] = {}  # each argument's SQL -> its column
     names = {}
     for j, (text, call) in enumerate(calls.items()):
         function = call.children[0]
-        if call.distinct or call.filtered or function.kind not in MERGEABLE or len(function.children) != 1:
-            raise UnsupportedQuery(query, node, f"{text} is not merged across batches yet: the aggregates "
-                                   "planned over a stream are count, sum, min, max and avg (without DISTINCT or FILTER)")
+        merged = _merged_function(query, node, text, call, window is not None)
         argument = function.children[0].sql
         if argument not in columns:  # sum(v) and avg(v) read one column
             columns[argument] = f"__sql_arg{len(columns)}"
             arguments.append(f"{argument} AS {quoted(columns[argument])}")
         names[text] = f"__sql_agg{j}"
-        aggregations[names[text]] = [columns[argument], MERGEABLE[function.kind]]
+        aggregations[names[text]] = [columns[argument], merged]
     if not aggregations:  # SELECT DISTINCT, GROUP BY without aggregates: a key's rows, counted
         aggregations["__sql_rows"] = ["__sql_arg", "count"]
         arguments.append("1 AS `__sql_arg`")
@@ -274,6 +282,29 @@ def _aggregate(query: str, node: Node, grouping: list[Expr], results: list[Expr]
     group_text = node.origin.clause(query) if node.kind == "Aggregate" else "DISTINCT"
     return ContinuousAggregate(pre, keys, aggregations, final, upsert_key, group_text or "GROUP BY",
                                window[0] if window else None, rowtime)
+
+
+def _merged_function(query: str, node: Node, text: str, call: Expr, windowed: bool) -> str:
+    """The keyed aggregate's function (cluster.graph.aggregations) merging ``call`` across batches."""
+    function = call.children[0]
+    functions = MERGEABLE_DISTINCT if call.distinct else MERGEABLE
+    if call.filtered or function.kind not in functions or len(function.children) != 1:
+        if call.filtered:
+            why = "an aggregate's FILTER is not planned over a stream yet: filter in WHERE, or a CASE in the argument"
+        elif len(function.children) != 1:
+            why = "an aggregate of several columns is not merged across batches yet: aggregate one column"
+        else:
+            why = ("not merged across batches yet: the aggregates planned over a stream are count, sum, min, max, "
+                   "avg, stddev, variance (and their _pop), collect_list, collect_set, first, last, any_value, and "
+                   "count, sum and avg DISTINCT")
+        raise UnsupportedQuery(query, node, f"{text}: {why}")
+    merged = functions[function.kind]
+    if function.ignore_nulls:
+        merged = IGNORING_NULLS.get(merged, merged)
+    if windowed and merged not in WINDOW_AGGREGATE_FUNCTIONS:
+        raise UnsupportedQuery(query, node, f"{text} is merged across batches in a running GROUP BY, not yet "
+                               "per time window: a window's aggregates are count, sum, min, max and avg")
+    return merged
 
 
 def _direct(keys: list[str], results: list[Expr], names: dict, aggregations: dict) -> Optional[dict]:
