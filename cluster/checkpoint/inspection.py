@@ -140,6 +140,8 @@ def _columns_of(state: str, value: Any, info: dict) -> dict[str, Any]:
         return {out: function_value(func, {kind: partial[f"__{out}__{kind}"] for _, kind, _ in
                                            partial_columns({out: (column, func)})})
                 for out, (column, func) in info["aggregations"].items()}
+    if state == "kept" and info["kind"] == "keyed-deduplicate":  # the kept row, by its columns
+        return {column: v for column, v in value.items() if column not in info["key"]}
     return {state: value}
 
 

@@ -170,6 +170,22 @@ class DataStream:
             raise GraphValidationError(f"key_by ({site}): give one or more column names, got {columns!r}")
         return KeyedStream(self, list(columns))
 
+    def drop_duplicates(self, subset, keep: str = "first", name: str = "drop_duplicates",
+                        parallelism: Optional[int] = None) -> "DataStream":
+        """One row per value of the ``subset`` columns, as Spark's dropDuplicates and pandas'
+        drop_duplicates: the first row to arrive (``keep="first"``: an append stream, each key
+        once) or the latest (``keep="last"``: an upsert stream keyed by ``subset``). The kept
+        rows live in keyed state, one per key, for as long as the job runs."""
+        site = call_site()
+        columns = [subset] if isinstance(subset, str) else list(subset or ())
+        if not columns or not all(isinstance(c, str) and c for c in columns):
+            raise GraphValidationError(f"drop_duplicates ({site}): give the column(s) a row is a duplicate by, "
+                                       f"got {subset!r}")
+        if keep not in ("first", "last"):
+            raise GraphValidationError(f"drop_duplicates ({site}): keep must be 'first' or 'last', got {keep!r}")
+        return self._then("keyed-deduplicate", name, params={"key": columns, "order": [], "keep_latest": keep == "last"},
+                          parallelism=parallelism, partitioning=(ShipStrategy.HASH, columns))
+
     def rebalance(self) -> "DataStream":
         """Spread batches round-robin over the next operator's subtasks."""
         return self._view(DataStream(self.env, self.node, self._upstreams, (ShipStrategy.REBALANCE, [])))

@@ -34,6 +34,12 @@ QUERIES = {
     "collected": "SELECT k, concat_ws(',', sort_array(collect_set(tag))) AS tags, size(collect_list(v)) AS n, "
                  "array_max(collect_list(v)) AS hi, concat_ws(',', sort_array(collect_list(CAST(v % 3 AS STRING)))) "
                  "AS small FROM input GROUP BY k",
+    "first per key": "SELECT k, v, seq FROM (SELECT *, row_number() OVER (PARTITION BY k ORDER BY x) AS rn "
+                     "FROM input) t WHERE rn = 1",
+    "latest per key": "SELECT tag, x, rn FROM (SELECT k, tag, x, v, ROW_NUMBER() OVER (PARTITION BY tag, k % 2 "
+                      "ORDER BY v DESC, x) AS rn FROM input WHERE x > 0.1) t WHERE rn <= 1",
+    "nulls first": "SELECT * FROM (SELECT k, seq, nx, row_number() OVER (PARTITION BY k ORDER BY nx, seq) AS n "
+                   "FROM (SELECT k, seq, CASE WHEN v % 7 = 0 THEN NULL ELSE x END AS nx FROM input)) WHERE n = 1",
 }
 
 
@@ -168,6 +174,23 @@ def test_first_and_last_follow_the_order_rows_arrive_in(cluster, client, spark):
     each_equals_spark(env, client, "first and last", {f"ordered {i}": q for i, q in enumerate(ORDERED)},
                       lambda name, query: source.sql(query, name=name),
                       lambda query: oracle(spark, make, count, ORDERED[query]))
+
+
+def test_drop_duplicates_keeps_the_first_or_the_latest_to_arrive(cluster, client):
+    count, batch, _ = sizes(5, (2_000, 4_000), [97, 500], [1])
+    make = rows(5)
+    env = StreamEnvironment(parallelism=1, cluster=cluster.cluster_dir)
+    source = env.from_generator(make, count=count, batch_size=batch)
+    firsts = source.drop_duplicates(["k", "tag"])
+    firsts.collect("first")
+    firsts.changelog().collect("every first")
+    source.drop_duplicates("k", keep="last", parallelism=2).collect("last")
+    result = env.execute_async("drop duplicates", client=client).wait(180)
+    every = make(np.arange(count, dtype=np.int64))
+    for name, expected in [("first", every.drop_duplicates(["k", "tag"])), ("last", every.drop_duplicates("k", keep="last"))]:
+        same_table(result.to_pandas(name), expected.reset_index(drop=True), name)
+    # keeping the first is an append stream: each key's row came once
+    assert len(result.to_pandas("every first")) == len(every.drop_duplicates(["k", "tag"]))
 
 
 def test_a_group_by_counts_across_batches_as_spark_and_flink_do(cluster, client):

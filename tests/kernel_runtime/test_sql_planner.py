@@ -11,6 +11,7 @@ import pytest
 from cluster.graph.job_graph import GraphValidationError
 from kernel_runtime import StreamEnvironment
 from kernel_runtime.api.sql import analysis
+from kernel_runtime.api.sql.dedup_planner import Deduplicate, find_window, plan_deduplicate
 from kernel_runtime.api.sql.planner import ContinuousAggregate, PerBatch, UnsupportedQuery, plan
 from kernel_runtime.api.sql.screen import AGGREGATE_FUNCTIONS, may_span_batches
 from kernel_runtime.api.time import WatermarkStrategy
@@ -21,7 +22,10 @@ SCHEMA = pa.schema([("k", pa.int64()), ("v", pa.int64()), ("name", pa.string()),
 @pytest.fixture(scope="module")
 def planned(spark):
     def of(query: str):
-        return plan(query, analysis.analyse(query, SCHEMA), analysis.window_calls(query))
+        root = analysis.analyse(query, SCHEMA)
+        if find_window(root) is not None:
+            return plan_deduplicate(query, root)
+        return plan(query, root, analysis.window_calls(query))
     return of
 
 
@@ -67,6 +71,14 @@ def test_a_key_the_query_does_not_select_keys_the_result_hidden(planned):
     ("SELECT k, count(DISTINCT v, k) AS n FROM input GROUP BY k", "GROUP BY k", 1, "several columns"),
     ("SELECT k, sum(v) FILTER (WHERE v > 0) AS s FROM input GROUP BY k", "GROUP BY k", 1, "FILTER"),
     ("SELECT k, first(v) AS f, first(v, true) AS g FROM input GROUP BY k", "GROUP BY k", 1, "first(v, true)"),
+    ("SELECT * FROM (SELECT k, rank() OVER (PARTITION BY k ORDER BY v) AS r FROM input) t\nWHERE r = 1", "", 1,
+     "ROW_NUMBER(), one row per key"),
+    ("SELECT * FROM (SELECT k, row_number() OVER (PARTITION BY k ORDER BY v) AS r FROM input) t\nWHERE r <= 3",
+     "", 1, "(t.r <= 3): only the first row per key"),
+    ("SELECT * FROM (SELECT k, row_number() OVER (ORDER BY v) AS r FROM input) t WHERE r = 1", "", 1,
+     "without PARTITION BY"),
+    ("SELECT * FROM (SELECT k, row_number() OVER (PARTITION BY k ORDER BY v) AS r FROM input) t\nWHERE r = 1 AND k > 2",
+     "", 1, "AND (t.k > CAST(2 AS BIGINT))): only the first row per key"),
     ("SELECT k, count(DISTINCT v) AS n FROM input GROUP BY window(ts, '1 second'), k", "GROUP BY window(ts, '1 second'), k",
      1, "not yet per time window"),
     ("SELECT k, count(*) AS n FROM input GROUP BY k HAVING count(*) > 2", "", 1, "retractions"),
@@ -77,6 +89,15 @@ def test_what_is_not_planned_is_refused_naming_the_clause_and_its_line(planned, 
     text = str(refused.value)
     assert f"(line {line} of the query)" in text and says in text, text
     assert not clause or text.startswith(repr(clause)), text
+
+
+def test_row_number_one_per_key_is_a_deduplication_keyed_by_its_partition(planned):
+    how = planned("SELECT v AS value, rn FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY k ORDER BY ts DESC, v) AS rn "
+                  "FROM input WHERE v > 0) t WHERE rn = 1")
+    assert isinstance(how, Deduplicate) and how.keys == ["k"] and how.keep_latest
+    assert how.order == [("ts", True, False), ("v", False, True)]
+    assert how.upsert_key == ["__sql_key0"] and how.final == "SELECT t.v AS value, t.rn, `k` AS `__sql_key0` FROM input AS `t`"
+    assert "WHERE `rn` = 1" in how.pre and "ORDER BY `ts` DESC NULLS LAST, `v` ASC NULLS FIRST" in how.pre
 
 
 @pytest.mark.parametrize("call, kind, spec", [

@@ -110,3 +110,11 @@ def test_json():
         {"1": [2, [3.5, None]], "a": "Thing()", "b": "b'x'"}
     frame = state_frame([("count", 1, 2)], {"name": "c", "uid": "u", "kind": "keyed-count", "key": ["k"]})
     assert json_rows(frame) == (["k", "count"], [[1, 2]])
+
+
+def test_a_deduplicated_key_shows_its_kept_row_by_column(tmp_path, make_backend, kind):
+    rows = [("kept", k, {"k": k, "v": 10 * k, "ts": k + 0.5}) for k in range(3)]
+    directory = checkpoint(tmp_path, make_backend, kind, rows)
+    info = {"name": "dedup", "uid": "op", "kind": "keyed-deduplicate", "key": ["k"]}
+    frame = state_frame(decode_entries(read_checkpoint_state(directory, "op", None)[0]), info)
+    assert frame.to_dict("records") == [{"k": k, "v": 10 * k, "ts": k + 0.5} for k in range(3)]

@@ -310,6 +310,10 @@ def _node(n) -> Node:
         fields["aggregates"] = tuple(_expr(e) for e in _seq(n.aggregateExpressions()))
     elif kind == "SubqueryAlias":
         fields["alias"] = n.alias()
+    elif kind == "Window":
+        fields["expressions"] = tuple(_expr(e) for e in _seq(n.windowExpressions()))
+        fields["grouping"] = tuple(_expr(e) for e in _seq(n.partitionSpec()))
+        fields["order"] = tuple(_expr(e) for e in _seq(n.orderSpec()))
     elif kind == "Join":
         fields["join_type"] = n.joinType().sql()
         condition = _option(n.condition())

@@ -11,11 +11,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
-from typing import Optional
+from typing import Any, Optional
 
 import pyarrow as pa
 
-from cluster.graph.job_graph import GraphValidationError
+from cluster.graph.job_graph import GraphValidationError, ShipStrategy
 from cluster.conf.options import TableOptions
 from cluster.graph.operator_kinds import KINDS
 from cluster.graph.schema import schema_to_text
@@ -25,6 +25,7 @@ from kernel_runtime.api.schema import input_samples
 from kernel_runtime.api.time import (EventTimeSessionWindows, SlidingEventTimeWindows, TumblingEventTimeWindows,
                                      WindowAssigner)
 from kernel_runtime.api.sql import analysis
+from kernel_runtime.api.sql.dedup_planner import Deduplicate, find_window, plan_deduplicate
 from kernel_runtime.api.sql.join_planner import JoinedAggregate, StreamJoin, find_join, plan_join
 from kernel_runtime.api.sql.planner import ContinuousAggregate, PerBatch, UnsupportedQuery, per_batch_query, plan
 from kernel_runtime.api.windowed import keyed_edges, two_input
@@ -65,7 +66,10 @@ def planned(streams: dict[str, DataStream], query: str, where: str):
             return PerBatch(), per_batch_query(query, None, view)
         raise GraphValidationError(f"{where}: Spark refuses the query: {exc}") from None
     try:
-        if find_join(root) is not None:
+        how: Any
+        if find_join(root) is None and find_window(root) is not None:
+            how = plan_deduplicate(query, root)
+        elif find_join(root) is not None:
             how = plan_join(query, root, {v: s.rowtime for v, s in streams.items()}, analysis.offset_us)
             if isinstance(how, StreamJoin) and how.how != "inner":  # a side that sends no row is padded
                 left, right = (schema_to_text(analysis.output_schema(pre, known[view]))
@@ -120,6 +124,8 @@ def build(streams: dict[str, DataStream], query: str, name: str, parallelism: Op
         return out
     if isinstance(how, StreamJoin):
         out = _join(streams, how, name, parallelism, where)
+    elif isinstance(how, Deduplicate):
+        out = _deduplication(stream, how, name, parallelism)
     elif isinstance(how, JoinedAggregate):
         joined = _join(streams, how.join, name, parallelism, where, "joined rows")
         out = _aggregation(joined, how.aggregate, name, parallelism, where)
@@ -158,6 +164,20 @@ def _aggregation(stream: DataStream, how: ContinuousAggregate, name: str, parall
         assert merged.node is not None and KINDS[merged.node.spec.kind].upsert
         out = merged._then("spark", f"{name}: result", params={"sql": how.final, "upsert_key": how.upsert_key},
                            parallelism=merged.node.parallelism)
+    out.sql_plan = how
+    return out
+
+
+def _deduplication(stream: DataStream, how: Deduplicate, name: str, parallelism: Optional[int]) -> DataStream:
+    """Each batch's first row per key on Spark, the keyed deduplicate, the result step."""
+    pre = stream._then("spark", name, params={"sql": how.pre}, parallelism=parallelism)
+    kept = pre._then("keyed-deduplicate", f"{name}: {how.clause}", parallelism=parallelism,
+                     params={"key": how.keys, "order": [list(o) for o in how.order], "keep_latest": how.keep_latest},
+                     partitioning=(ShipStrategy.HASH, how.keys))
+    _pin_state_uid(kept, repr((how.pre, how.keys, how.order)))
+    assert kept.node is not None
+    out = kept._then("spark", f"{name}: result", params={"sql": how.final, "upsert_key": how.upsert_key},
+                     parallelism=kept.node.parallelism)
     out.sql_plan = how
     return out
 

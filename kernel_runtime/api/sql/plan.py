@@ -64,8 +64,9 @@ class Node(_Tree):
     output: tuple[Column, ...] = ()
     origin: Origin = field(default_factory=Origin)
     alias: Optional[str] = None                 # a SubqueryAlias's name
-    expressions: tuple[Expr, ...] = ()          # Project: its list; Filter: its condition
-    grouping: tuple[Expr, ...] = ()             # Aggregate
+    expressions: tuple[Expr, ...] = ()          # Project: its list; Filter: its condition; Window: its functions
+    grouping: tuple[Expr, ...] = ()             # Aggregate; Window: its PARTITION BY
+    order: tuple[Expr, ...] = ()                # Window: its ORDER BY (SortOrder expressions)
     aggregates: tuple[Expr, ...] = ()           # Aggregate: its result expressions
     join_type: str = ""                         # Join: INNER, LEFT OUTER, ... (its condition: expressions)
 

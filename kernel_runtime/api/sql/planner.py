@@ -61,7 +61,7 @@ _REFUSED = {
     "Expand": "GROUPING SETS, ROLLUP and CUBE are not planned over a stream yet: write one GROUP BY per grouping",
     "Intersect": "INTERSECT needs both whole inputs: not planned over a stream",
     "Except": "EXCEPT needs both whole inputs: not planned over a stream",
-    "Deduplicate": "dropDuplicates over a stream is not planned yet: use SELECT DISTINCT",
+    "Deduplicate": "dropDuplicates of a view is not planned in SQL: use stream.drop_duplicates(...) before it",
 }
 
 
