@@ -134,6 +134,9 @@ KINDS: dict[str, OperatorKind] = declare([
 # the columns of a continuous SQL aggregation's key that its query does not select: they key the
 # upsert stream and are not shown (kernel_runtime.client.results)
 HIDDEN_KEY_PREFIX = "__sql_key"
+# an upsert stream whose keys can also be deleted (a HAVING over a running aggregate) marks each
+# row in this column: '+U' upserts its key's row, '-D' deletes it (Flink's RowKind, as a column)
+ROW_KIND_COLUMN = "__sql_op"
 
 
 def upsert_key(kind: str, params: dict) -> Optional[list[str]]:

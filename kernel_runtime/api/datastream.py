@@ -241,6 +241,8 @@ class DataStream:
         return self
 
     _changelog = False  # set on the view changelog() returns
+    # an upsert stream whose rows also delete keys (cluster.graph.operator_kinds.ROW_KIND_COLUMN)
+    deletes = False
 
     def changelog(self) -> "DataStream":
         """This stream as its changelog, as Flink's toChangelogStream: a collect sink after it keeps
@@ -256,6 +258,7 @@ class DataStream:
         view.rowtime = self.rowtime
         view._side_rowtimes = self._side_rowtimes
         view.known_schema = self.known_schema
+        view.deletes = self.deletes
         return view
 
     # the event time of side outputs that carry input rows (a window's late rows), by tag
@@ -279,6 +282,10 @@ class DataStream:
         """Write to a sink connector (Flink's sinkTo), e.g. a Parquet FileSink."""
         if not plays(sink, Role.SINK):
             raise GraphValidationError(f"sink_to ({call_site()}): {sink!r} is not a sink connector")
+        if self.deletes:
+            raise GraphValidationError(f"sink_to ({call_site()}): this stream's keys are deleted when their row stops "
+                                       "passing its query's HAVING or WHERE, and a sink connector only adds rows: "
+                                       "collect() it, or filter the sink's rows downstream instead")
         return self._then(sink.kind, name or sink.name, sink.fn, dict(sink.params), parallelism)
 
 

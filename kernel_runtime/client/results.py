@@ -24,7 +24,7 @@ import pandas as pd
 import pyarrow as pa
 
 from cluster.graph.job_graph import JobGraph
-from cluster.graph.operator_kinds import HIDDEN_KEY_PREFIX, upsert_key as upsert_key_of
+from cluster.graph.operator_kinds import HIDDEN_KEY_PREFIX, ROW_KIND_COLUMN, upsert_key as upsert_key_of
 
 APPEND, UPDATE, SINGLE = "append", "update", "single"
 MODES = (APPEND, UPDATE, SINGLE)
@@ -180,6 +180,8 @@ class UpsertBuffer(ResultBuffer):
         # groups are numbered in order of first appearance, and the held keys come first
         order = combined.groupby(self.key, sort=False, dropna=False).ngroup()
         latest = combined.assign(**{_ORDER: order}).drop_duplicates(self.key, keep="last")
+        if ROW_KIND_COLUMN in latest.columns:  # a key whose latest row deletes it is gone
+            latest = latest[latest[ROW_KIND_COLUMN] != "-D"].drop(columns=[ROW_KIND_COLUMN])
         if self.max_rows is not None and len(latest) > self.max_rows:
             self.evicted += len(latest) - self.max_rows
             latest = latest.iloc[len(latest) - self.max_rows:]  # the keys updated most recently

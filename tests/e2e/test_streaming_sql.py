@@ -34,6 +34,10 @@ QUERIES = {
     "collected": "SELECT k, concat_ws(',', sort_array(collect_set(tag))) AS tags, size(collect_list(v)) AS n, "
                  "array_max(collect_list(v)) AS hi, concat_ws(',', sort_array(collect_list(CAST(v % 3 AS STRING)))) "
                  "AS small FROM input GROUP BY k",
+    "having": "SELECT k, count(*) AS n, sum(v) AS s FROM input GROUP BY k HAVING count(*) % 2 = 0",
+    "having, unselected": "SELECT count(*) AS n FROM input GROUP BY tag, k HAVING min(x) > 0.001 AND n % 3 <> 1",
+    "over a grouped subquery": "SELECT tag, n * 2 AS twice FROM (SELECT tag, count(*) AS n FROM input "
+                               "WHERE v > 0 GROUP BY tag) t WHERE n % 3 <> 0",
     "first per key": "SELECT k, v, seq FROM (SELECT *, row_number() OVER (PARTITION BY k ORDER BY x) AS rn "
                      "FROM input) t WHERE rn = 1",
     "latest per key": "SELECT tag, x, rn FROM (SELECT k, tag, x, v, ROW_NUMBER() OVER (PARTITION BY tag, k % 2 "
@@ -137,6 +141,8 @@ WINDOWED = {
                 "FROM input GROUP BY window(ts, '2 seconds'), k",
     "sliding": "SELECT window.start AS ws, max(v) AS top, avg(x) AS mean FROM input WHERE tag <> 'c' "
                "GROUP BY window(ts, '3 seconds', '1 second')",
+    "having": "SELECT window.start AS ws, k, count(*) AS n FROM input GROUP BY window(ts, '2 seconds'), k "
+              "HAVING count(*) > 2",
     "session": "SELECT session_window.start AS s0, session_window.end AS s1, tag, count(*) AS n, min(v) AS lo "
                "FROM input GROUP BY session_window(ts, '700 milliseconds'), tag",
 }

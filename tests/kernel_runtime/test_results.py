@@ -38,6 +38,15 @@ def test_upsert_holds_the_latest_row_per_key_in_first_seen_order():
     assert buffer.total == 6 and len(buffer) == 3
 
 
+def test_a_row_marked_minus_d_deletes_its_key_until_a_later_row_brings_it_back():
+    buffer = UpsertBuffer(["k"], None)
+    buffer.add(pa.table({"k": [1, 2, 3], "n": [2, 2, 2], "__sql_op": ["+U", "+U", "-D"]}))
+    buffer.add(pa.table({"k": [1, 2], "n": [3, 4], "__sql_op": ["-D", "+U"]}))
+    assert buffer.frame().to_dict("list") == {"k": [2], "n": [4]}
+    buffer.add(pa.table({"k": [1, 3], "n": [4, 4], "__sql_op": ["+U", "+U"]}))
+    assert buffer.frame().sort_values("k").to_dict("list") == {"k": [1, 2, 3], "n": [4, 4, 4]}
+
+
 def test_upsert_by_two_columns_and_many_batches():
     buffer = UpsertBuffer(["k1", "k2"], max_rows=None)
     for n in range(1, 51):  # each batch: the running count of 6 keys

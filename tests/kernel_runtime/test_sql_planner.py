@@ -12,6 +12,7 @@ from cluster.graph.job_graph import GraphValidationError
 from kernel_runtime import StreamEnvironment
 from kernel_runtime.api.sql import analysis
 from kernel_runtime.api.sql.dedup_planner import Deduplicate, find_window, plan_deduplicate
+from kernel_runtime.api.sql.result_query import aggregation_below, plan_over_aggregate
 from kernel_runtime.api.sql.planner import ContinuousAggregate, PerBatch, UnsupportedQuery, plan
 from kernel_runtime.api.sql.screen import AGGREGATE_FUNCTIONS, may_span_batches
 from kernel_runtime.api.time import WatermarkStrategy
@@ -81,7 +82,6 @@ def test_a_key_the_query_does_not_select_keys_the_result_hidden(planned):
      "", 1, "AND (t.k > CAST(2 AS BIGINT))): only the first row per key"),
     ("SELECT k, count(DISTINCT v) AS n FROM input GROUP BY window(ts, '1 second'), k", "GROUP BY window(ts, '1 second'), k",
      1, "not yet per time window"),
-    ("SELECT k, count(*) AS n FROM input GROUP BY k HAVING count(*) > 2", "", 1, "retractions"),
 ])
 def test_what_is_not_planned_is_refused_naming_the_clause_and_its_line(planned, query, clause, line, says):
     with pytest.raises(UnsupportedQuery) as refused:
@@ -89,6 +89,39 @@ def test_what_is_not_planned_is_refused_naming_the_clause_and_its_line(planned, 
     text = str(refused.value)
     assert f"(line {line} of the query)" in text and says in text, text
     assert not clause or text.startswith(repr(clause)), text
+
+
+def test_having_keeps_each_running_row_and_marks_whether_it_passes(spark):
+    query = "SELECT count(*) AS n FROM input GROUP BY k HAVING sum(v) > 10"
+    root = analysis.analyse(query, SCHEMA)
+    how = plan_over_aggregate(query, root, aggregation_below(root), [])
+    assert how.deletes and how.upsert_key == ["__sql_key_r0"]
+    assert "CASE WHEN __sql_keep THEN '+U' ELSE '-D' END AS `__sql_op`" in how.final and " WHERE " not in how.final
+    assert "deleted when its row stops passing" in how.explain()
+    shown = "SELECT k, count(*) AS n FROM input GROUP BY k HAVING sum(v) > 10"
+    root = analysis.analyse(shown, SCHEMA)
+    assert plan_over_aggregate(shown, root, aggregation_below(root), []).upsert_key == ["k"]
+
+
+def test_a_stream_whose_keys_are_deleted_goes_to_a_collect_sink_only(spark, tmp_path):
+    from kernel_runtime.api import DiscardingSink
+    import pandas as pd
+    env = StreamEnvironment(parallelism=1)
+    rows = env.from_generator(lambda s: pd.DataFrame({"k": s % 3, "v": s}), count=10)
+    having = rows.sql("SELECT k, count(*) AS n FROM input GROUP BY k HAVING count(*) > 2")
+    with pytest.raises(GraphValidationError, match="deleted when their row stops passing its query's HAVING"):
+        having.sink_to(DiscardingSink())
+    with pytest.raises(GraphValidationError, match="put both in one query"):
+        having.sql("SELECT k FROM input WHERE n > 3")
+    having.changelog().collect("changes")
+    having.collect()
+
+
+def test_a_filter_over_a_window_drops_its_final_rows(spark):
+    query = "SELECT k, count(*) AS n FROM input GROUP BY window(ts, '1 second'), k HAVING count(*) > 2"
+    root = analysis.analyse(query, SCHEMA)
+    how = plan_over_aggregate(query, root, aggregation_below(root), analysis.window_calls(query))
+    assert not how.deletes and "WHERE (n > CAST(2 AS BIGINT))" in how.final and "__sql_op" not in how.final
 
 
 def test_row_number_one_per_key_is_a_deduplication_keyed_by_its_partition(planned):

@@ -27,6 +27,7 @@ from kernel_runtime.api.time import (EventTimeSessionWindows, SlidingEventTimeWi
 from kernel_runtime.api.sql import analysis
 from kernel_runtime.api.sql.dedup_planner import Deduplicate, find_window, plan_deduplicate
 from kernel_runtime.api.sql.join_planner import JoinedAggregate, StreamJoin, find_join, plan_join
+from kernel_runtime.api.sql.result_query import aggregation_below, plan_over_aggregate
 from kernel_runtime.api.sql.planner import ContinuousAggregate, PerBatch, UnsupportedQuery, per_batch_query, plan
 from kernel_runtime.api.windowed import keyed_edges, two_input
 from kernel_runtime.api.sql.screen import may_span_batches
@@ -77,7 +78,9 @@ def planned(streams: dict[str, DataStream], query: str, where: str):
                 how = dataclasses.replace(how, side_schemas=(left, right))
         else:
             windows = analysis.window_calls(query) if "window" in query.lower() else []
-            how = plan(query, root, windows)
+            aggregation = aggregation_below(root)
+            how = plan(query, root, windows) if aggregation is None else \
+                plan_over_aggregate(query, root, aggregation, windows)
     except analysis.SqlAnalysisError as exc:
         raise GraphValidationError(f"{where}: {exc}") from None
     except UnsupportedQuery as exc:
@@ -116,6 +119,10 @@ def build(streams: dict[str, DataStream], query: str, name: str, parallelism: Op
           where: str) -> DataStream:
     """The operators of ``query`` over the views ``streams`` (the stream before a ``.sql`` step is
     the view ``input``): the stream of its result."""
+    deleting = [view for view, s in streams.items() if s.deletes]
+    if deleting:
+        raise GraphValidationError(f"{where}: the rows of {', '.join(deleting)} are deleted when they stop passing its "
+                                   "HAVING or WHERE, which a query over it would not see: put both in one query")
     how, text = planned(streams, query, where)
     stream = next(iter(streams.values()))
     if isinstance(how, PerBatch):
@@ -165,6 +172,7 @@ def _aggregation(stream: DataStream, how: ContinuousAggregate, name: str, parall
         out = merged._then("spark", f"{name}: result", params={"sql": how.final, "upsert_key": how.upsert_key},
                            parallelism=merged.node.parallelism)
     out.sql_plan = how
+    out.deletes = how.deletes
     return out
 
 

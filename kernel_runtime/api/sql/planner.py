@@ -94,6 +94,8 @@ class ContinuousAggregate:
     # the result's column holding its window's end, if selected: the event time of the window's row
     # (a later join or window reads the result by it, as Flink's window_end after a window TVF)
     rowtime: Optional[str] = None
+    # a query's filter over the running rows: a row that stops passing deletes its key (result_query)
+    deletes: bool = False
 
     def explain(self) -> str:
         state = f"keyed state by {', '.join(self.keys) or '(all rows)'}"
@@ -109,7 +111,8 @@ class ContinuousAggregate:
             lines.append(f"output: a row per key and window when the watermark passes its end (append), "
                          f"keyed by {', '.join(self.upsert_key)}")
         else:
-            lines.append(f"output: an upsert stream keyed by {', '.join(self.upsert_key)}")
+            lines.append(f"output: an upsert stream keyed by {', '.join(self.upsert_key)}"
+                         + (", a key deleted when its row stops passing the query's filter" if self.deletes else ""))
         return "\n".join(lines)
 
 

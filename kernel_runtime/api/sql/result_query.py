@@ -1,0 +1,93 @@
+"""A query over an aggregation's running result: ``HAVING``, and a ``WHERE`` or select list over
+a grouped subquery (pure: plan.Node in, a plan out; tested without a cluster).
+
+The aggregation is planned as any (planner.plan). What the query does with its rows, projections
+and filters, runs per batch over each merged row, in the aggregation's own result step. A running
+row that no longer passes a filter (``HAVING sum(v) < 10`` once the sum grows) must leave the
+result, as Flink SQL's filter over an updating aggregate takes its row back: the step keeps each
+row and marks whether it passes (the column ROW_KIND: ``+U`` or ``-D``), and the result's
+consumers apply a ``-D`` by deleting the key's row. Over a time window the aggregate's rows are
+final, so a filter just drops rows, as Spark's append mode does.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Sequence
+
+from cluster.graph.operator_kinds import HIDDEN_KEY_PREFIX as HIDDEN_KEY, ROW_KIND_COLUMN
+from cluster.graph.schema import quoted
+
+from kernel_runtime.api.sql.plan import Node, WindowCall
+from kernel_runtime.api.sql.planner import PER_BATCH, ContinuousAggregate, UnsupportedQuery, plan
+
+_OVER = ("Project", "Filter", "SubqueryAlias")  # what a query may do with the aggregation's rows
+KEEP = "__sql_keep"
+
+
+def aggregation_below(root: Node) -> Optional[Node]:
+    """The aggregation a query works on the result of, if every node above it only projects and
+    filters and every node below it is per batch (or a time window's projection)."""
+    node = root
+    above = 0
+    while node.kind in _OVER and len(node.children) == 1:
+        node, above = node.children[0], above + 1
+    if above == 0 or node.kind not in ("Aggregate", "Distinct"):
+        return None
+    below = [n for n in node.walk()][1:]
+    if any(n.kind not in PER_BATCH and n.kind != "Expand" for n in below):
+        return None
+    return node
+
+
+def plan_over_aggregate(query: str, root: Node, aggregation: Node, windows: Sequence[WindowCall]) -> ContinuousAggregate:
+    """The aggregation's plan with the query's projections and filters over its rows in its
+    result step; UnsupportedQuery."""
+    inner = plan(query, aggregation, windows)
+    if not isinstance(inner, ContinuousAggregate):
+        raise UnsupportedQuery(query, aggregation, f"{aggregation.kind} below the query is not planned over a stream")
+    above = []
+    node = root
+    while node is not aggregation:
+        above.append(node)
+        node = node.children[0]
+    updating = inner.window is None  # a window's rows are final: a filter drops them
+    projects = [n for n in above if n.kind == "Project"]
+    # a key column every projection passes on as it is keys the result as it shows it; any other
+    # is carried along hidden
+    shown = {k for k in inner.upsert_key if not k.startswith(HIDDEN_KEY) and all(
+        any(e.kind == "AttributeReference" and e.name == k for e in n.expressions) for n in projects)}
+    hidden = {k: f"{HIDDEN_KEY}_r{i}" for i, k in enumerate(inner.upsert_key) if k not in shown}
+    keys = list(hidden.values())
+    carried = [quoted(k) for k in keys] + ([KEEP] if updating else [])
+    alias = _qualifier(aggregation)
+    rows = f"({inner.final}) AS {quoted(alias)}" if inner.final else f"input AS {quoted(alias)}"
+    start = [f"{quoted(k)} AS {quoted(h)}" for k, h in hidden.items()] + (["true AS " + KEEP] if updating else [])
+    sql = f"SELECT {', '.join(['*'] + start)} FROM {rows}"
+    for node in reversed(above):
+        if node.kind == "SubqueryAlias":
+            alias = node.alias or alias
+            sql = f"SELECT * FROM ({sql}) AS {quoted(alias)}"
+        elif node.kind == "Filter":
+            condition = node.expressions[0].sql
+            if updating:
+                columns = [quoted(c.name) for c in node.output] + [quoted(k) for k in keys]
+                sql = (f"SELECT {', '.join(columns)}, {KEEP} AND coalesce({condition}, false) AS {KEEP} "
+                       f"FROM ({sql}) AS {quoted(alias)}")
+            else:
+                sql = f"SELECT * FROM ({sql}) AS {quoted(alias)} WHERE {condition}"
+        else:  # a Project: its list, and the key and the mark carried along
+            names = [c.name for c in node.output]
+            if len(set(names)) != len(names) or any(n.startswith("__sql") for n in names):
+                raise UnsupportedQuery(query, node, f"the query's result names columns alike ({names}): name each once")
+            sql = f"SELECT {', '.join([e.sql for e in node.expressions] + carried)} FROM ({sql}) AS {quoted(alias)}"
+    top = [quoted(c.name) for c in root.output] + [quoted(k) for k in keys]
+    if updating:
+        top.append(f"CASE WHEN {KEEP} THEN '+U' ELSE '-D' END AS {quoted(ROW_KIND_COLUMN)}")
+    final = f"SELECT {', '.join(top)} FROM ({sql}) AS `__sql_result`"
+    upsert_key = [hidden.get(k, k) for k in inner.upsert_key]
+    return dataclasses.replace(inner, final=final, upsert_key=upsert_key, rowtime=None, deletes=updating)
+
+
+def _qualifier(aggregation: Node) -> str:
+    """The name the query's expressions above give the aggregation's rows (``input``, ``o``)."""
+    return next((c.qualifier[-1] for c in aggregation.output if c.qualifier), "input")
