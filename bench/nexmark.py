@@ -237,7 +237,8 @@ def main():
     parser.add_argument("--events", type=int, default=10_000_000)
     parser.add_argument("--quick", action="store_true", help="200,000 events: a smoke run")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--queries", default=",".join(QUERIES))
+    # q4's result deletes keys (its averages change), which a file sink cannot take: not benchmarked
+    parser.add_argument("--queries", default=",".join(q for q in QUERIES if q != "q4"))
     parser.add_argument("--peers", default="streamlab,flink,bare")
     parser.add_argument("--pyflink-venv", type=Path, default=CACHE / "pyflink-venv",
                         help="PyFlink's own venv, created when missing (default ~/.cache/streamlab/pyflink-venv)")

@@ -107,6 +107,8 @@ KINDS: dict[str, OperatorKind] = declare([
     OperatorKind("keyed-count", _TRANSFORM, Output.KEY_COUNT, keyed=True, stateful=True, upsert=True),
     OperatorKind("keyed-aggregate", _TRANSFORM, keyed=True, stateful=True, upsert=True),
     OperatorKind("keyed-reduce", _TRANSFORM, keyed=True, stateful=True, upsert=True),
+    # an aggregation over another's running rows, taking back each old row (cluster.operators.retracting)
+    OperatorKind("keyed-changelog-aggregate", _TRANSFORM, keyed=True, stateful=True, upsert=True),
     # one row kept per key: the first by an order, or by arrival (cluster.operators.deduplicate)
     OperatorKind("keyed-deduplicate", _TRANSFORM, Output.INPUT, keyed=True, stateful=True, upsert=True),
     # a process function emits whatever it likes, so its output is no upsert stream

@@ -25,6 +25,7 @@ import pyarrow as pa
 
 from cluster.common import clock
 from cluster.graph.event_time import NO_WATERMARK
+from cluster.graph.operator_kinds import ROW_KIND_COLUMN
 from cluster.graph.schema import quoted
 from cluster.state.loader import create_backend
 from cluster.state.key_groups import key_group_range, key_groups_of_frame
@@ -140,7 +141,9 @@ class LocalAggregate(Operator, kind="local-aggregate"):
 
 class KeyedAggregate(KeyedOperator, kind="keyed-aggregate"):
     """params: key, aggregations {out: [column, func]}, pre_aggregated (the input already holds
-    partial columns)."""
+    partial columns), changelog (the rows say their kind in ROW_KIND_COLUMN, and a key's update
+    comes after its old row marked '-U', which an aggregation over these rows takes back: Flink's
+    retraction)."""
 
     def open(self) -> None:
         super().open()
@@ -159,15 +162,28 @@ class KeyedAggregate(KeyedOperator, kind="keyed-aggregate"):
         new_values = frame[[n for n, _, _ in self.partials]].astype(object).values.tolist()
         merges = [PARTIALS[kind].merge for _, kind, _ in self.partials]
         merged = []
-        for old, new in zip(self.backend.get_many("partials", groups, keys), new_values):
+        olds = self.backend.get_many("partials", groups, keys)
+        for old, new in zip(olds, new_values):
             merged.append(tuple(self._stored(new)) if old is None else
                           tuple(merge(a, b) for merge, a, b in zip(merges, old, new)))
         self.backend.put_many("partials", groups, keys, merged)
-        out = frame[self.key].copy()
+        out = self._rows(frame[self.key].copy(), merged)
+        if not self.params.get("changelog"):
+            return [frame_to_table(out)]
+        before = [i for i, o in enumerate(olds) if o is not None]
+        out[ROW_KIND_COLUMN] = ["+U" if o is not None else "+I" for o in olds]
+        if not before:
+            return [frame_to_table(out)]
+        retracted = self._rows(frame[self.key].iloc[before].reset_index(drop=True), [olds[i] for i in before])
+        retracted[ROW_KIND_COLUMN] = "-U"
+        return [frame_to_table(pd.concat([retracted, out], ignore_index=True))]  # a key's -U before its +U
+
+    def _rows(self, out: pd.DataFrame, partials: list) -> pd.DataFrame:
+        """The keys' rows: each aggregation's value from the keys' partials."""
         for name, (column, func) in self.aggregations.items():
             kinds = FUNCTIONS[func].partials
-            out[name] = values(func, {k: [m[self.at[f"__{name}__{k}"]] for m in merged] for k in kinds})
-        return [frame_to_table(out)]
+            out[name] = values(func, {k: [m[self.at[f"__{name}__{k}"]] for m in partials] for k in kinds})
+        return out
 
     def _stored(self, partials: list) -> list:
         """A key's first partials as the state keeps them: sets and lists as tuples (Spark sends arrays)."""

@@ -7,7 +7,8 @@ cluster.spark), so the one place that imports them all is here, above the three.
 from cluster.connectors import files, nexmark, redis_streams, sinks, sources  # noqa: F401 (they register)
 from cluster.connectors.kafka import sink as kafka_sink, source as kafka_source  # noqa: F401
 from cluster.graph.operator_kinds import KINDS
-from cluster.operators import deduplicate, interval_join, keyed, regular_join, stateless, temporal_join, window_join  # noqa: F401
+from cluster.operators import (deduplicate, interval_join, keyed, regular_join, retracting, stateless,  # noqa: F401
+                               temporal_join, window_join)
 from cluster.operators.base import OPERATORS
 from cluster.operators.windowing import timestamps, window_operator  # noqa: F401
 from cluster.spark import chain  # noqa: F401

@@ -34,6 +34,12 @@ QUERIES = {
     "q2": "SELECT auction, price FROM bid WHERE MOD(auction, 123) = 0",
     "q3": "SELECT P.name, P.city, P.state, A.id FROM auction AS A INNER JOIN person AS P ON A.seller = P.id "
           "WHERE A.category = 10 AND (P.state = 'OR' OR P.state = 'ID' OR P.state = 'CA')",
+    # the average closing price per category: each auction's highest bid while it was open (a
+    # regular join, as Flink plans it: expires is no time bound), then the average of those maxima,
+    # each auction's old maximum taken back as a new one comes (retraction)
+    "q4": "SELECT Q.category, AVG(Q.final) FROM (SELECT MAX(B.price) AS final, A.category FROM auction A, bid B "
+          "WHERE A.id = B.auction AND B.dateTime BETWEEN A.dateTime AND A.expires GROUP BY A.id, A.category) Q "
+          "GROUP BY Q.category",
     # the highest bids of each 10 s: a tumbling window's maximum (a view, below), joined back to
     # the bids of its window by price and time, an interval join
     "q7": "SELECT B.auction, B.price, B.bidder, B.dateTime, B.extra FROM bid B JOIN B1 ON B.price = B1.maxprice "

@@ -112,10 +112,10 @@ def same_table(got: pd.DataFrame, expected: pd.DataFrame, what: str) -> None:
 
 
 def each_equals_spark(env: StreamEnvironment, client, job: str, queries: dict[str, str], stream_of, expected_of,
-                      least_rows: int = 0) -> None:
+                      least_rows: int = 0):
     """Each query's stream (``stream_of(name, query)``) collected under its name, one job for all;
     each final table equals ``expected_of(query)``, Spark over all rows at once, of more than
-    ``least_rows`` rows."""
+    ``least_rows`` rows. The job's result."""
     for name, query in queries.items():
         stream_of(name, query).collect(name)
     result = env.execute_async(job, client=client).wait(240)
@@ -123,6 +123,7 @@ def each_equals_spark(env: StreamEnvironment, client, job: str, queries: dict[st
         expected = expected_of(query)
         assert len(expected) > least_rows, (name, len(expected))
         same_table(naive_utc(result.to_pandas(name)), expected, f"{name}: {query}")
+    return result
 
 
 @pytest.mark.timeout(300)
@@ -143,6 +144,8 @@ WINDOWED = {
                "GROUP BY window(ts, '3 seconds', '1 second')",
     "having": "SELECT window.start AS ws, k, count(*) AS n FROM input GROUP BY window(ts, '2 seconds'), k "
               "HAVING count(*) > 2",
+    "over windows": "SELECT n, count(*) AS windows FROM (SELECT window.start AS ws, k, count(*) AS n FROM input "
+                    "GROUP BY window(ts, '2 seconds'), k) w GROUP BY n",
     "session": "SELECT session_window.start AS s0, session_window.end AS s1, tag, count(*) AS n, min(v) AS lo "
                "FROM input GROUP BY session_window(ts, '700 milliseconds'), tag",
 }
@@ -160,6 +163,31 @@ def test_each_windowed_query_equals_spark_over_all_rows_at_once(cluster, client,
 
 
 NULLED = "(SELECT k, v, seq, CASE WHEN v % 3 = 0 THEN NULL ELSE v END AS w FROM input)"
+NESTED = {  # an aggregation over another's running rows: each old row taken back (retraction)
+    "histogram of running counts": "SELECT n, count(*) AS groups, sum(s) AS total, avg(s) AS mean FROM (SELECT k, tag, "
+                                   "count(*) AS n, sum(v) AS s FROM input WHERE v % 4 = 0 GROUP BY k, tag) t GROUP BY n",
+    "average of maxima (q4's shape)": "SELECT q.tag, avg(q.top) AS mean_top, count(*) AS c FROM (SELECT k, tag, "
+                                      "max(v) AS top FROM input GROUP BY k, tag) q WHERE q.top > 0 GROUP BY q.tag",
+}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("seed", [6, 7])
+def test_an_aggregation_over_an_aggregation_takes_back_each_old_row(cluster, client, spark, seed):
+    count, batch, parallelism = sizes(seed, (2_000, 3_000), [40, 100], [1, 2])
+    make = rows(seed)
+    env = StreamEnvironment(parallelism=parallelism, cluster=cluster.cluster_dir)
+    # at a rate, the batches reach the aggregations one by one: each inner key changes many times
+    source = env.from_generator(make, count=count, batch_size=batch, rate=800)
+    histogram = source.sql(NESTED["histogram of running counts"], name="changes")
+    histogram.changelog().collect("changes")
+    result = each_equals_spark(env, client, f"nested aggregations, seed {seed}", NESTED,
+                               lambda name, query: source.sql(query, name=name),
+                               lambda query: oracle(spark, make, count, query))
+    kinds = result.to_pandas("changes")["__sql_op"].value_counts()
+    assert kinds.get("-D", 0) > 0 and kinds.get("+U", 0) > 0, kinds  # counts left behind were deleted
+
+
 ORDERED = {  # first and last in the stream's order: Spark's min_by and max_by of the row's number
     f"SELECT k, first(v) AS f, last(v) AS l, first(w) AS fw, last(w) AS lw, any_value(v) AS a FROM {NULLED} "
     "GROUP BY k":

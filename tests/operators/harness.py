@@ -25,6 +25,17 @@ if TYPE_CHECKING:
 WHERE = "operator 'under test' (test.py:1)"
 
 
+def opened_operator(tmp_path: Path, kind: str, params: dict, backend: str = "hashmap"):
+    """An opened operator of ``kind`` as subtask 0 of 1, its keyed state in ``backend`` under ``tmp_path``."""
+    spec = OperatorSpec(uid=kind, kind=kind, name=kind, call_site="test.py:1", params=params)
+    ctx = OperatorContext(job_id="job", job_name="t", attempt=0, subtask=0, parallelism=1, max_parallelism=128,
+                          config=TaskConfig.from_dict({"state.backend.type": backend, "io.tmp.dirs": str(tmp_path)}),
+                          result_address=None, cancelled=threading.Event(), sender=None, execution_id=backend)
+    op = OPERATORS[kind](spec, ctx)
+    op.open()
+    return op
+
+
 class Driven:
     """An opened operator of a connector, with what it sent to its side outputs."""
 

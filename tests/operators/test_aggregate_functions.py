@@ -7,29 +7,20 @@ from __future__ import annotations
 import math
 import random
 import statistics
-import threading
 
 import pandas as pd
 import pyarrow as pa
 import pytest
 
-from cluster.conf import TaskConfig
 from cluster.graph.aggregations import AGGREGATE_FUNCTIONS
-from cluster.graph.job_graph import OperatorSpec
-from cluster.taskmanager.operator_registry import OPERATORS
-from cluster.operators.base import OperatorContext
+
+from .harness import opened_operator
 
 AGGREGATIONS = {f: ["v", f] for f in AGGREGATE_FUNCTIONS}
 
 
 def operator(tmp_path, kind: str, backend: str, params: dict):
-    spec = OperatorSpec(uid=kind, kind=kind, name=kind, call_site="test.py:1", params=params)
-    ctx = OperatorContext(job_id="job", job_name="t", attempt=0, subtask=0, parallelism=1, max_parallelism=128,
-                          config=TaskConfig.from_dict({"state.backend.type": backend, "io.tmp.dirs": str(tmp_path)}),
-                          result_address=None, cancelled=threading.Event(), sender=None, execution_id=backend)
-    op = OPERATORS[kind](spec, ctx)
-    op.open()
-    return op
+    return opened_operator(tmp_path, kind, params, backend)
 
 
 def expected(values: list) -> dict:

@@ -3,28 +3,17 @@ rows it emits, applied as upserts by key, equal pandas' pick over all the rows a
 from __future__ import annotations
 
 import random
-import threading
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
 
-from cluster.conf import TaskConfig
-from cluster.graph.job_graph import OperatorSpec
-from cluster.taskmanager.operator_registry import OPERATORS
-from cluster.operators.base import OperatorContext
+from .harness import opened_operator
 
 
 def operator(tmp_path, backend: str, params: dict):
-    spec = OperatorSpec(uid="dedup", kind="keyed-deduplicate", name="dedup", call_site="test.py:1",
-                        params={"key": ["k"], **params})
-    ctx = OperatorContext(job_id="job", job_name="t", attempt=0, subtask=0, parallelism=1, max_parallelism=128,
-                          config=TaskConfig.from_dict({"state.backend.type": backend, "io.tmp.dirs": str(tmp_path)}),
-                          result_address=None, cancelled=threading.Event(), sender=None, execution_id=backend)
-    op = OPERATORS["keyed-deduplicate"](spec, ctx)
-    op.open()
-    return op
+    return opened_operator(tmp_path, "keyed-deduplicate", {"key": ["k"], **params}, backend)
 
 
 def run(tmp_path, rows: pd.DataFrame, params: dict, seed: int) -> tuple[pd.DataFrame, int]:

@@ -27,6 +27,7 @@ from kernel_runtime.api.time import (EventTimeSessionWindows, SlidingEventTimeWi
 from kernel_runtime.api.sql import analysis
 from kernel_runtime.api.sql.dedup_planner import Deduplicate, find_window, plan_deduplicate
 from kernel_runtime.api.sql.join_planner import JoinedAggregate, StreamJoin, find_join, plan_join
+from kernel_runtime.api.sql.nested_planner import NestedAggregate, inner_aggregation, plan_nested
 from kernel_runtime.api.sql.result_query import aggregation_below, plan_over_aggregate
 from kernel_runtime.api.sql.planner import ContinuousAggregate, PerBatch, UnsupportedQuery, per_batch_query, plan
 from kernel_runtime.api.windowed import keyed_edges, two_input
@@ -66,18 +67,23 @@ def planned(streams: dict[str, DataStream], query: str, where: str):
             # a table of the TaskManagers' sessions (a stream-static join): checked when the task opens
             return PerBatch(), per_batch_query(query, None, view)
         raise GraphValidationError(f"{where}: Spark refuses the query: {exc}") from None
+    rowtimes = {v: s.rowtime for v, s in streams.items()}
+    windows = analysis.window_calls(query) if "window" in query.lower() else []
     try:
         how: Any
-        if find_join(root) is None and find_window(root) is not None:
+        inner = inner_aggregation(root)
+        if inner is not None:
+            how = plan_nested(query, root, inner, windows, lambda node, carry: plan_join(
+                query, node, rowtimes, analysis.offset_us, carry))
+        elif find_join(root) is None and find_window(root) is not None:
             how = plan_deduplicate(query, root)
         elif find_join(root) is not None:
-            how = plan_join(query, root, {v: s.rowtime for v, s in streams.items()}, analysis.offset_us)
+            how = plan_join(query, root, rowtimes, analysis.offset_us)
             if isinstance(how, StreamJoin) and how.how != "inner":  # a side that sends no row is padded
                 left, right = (schema_to_text(analysis.output_schema(pre, known[view]))
                                for view, pre in zip(how.views, how.pre))
                 how = dataclasses.replace(how, side_schemas=(left, right))
         else:
-            windows = analysis.window_calls(query) if "window" in query.lower() else []
             aggregation = aggregation_below(root)
             how = plan(query, root, windows) if aggregation is None else \
                 plan_over_aggregate(query, root, aggregation, windows)
@@ -131,6 +137,14 @@ def build(streams: dict[str, DataStream], query: str, name: str, parallelism: Op
         return out
     if isinstance(how, StreamJoin):
         out = _join(streams, how, name, parallelism, where)
+    elif isinstance(how, NestedAggregate):
+        if isinstance(how.inner, JoinedAggregate):
+            joined = _join(streams, how.inner.join, f"{name} (inner)", parallelism, where, "joined rows")
+            inner = _aggregation(joined, how.inner.aggregate, f"{name} (inner)", parallelism, where, changelog=True)
+        else:
+            inner = _aggregation(stream, how.inner, f"{name} (inner)", parallelism, where, changelog=how.retracting)
+        out = _aggregation(inner, how.outer, name, parallelism, where, over_changelog=how.retracting)
+        out.sql_plan = how
     elif isinstance(how, Deduplicate):
         out = _deduplication(stream, how, name, parallelism)
     elif isinstance(how, JoinedAggregate):
@@ -152,17 +166,26 @@ def build(streams: dict[str, DataStream], query: str, name: str, parallelism: Op
 
 
 def _aggregation(stream: DataStream, how: ContinuousAggregate, name: str, parallelism: Optional[int],
-                 where: str) -> DataStream:
-    """The rows below the aggregation on Spark, the keyed (or windowed) aggregate, the result step."""
+                 where: str, changelog: bool = False, over_changelog: bool = False) -> DataStream:
+    """The rows below the aggregation on Spark, the keyed (or windowed) aggregate, the result step.
+    ``changelog``: the aggregate emits each key's old row marked -U before its update;
+    ``over_changelog``: its rows are such a changelog, each -U taken back."""
     assigner = _assigner(stream, how, where) if how.window is not None else None  # checked before any node
     pre = stream._then("spark", name, params={"sql": how.pre}, parallelism=parallelism)
     aggregations = {out: (column, func) for out, (column, func) in how.aggregations.items()}
     if assigner is not None:
         windowed = KeyedStream(pre, how.keys).window(assigner) if how.keys else pre.window_all(assigner)
         merged = windowed.aggregate(name=f"{name}: {how.grouping}", parallelism=parallelism, **aggregations)
+    elif over_changelog:  # no partial aggregates before the exchange: the row kinds are summed after it
+        merged = pre._then("keyed-changelog-aggregate", f"{name}: {how.grouping}", parallelism=parallelism,
+                           params={"key": how.keys, "aggregations": {k: list(v) for k, v in aggregations.items()}},
+                           partitioning=(ShipStrategy.HASH, how.keys))
     else:
         merged = KeyedStream(pre, how.keys).aggregate(name=f"{name}: {how.grouping}", parallelism=parallelism,
                                                       **aggregations)
+        if changelog:
+            assert merged.node is not None
+            merged.node.spec.params["changelog"] = True
     _pin_state_uid(merged, repr((how.pre, how.keys, how.aggregations, how.window)))
     out = merged
     if how.rowtime is not None:  # each window's row at its window's end, which the watermark has passed

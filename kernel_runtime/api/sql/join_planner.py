@@ -113,10 +113,10 @@ class JoinedAggregate:
         return f"{joined}\nthe joined rows, then:\n{self.aggregate.explain()}"
 
 
-def plan_join(query: str, root: Node, rowtimes: dict[str, Optional[str]], offset: Offset):
+def plan_join(query: str, root: Node, rowtimes: dict[str, Optional[str]], offset: Offset, carry: Sequence[str] = ()):
     """The StreamJoin of ``root`` (Project? Filter? Join of two per-batch sides), or the
     JoinedAggregate of an Aggregate over Filter? Join; ``rowtimes``: each view's event-time column
-    (None: the stream has none)."""
+    (None: the stream has none); ``carry``: as planner.plan's, of the aggregation."""
     if root.kind != "Aggregate":
         return _plan(query, root, rowtimes, offset)
     if any(_is_window(g.data_type) for g in root.grouping):
@@ -124,7 +124,8 @@ def plan_join(query: str, root: Node, rowtimes: dict[str, Optional[str]], offset
                                "each stream, or aggregate the joined rows without a window")
     reads = {a for e in root.grouping + root.aggregates for a in _attributes(e)}
     join = _plan(query, root.children[0], rowtimes, offset, reads)
-    return JoinedAggregate(join, _aggregate(query, root, list(root.grouping), list(root.aggregates), "input"))
+    return JoinedAggregate(join, _aggregate(query, root, list(root.grouping), list(root.aggregates), "input",
+                                            carry=carry))
 
 
 def _plan(query: str, root: Node, rowtimes: dict[str, Optional[str]], offset: Offset,

@@ -112,7 +112,7 @@ class ContinuousAggregate:
                          f"keyed by {', '.join(self.upsert_key)}")
         else:
             lines.append(f"output: an upsert stream keyed by {', '.join(self.upsert_key)}"
-                         + (", a key deleted when its row stops passing the query's filter" if self.deletes else ""))
+                         + (", a key deleted when its row leaves the result (marked -D)" if self.deletes else ""))
         return "\n".join(lines)
 
 
@@ -138,21 +138,22 @@ class EventTimeWindow:
 WINDOW_START, WINDOW_END = "window_start", "window_end"  # the window operator's columns
 
 
-def plan(query: str, root: Node, windows: Sequence[WindowCall] = ()):
+def plan(query: str, root: Node, windows: Sequence[WindowCall] = (), carry: Sequence[str] = ()):
     """PerBatch or ContinuousAggregate for the analysed plan ``root`` of ``query`` (``windows``:
-    its window calls as written); UnsupportedQuery."""
+    its window calls as written; ``carry``: columns the merged rows have beside the keys and
+    aggregates, which the result step passes on); UnsupportedQuery."""
     if all(n.kind in PER_BATCH for n in root.walk()):
         return PerBatch()
     if root.kind == "Aggregate" and any(_is_window(g.data_type) for g in root.grouping):
-        return _windowed(query, root, windows)
+        return _windowed(query, root, windows, carry)
     if root.kind == "Aggregate" and _per_batch(root.children[0]):
         return _aggregate(query, root, list(root.grouping), list(root.aggregates),
-                          _from_item(query, root.children[0]))
+                          _from_item(query, root.children[0]), carry=carry)
     if root.kind == "Distinct" and _per_batch(root.children[0]):
         child = root.children[0]
         columns = [Expr("AttributeReference", quoted(c.name), c.name, (), c.data_type) for c in child.output]
         # the selected rows as a subquery of their own: its columns resolve by name alone
-        return _aggregate(query, root, columns, columns, f"({_query(query, child)}) AS `__sql_rows`")
+        return _aggregate(query, root, columns, columns, f"({_query(query, child)}) AS `__sql_rows`", carry=carry)
     raise _refusal(query, root)
 
 
@@ -188,7 +189,7 @@ def _refusal(query: str, root: Node) -> UnsupportedQuery:
     return UnsupportedQuery(query, node, why)
 
 
-def _windowed(query: str, root: Node, calls: Sequence[WindowCall]) -> ContinuousAggregate:
+def _windowed(query: str, root: Node, calls: Sequence[WindowCall], carry: Sequence[str] = ()) -> ContinuousAggregate:
     """GROUP BY window(ts, ...)[, keys]: Spark's analysed plan computes the window struct in a
     projection (an expansion for sliding windows) over the rows; the rows below it go to the
     DataStream API's event-time window, and the struct is made back from its start and end."""
@@ -216,7 +217,7 @@ def _windowed(query: str, root: Node, calls: Sequence[WindowCall]) -> Continuous
     # the window operator's start and end are of the time column's type, a timestamp (Spark's window takes no other)
     struct = f"named_struct('start', {quoted(WINDOW_START)}, 'end', {quoted(WINDOW_END)})"
     return _aggregate(query, root, grouping, list(root.aggregates), _from_item(query, rows),
-                      window=(spec, time_sql, window.sql, struct))
+                      window=(spec, time_sql, window.sql, struct), carry=carry)
 
 
 def _window_spec(call: WindowCall, time_column: str) -> EventTimeWindow:
@@ -233,10 +234,13 @@ def _window_spec(call: WindowCall, time_column: str) -> EventTimeWindow:
 
 # ------------------------------------------------------------------ the aggregation
 def _aggregate(query: str, node: Node, grouping: list[Expr], results: list[Expr], rows: str,
-               window: Optional[tuple[EventTimeWindow, str, str, str]] = None) -> ContinuousAggregate:
+               window: Optional[tuple[EventTimeWindow, str, str, str]] = None, carry: Sequence[str] = (),
+               carry_in: Sequence[str] = ()) -> ContinuousAggregate:
     """``rows``: the FROM item of the rows below the aggregation, their columns named as
     ``grouping`` and the aggregates' arguments name them. ``window``: its spec, the SQL of the
-    time column below, the SQL of the window attribute above, and the SQL making it back."""
+    time column below, the SQL of the window attribute above, and the SQL making it back.
+    ``carry``: columns of the merged rows the result step passes on; ``carry_in``: columns of
+    the rows below that the rows to aggregate keep (a changelog's row kind)."""
     keys: list[str] = []
     for i, g in enumerate(grouping):
         plain = g.kind == "AttributeReference" and g.name not in keys and not g.name.startswith("__")
@@ -272,13 +276,13 @@ def _aggregate(query: str, node: Node, grouping: list[Expr], results: list[Expr]
     elif not keys:  # a global aggregate: one key for every row
         pre_columns.append(f"0 AS `{HIDDEN_KEY}0`")
         keys = [f"{HIDDEN_KEY}0"]
-    pre = f"SELECT {', '.join(pre_columns + arguments)} FROM {rows}{where}"
+    pre = f"SELECT {', '.join(pre_columns + arguments + [quoted(c) for c in carry_in])} FROM {rows}{where}"
     renamed = None if window is not None else _direct(keys, results, names, aggregations)
     rowtime = None
     if renamed is not None:  # the result is the merged rows as they are: no final step
         aggregations, final, upsert_key = renamed, None, list(keys)
     else:
-        final, upsert_key = _result(grouping, keys, results, names, window[2:] if window else None)
+        final, upsert_key = _result(grouping, keys, results, names, window[2:] if window else None, carry)
     if window is not None:
         ends = {f"{window[2]}.end", f"{window[2]}.`end`"}
         rowtime = next((r.name for r in results if r.kind == "Alias" and r.children[0].sql in ends), None)
@@ -328,7 +332,7 @@ def _direct(keys: list[str], results: list[Expr], names: dict, aggregations: dic
 
 
 def _result(grouping: list[Expr], keys: list[str], results: list[Expr], names: dict,
-            window: Optional[tuple[str, str]] = None) -> tuple[str, list[str]]:
+            window: Optional[tuple[str, str]] = None, carry: Sequence[str] = ()) -> tuple[str, list[str]]:
     """The final step's SQL over the merged rows and the result's key (``window``: the SQL of the
     window attribute and of the struct made back from the window's columns)."""
     replacements = {g.sql: quoted(k) for g, k in zip(grouping, keys)}
@@ -355,7 +359,7 @@ def _result(grouping: list[Expr], keys: list[str], results: list[Expr], names: d
     elif window is not None:  # a window's row is its key and window, whatever the query selects
         columns += [f"{quoted(c)} AS {quoted(HIDDEN_KEY + '_' + c)}" for c in (WINDOW_START, WINDOW_END)]
         upsert_key += [HIDDEN_KEY + "_" + c for c in (WINDOW_START, WINDOW_END)]
-    return f"SELECT {', '.join(columns)} FROM input", upsert_key
+    return f"SELECT {', '.join(columns + [quoted(c) for c in carry])} FROM input", upsert_key
 
 
 _LITERAL = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"")

@@ -58,34 +58,43 @@ def plan_over_aggregate(query: str, root: Node, aggregation: Node, windows: Sequ
         any(e.kind == "AttributeReference" and e.name == k for e in n.expressions) for n in projects)}
     hidden = {k: f"{HIDDEN_KEY}_r{i}" for i, k in enumerate(inner.upsert_key) if k not in shown}
     keys = list(hidden.values())
-    carried = [quoted(k) for k in keys] + ([KEEP] if updating else [])
     alias = _qualifier(aggregation)
     rows = f"({inner.final}) AS {quoted(alias)}" if inner.final else f"input AS {quoted(alias)}"
     start = [f"{quoted(k)} AS {quoted(h)}" for k, h in hidden.items()] + (["true AS " + KEEP] if updating else [])
     sql = f"SELECT {', '.join(['*'] + start)} FROM {rows}"
-    for node in reversed(above):
-        if node.kind == "SubqueryAlias":
-            alias = node.alias or alias
-            sql = f"SELECT * FROM ({sql}) AS {quoted(alias)}"
-        elif node.kind == "Filter":
-            condition = node.expressions[0].sql
-            if updating:
-                columns = [quoted(c.name) for c in node.output] + [quoted(k) for k in keys]
-                sql = (f"SELECT {', '.join(columns)}, {KEEP} AND coalesce({condition}, false) AS {KEEP} "
-                       f"FROM ({sql}) AS {quoted(alias)}")
-            else:
-                sql = f"SELECT * FROM ({sql}) AS {quoted(alias)} WHERE {condition}"
-        else:  # a Project: its list, and the key and the mark carried along
-            names = [c.name for c in node.output]
-            if len(set(names)) != len(names) or any(n.startswith("__sql") for n in names):
-                raise UnsupportedQuery(query, node, f"the query's result names columns alike ({names}): name each once")
-            sql = f"SELECT {', '.join([e.sql for e in node.expressions] + carried)} FROM ({sql}) AS {quoted(alias)}"
+    for node in projects:
+        names = [c.name for c in node.output]
+        if len(set(names)) != len(names) or any(n.startswith("__sql") for n in names):
+            raise UnsupportedQuery(query, node, f"the query's result names columns alike ({names}): name each once")
+    sql, _ = rows_above(above, sql, alias, [quoted(k) for k in keys], KEEP if updating else None)
     top = [quoted(c.name) for c in root.output] + [quoted(k) for k in keys]
     if updating:
         top.append(f"CASE WHEN {KEEP} THEN '+U' ELSE '-D' END AS {quoted(ROW_KIND_COLUMN)}")
     final = f"SELECT {', '.join(top)} FROM ({sql}) AS `__sql_result`"
     upsert_key = [hidden.get(k, k) for k in inner.upsert_key]
     return dataclasses.replace(inner, final=final, upsert_key=upsert_key, rowtime=None, deletes=updating)
+
+
+def rows_above(nodes: Sequence[Node], sql: str, alias: str, carried: Sequence[str],
+               keep: Optional[str] = None) -> tuple[str, str]:
+    """The SQL of ``nodes`` (projections, filters and subquery aliases, the top first) over the
+    rows of ``sql`` named ``alias``, and the name of its rows. Each projection passes the
+    ``carried`` columns on; a filter drops the rows that fail it, or with ``keep`` ANDs whether
+    they pass into that column instead."""
+    for node in reversed(nodes):
+        if node.kind == "SubqueryAlias":
+            alias = node.alias or alias
+            sql = f"SELECT * FROM ({sql}) AS {quoted(alias)}"
+        elif node.kind == "Filter" and keep is None:
+            sql = f"SELECT * FROM ({sql}) AS {quoted(alias)} WHERE {node.expressions[0].sql}"
+        elif node.kind == "Filter":
+            columns = [quoted(c.name) for c in node.output] + list(carried)
+            sql = (f"SELECT {', '.join(columns)}, {keep} AND coalesce({node.expressions[0].sql}, false) AS {keep} "
+                   f"FROM ({sql}) AS {quoted(alias)}")
+        else:
+            listed = [e.sql for e in node.expressions] + list(carried) + ([keep] if keep else [])
+            sql = f"SELECT {', '.join(listed)} FROM ({sql}) AS {quoted(alias)}"
+    return sql, alias
 
 
 def _qualifier(aggregation: Node) -> str:
