@@ -10,6 +10,7 @@ pyarrow, so a directory that a FileSink is writing can be watched safely.
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import glob
 import itertools
@@ -410,7 +411,9 @@ class FileSink(Operator, kind="file-sink"):
         for name in os.listdir(self.directory):
             path = os.path.join(self.directory, name)
             if stray.match(name) and path not in keep and path != self._in_progress:
-                os.remove(path)
+                # the failed attempt's task, still cancelling, may remove its own file first
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(path)
 
     def finish(self) -> list[pa.Table]:
         # The end of the input. With checkpoints the sources end only once the final checkpoint

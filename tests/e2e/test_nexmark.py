@@ -23,6 +23,9 @@ from tests.e2e.test_streaming_sql import naive_utc, same_table
 
 EVENTS = 100_000
 RATE = 1_000  # events per second of event time: 100 s of auctions, ten of q7's 10 s windows
+# the queries of the one job below; q4 (a join and two aggregations, 8 more tasks) runs in a job of
+# its own, at a rate that makes its retractions happen
+ALL_AT_ONCE = [name for name in QUERIES if name != "q4"]
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +45,6 @@ def expected(events: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
             ["auction", "bidder", "price", "dateTime", "extra"]],
         "q2": bid.loc[bid["auction"] % 123 == 0, ["auction", "price"]],
         "q3": q3.rename(columns={"id_a": "id"})[["name", "city", "state", "id"]],
-        "q4": q4(bid, auction),
         "q7": q7(bid),
     }
 
@@ -70,7 +72,7 @@ def test_nexmark_queries_in_sql_and_with_the_api_equal_pandas(cluster, client, e
     print(f"batches of {batch or 'what is due'}")
     env = StreamEnvironment(parallelism=2, cluster=cluster.cluster_dir)
     NexmarkSource.create_views(EVENTS, env=env, events_per_second=RATE, batch_size=batch)
-    for name in QUERIES:
+    for name in ALL_AT_ONCE:
         NexmarkSource.query(env, name).collect(f"sql {name}")
     bids = env.from_source(NexmarkSource.bids(EVENTS, events_per_second=RATE, batch_size=batch),
                            NexmarkSource.watermarks())
@@ -81,8 +83,7 @@ def test_nexmark_queries_in_sql_and_with_the_api_equal_pandas(cluster, client, e
 
     answers = expected(events)
     for name, table in answers.items():
-        # enough rows that a wrong answer shows (q4: one per category)
-        assert len(table) > {"q7": 5, "q4": 3}.get(name, 300), (name, len(table))
+        assert len(table) > (5 if name == "q7" else 300), (name, len(table))  # enough rows that a wrong answer shows
         same_table(naive_utc(result.to_pandas(f"sql {name}")), table, f"sql {name}: {QUERIES[name]}")
     for name in ("q0", "q2"):
         same_table(naive_utc(result.to_pandas(f"api {name}")), answers[name], f"api {name}")
