@@ -135,11 +135,9 @@ def _columns_of(state: str, value: Any, info: dict) -> dict[str, Any]:
     if kind == "map":
         return {state[2:]: dict(value)}
     if state == "partials" and info["kind"] == "keyed-aggregate":
-        from cluster.operators.aggregates import partial_columns, value as function_value  # the operator's layout
+        from cluster.operators.aggregates import partial_columns, value_of  # the operator's layout
         partial = {name: v for (name, _, _), v in zip(partial_columns(info["aggregations"]), value)}
-        return {out: function_value(func, {kind: partial[f"__{out}__{kind}"] for _, kind, _ in
-                                           partial_columns({out: (column, func)})})
-                for out, (column, func) in info["aggregations"].items()}
+        return {out: value_of(out, func, partial) for out, (_, func) in info["aggregations"].items()}
     if state == "kept" and info["kind"] == "keyed-deduplicate":  # the kept row, by its columns
         return {column: v for column, v in value.items() if column not in info["key"]}
     return {state: value}

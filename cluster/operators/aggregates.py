@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import pandas as pd
@@ -37,7 +37,7 @@ def _both(merge: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
 
 def _values(value: Any) -> tuple:
     """A set or list partial as a tuple: Spark's collect_set comes as an array, a state as a tuple."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+    if _null(value):
         return ()
     return tuple(value.tolist() if isinstance(value, np.ndarray) else value)
 
@@ -202,7 +202,13 @@ def values(func: str, partials: dict[str, Any]) -> Any:
     return [function.value(*row) for row in zip(*columns)]
 
 
-def value(func: str, partials: dict[str, Any]) -> Any:
-    """One key's value of the function from its partials by kind."""
-    function = FUNCTIONS[func]
-    return function.value(*(partials[p] for p in function.partials))
+def values_of(out: str, func: str, columns: Mapping[str, Any]) -> Any:
+    """``values`` of the aggregation named ``out`` from its partials' columns, by their names in
+    partial_columns."""
+    return values(func, {kind: columns[f"__{out}__{kind}"] for kind in FUNCTIONS[func].partials})
+
+
+def value_of(out: str, func: str, partials: Mapping[str, Any]) -> Any:
+    """One key's value of the aggregation named ``out`` from its partials, by their names in
+    partial_columns."""
+    return FUNCTIONS[func].value(*(partials[f"__{out}__{kind}"] for kind in FUNCTIONS[func].partials))

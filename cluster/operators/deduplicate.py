@@ -20,6 +20,7 @@ from cluster.common.frames import frame_to_table
 from cluster.operators.keyed import KeyedOperator
 
 ARRIVAL = "__arrival__"  # a row's place in the arrival order: -1 for the row kept before this batch
+SLOT = "__slot__"  # the place of a row's key among the batch's keys
 
 
 class KeyedDeduplicate(KeyedOperator, kind="keyed-deduplicate"):
@@ -46,10 +47,12 @@ class KeyedDeduplicate(KeyedOperator, kind="keyed-deduplicate"):
         columns = list(frame.columns)
         best = self.first_per_key(frame.assign(**{ARRIVAL: np.arange(len(frame))}))
         batch = self.group(frame_to_table(best.drop(columns=[ARRIVAL])), key=self.key)
+        best = best.assign(**{SLOT: np.arange(len(best))})  # one row per key, in the order of batch.keys
         kept = self.backend.get_many("kept", batch.key_groups, batch.keys)
         if self.order and any(row is not None for row in kept):  # this batch's best against the kept
-            before = pd.DataFrame([row for row in kept if row is not None], columns=columns)  # the same columns
-            candidates = pd.concat([best, before.assign(**{ARRIVAL: -1})], ignore_index=True)
+            slots = [i for i, row in enumerate(kept) if row is not None]
+            before = pd.DataFrame([kept[i] for i in slots], columns=columns)  # the same columns
+            candidates = pd.concat([best, before.assign(**{ARRIVAL: -1, SLOT: slots})], ignore_index=True)
             best = self.first_per_key(candidates)
         if self.order or self.latest_wins:
             winners = best[best[ARRIVAL] >= 0]
@@ -57,8 +60,9 @@ class KeyedDeduplicate(KeyedOperator, kind="keyed-deduplicate"):
             winners = best.iloc[[i for i, row in enumerate(kept) if row is None]]
         if winners.empty:
             return []
-        out = winners.drop(columns=[ARRIVAL]).reset_index(drop=True)
-        changed = self.group(frame_to_table(out), key=self.key)
+        slots = winners[SLOT].tolist()
+        out = winners.drop(columns=[ARRIVAL, SLOT]).reset_index(drop=True)
         # a row by its column names: the state's inspection shows them (handle.state(...))
-        self.backend.put_many("kept", changed.key_groups, changed.keys, out.astype(object).to_dict("records"))
+        self.backend.put_many("kept", [batch.key_groups[i] for i in slots], [batch.keys[i] for i in slots],
+                              out.astype(object).to_dict("records"))
         return [frame_to_table(out)]

@@ -31,7 +31,7 @@ from cluster.state.loader import create_backend
 from cluster.state.key_groups import key_group_range, key_groups_of_frame
 
 from cluster.common.frames import frame_to_table, to_table
-from cluster.operators.aggregates import FUNCTIONS, MERGE_IN_BATCH, PARTIALS, partial_columns, values
+from cluster.operators.aggregates import MERGE_IN_BATCH, PARTIALS, partial_columns, values_of
 from cluster.operators.base import Operator, OperatorSnapshot, UserFunctionError
 from cluster.operators.timers import EVENT_TIME, PROCESSING_TIME, TimerService
 
@@ -149,7 +149,6 @@ class KeyedAggregate(KeyedOperator, kind="keyed-aggregate"):
         super().open()
         self.aggregations = self.params["aggregations"]
         self.partials = partial_columns(self.aggregations)
-        self.at = {name: i for i, (name, _, _) in enumerate(self.partials)}  # a partial's place in the state
 
     def process(self, table: pa.Table) -> list[pa.Table]:
         if table.num_rows == 0:
@@ -180,9 +179,9 @@ class KeyedAggregate(KeyedOperator, kind="keyed-aggregate"):
 
     def _rows(self, out: pd.DataFrame, partials: list) -> pd.DataFrame:
         """The keys' rows: each aggregation's value from the keys' partials."""
-        for name, (column, func) in self.aggregations.items():
-            kinds = FUNCTIONS[func].partials
-            out[name] = values(func, {k: [m[self.at[f"__{name}__{k}"]] for m in partials] for k in kinds})
+        columns = {name: [m[i] for m in partials] for i, (name, _, _) in enumerate(self.partials)}
+        for name, (_, func) in self.aggregations.items():
+            out[name] = values_of(name, func, columns)
         return out
 
     def _stored(self, partials: list) -> list:

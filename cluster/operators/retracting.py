@@ -34,8 +34,7 @@ def _value(func: str, s, c):
 
 
 class KeyedChangelogAggregate(KeyedOperator, kind="keyed-changelog-aggregate"):
-    """params: key, aggregations {out: [column, func]} (count, sum, mean), changelog (emit a key's
-    old row marked '-U' before its update, for an aggregation over this one in turn)."""
+    """params: key, aggregations {out: [column, func]} (count, sum, mean)."""
 
     def open(self) -> None:
         super().open()
@@ -46,6 +45,7 @@ class KeyedChangelogAggregate(KeyedOperator, kind="keyed-changelog-aggregate"):
                              f"changelog offers {', '.join(RETRACTABLE)}")
         self.columns = list(dict.fromkeys(column for column, _ in self.aggregations.values()))
         self.parts = [ROWS] + [f"{p}:{c}" for c in self.columns for p in ("s", "c")]
+        self.at = {part: j for j, part in enumerate(self.parts)}  # a part's place in a key's state
 
     def process(self, table: pa.Table) -> list[pa.Table]:
         if table.num_rows == 0:
@@ -68,9 +68,7 @@ class KeyedChangelogAggregate(KeyedOperator, kind="keyed-changelog-aggregate"):
             news.append(summed if summed[0] > 0 else None)  # no row left: the key is gone
         self.backend.put_many("changelog", batch.key_groups, batch.keys, news)
         keys = moved[self.key]
-        rows: list[tuple[int, tuple, str]] = []  # (position of the key, its state, kind): a key's -U before its +U
-        if self.params.get("changelog"):
-            rows += [(i, old, "-U") for i, (old, new) in enumerate(zip(olds, news)) if old is not None and new is not None]
+        rows: list[tuple[int, tuple, str]] = []  # (position of the key, its state, kind)
         for i, (old, new) in enumerate(zip(olds, news)):
             if new is not None:
                 rows.append((i, new, "+I" if old is None else "+U"))
@@ -79,8 +77,8 @@ class KeyedChangelogAggregate(KeyedOperator, kind="keyed-changelog-aggregate"):
         if not rows:
             return []
         out = keys.iloc[[i for i, _, _ in rows]].reset_index(drop=True)
-        at = {part: j for j, part in enumerate(self.parts)}
         for name, (column, func) in self.aggregations.items():
-            out[name] = [_value(func, state[at[f"s:{column}"]], state[at[f"c:{column}"]]) for _, state, _ in rows]
+            out[name] = [_value(func, state[self.at[f"s:{column}"]], state[self.at[f"c:{column}"]])
+                         for _, state, _ in rows]
         out[ROW_KIND_COLUMN] = [kind for _, _, kind in rows]
         return [frame_to_table(out)]

@@ -283,9 +283,10 @@ class DataStream:
         if not plays(sink, Role.SINK):
             raise GraphValidationError(f"sink_to ({call_site()}): {sink!r} is not a sink connector")
         if self.deletes:
-            raise GraphValidationError(f"sink_to ({call_site()}): this stream's keys are deleted when their row stops "
-                                       "passing its query's HAVING or WHERE, and a sink connector only adds rows: "
-                                       "collect() it, or filter the sink's rows downstream instead")
+            raise GraphValidationError(f"sink_to ({call_site()}): this stream's keys are deleted when their row leaves "
+                                       "its query's result (a HAVING or WHERE it stops passing, an aggregation over "
+                                       "an aggregation whose rows all moved away), and a sink connector only adds "
+                                       "rows: collect() it, or filter the sink's rows downstream instead")
         return self._then(sink.kind, name or sink.name, sink.fn, dict(sink.params), parallelism)
 
 

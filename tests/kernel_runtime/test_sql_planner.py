@@ -114,7 +114,7 @@ def test_a_stream_whose_keys_are_deleted_goes_to_a_collect_sink_only(spark, tmp_
     env = StreamEnvironment(parallelism=1)
     rows = env.from_generator(lambda s: pd.DataFrame({"k": s % 3, "v": s}), count=10)
     having = rows.sql("SELECT k, count(*) AS n FROM input GROUP BY k HAVING count(*) > 2")
-    with pytest.raises(GraphValidationError, match="deleted when their row stops passing its query's HAVING"):
+    with pytest.raises(GraphValidationError, match="deleted when their row leaves its query's result \\(a HAVING or WHERE"):
         having.sink_to(DiscardingSink())
     with pytest.raises(GraphValidationError, match="put both in one query"):
         having.sql("SELECT k FROM input WHERE n > 3")

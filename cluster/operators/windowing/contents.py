@@ -32,7 +32,7 @@ import pyarrow as pa
 
 from cluster.graph.windows import TimeWindow
 from cluster.common.frames import frame_to_table, to_table
-from cluster.operators.aggregates import PARTIALS, partial_columns, values as function_values
+from cluster.operators.aggregates import PARTIALS, partial_columns, values_of
 from cluster.operators.keyed import fold_rows
 from cluster.operators.windowing.pre_aggregation import ROWS, window_partials
 
@@ -306,7 +306,6 @@ class AggregateContents(WindowContents):
         if self.count:
             return [pa.table({**keys, **window, "count": np.asarray(columns[ROWS]).astype(np.int64)})]
         out = {}
-        for name, (column, func) in self.aggregations.items():
-            out[name] = function_values(func, {kind: columns[partial] for partial, kind, _ in
-                                               partial_columns({name: (column, func)})})
+        for name, (_, func) in self.aggregations.items():
+            out[name] = values_of(name, func, columns)
         return [pa.table({**keys, **window, **out})]

@@ -68,16 +68,16 @@ def planned(streams: dict[str, DataStream], query: str, where: str):
             return PerBatch(), per_batch_query(query, None, view)
         raise GraphValidationError(f"{where}: Spark refuses the query: {exc}") from None
     rowtimes = {v: s.rowtime for v, s in streams.items()}
-    windows = analysis.window_calls(query) if "window" in query.lower() else []
     try:
         how: Any
-        inner = inner_aggregation(root)
+        windows = analysis.window_calls(query) if "window" in query.lower() else []
+        inner, join = inner_aggregation(root), find_join(root)
         if inner is not None:
             how = plan_nested(query, root, inner, windows, lambda node, carry: plan_join(
                 query, node, rowtimes, analysis.offset_us, carry))
-        elif find_join(root) is None and find_window(root) is not None:
+        elif join is None and find_window(root) is not None:
             how = plan_deduplicate(query, root)
-        elif find_join(root) is not None:
+        elif join is not None:
             how = plan_join(query, root, rowtimes, analysis.offset_us)
             if isinstance(how, StreamJoin) and how.how != "inner":  # a side that sends no row is padded
                 left, right = (schema_to_text(analysis.output_schema(pre, known[view]))
@@ -127,8 +127,10 @@ def build(streams: dict[str, DataStream], query: str, name: str, parallelism: Op
     the view ``input``): the stream of its result."""
     deleting = [view for view, s in streams.items() if s.deletes]
     if deleting:
-        raise GraphValidationError(f"{where}: the rows of {', '.join(deleting)} are deleted when they stop passing its "
-                                   "HAVING or WHERE, which a query over it would not see: put both in one query")
+        raise GraphValidationError(f"{where}: the rows of {', '.join(deleting)} are deleted when they leave its query's "
+                                   "result (a HAVING or WHERE they stop passing, an aggregation over an aggregation "
+                                   "whose rows all moved away), which a query over it would not see: put both in "
+                                   "one query")
     how, text = planned(streams, query, where)
     stream = next(iter(streams.values()))
     if isinstance(how, PerBatch):

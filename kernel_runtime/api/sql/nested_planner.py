@@ -59,18 +59,16 @@ def plan_nested(query: str, root: Node, inner_node: Node, windows: Sequence[Wind
     if any(_is_window(g.data_type) for g in root.grouping):
         raise UnsupportedQuery(query, root, "a time window over an aggregation's rows is not planned yet: "
                                "window the rows below it")
-    marks: tuple[str, ...] = (ROW_KIND_COLUMN,)
+    # a window's rows are final: nothing of them is taken back
+    retracting = not any(_is_window(g.data_type) for g in inner_node.grouping)
+    marks: tuple[str, ...] = (ROW_KIND_COLUMN,) if retracting else ()
     inner: Union[ContinuousAggregate, JoinedAggregate]
     if find_join(inner_node) is not None:  # Nexmark q4: the maximum bid of each auction, by a join
         inner = plan_inner_join(inner_node, marks)
     else:
-        inner = plan(query, inner_node, windows)  # the outer groups by no window: any is the inner's
+        inner = plan(query, inner_node, windows, carry=marks)  # the outer groups by no window: any is the inner's
         if not isinstance(inner, ContinuousAggregate):
             raise UnsupportedQuery(query, inner_node, f"{inner_node.kind} is not planned over a stream")
-        marks = marks if inner.window is None else ()
-        if marks:
-            inner = plan(query, inner_node, windows, carry=marks)
-    retracting = bool(marks)
     rows = _rows_over(query, root.children[0], inner_node, marks)
     outer = _aggregate(query, root, list(root.grouping), list(root.aggregates), rows, carry=marks, carry_in=marks)
     if retracting:
