@@ -19,8 +19,9 @@ bench/peers.py), then a run writing the answer to Parquet: the two answers must 
 held at once during its runs (streamlab: this process, the client, and its cluster's processes and
 JVMs; PyFlink: its Python process and JVM). The bound is the same work with no framework at all:
 one process per core reading its half of the files with pyarrow and doing the query with Arrow's
-kernels (q3: each process joins its half of the auctions with all persons; q7: each window's
-maximum over its half of the bids, in pandas); streamlab / bound says how near to it the runtime comes.
+kernels (q3: each process joins its half of the auctions with all persons; q5, q7 and q8: each
+window's counts, maximum or people over its half of the rows, in pandas); streamlab / bound says how
+near to it the runtime comes.
 
     .venv/bin/python bench/nexmark.py [--quick | --events N] [--queries q0,q1,q2,q3] [--pyflink-venv DIR]
 """
@@ -178,6 +179,19 @@ def bare_part(args: tuple) -> int:
         end = bids["dateTime"].dt.floor("10s") + pd.Timedelta("10s")
         top = bids.assign(end=end).groupby("end")["price"].transform("max")
         return int((bids["price"] == top).sum())
+    if query == "q5":  # each 10 s window every 2 s, its auctions with the most bids: pandas over all
+        bids = pa.concat_tables(pq.read_table(f, columns=["auction", "dateTime"]) for f in files["bid"]).to_pandas()
+        slot = bids["dateTime"].to_numpy().astype("datetime64[ms]").astype(np.int64) // 2_000
+        counts = pd.concat(pd.DataFrame({"auction": bids["auction"].to_numpy(), "start": slot - back})
+                           for back in range(5)).groupby(["auction", "start"], as_index=False).size()
+        return int((counts["size"] == counts.groupby("start")["size"].transform("max")).sum())
+    if query == "q8":  # each 10 s window's new people who opened an auction in it
+        windows = []
+        for table, key in (("person", "id"), ("auction", "seller")):
+            rows = pa.concat_tables(pq.read_table(f, columns=[key, "dateTime"]) for f in files[table]).to_pandas()
+            windows.append(rows.assign(dateTime=rows["dateTime"].dt.floor("10s")).drop_duplicates()
+                           .set_axis(["id", "start"], axis=1))
+        return len(windows[0].merge(windows[1], on=["id", "start"]))
     if query == "q3":
         people = pa.concat_tables([pq.read_table(f, columns=["id", "name", "city", "state"])
                                    for f in sorted((Path(data) / "person").glob("*.parquet"))])

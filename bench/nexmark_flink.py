@@ -35,6 +35,23 @@ QUERIES = {
     "q3": ("name STRING, city STRING, state STRING, id BIGINT",
            "SELECT P.name, P.city, P.state, A.id FROM auction AS A INNER JOIN person AS P on A.seller = P.id "
            "WHERE A.category = 10 and (P.state = 'OR' OR P.state = 'ID' OR P.state = 'CA')"),
+    "q5": ("auction BIGINT, num BIGINT",
+           "SELECT AuctionBids.auction, AuctionBids.num FROM (SELECT auction, count(*) AS num, window_start AS starttime, "
+           "window_end AS endtime FROM TABLE(HOP(TABLE bid, DESCRIPTOR(dateTime), INTERVAL '2' SECOND, "
+           "INTERVAL '10' SECOND)) GROUP BY auction, window_start, window_end) AS AuctionBids JOIN ("
+           "SELECT max(CountBids.num) AS maxn, CountBids.starttime, CountBids.endtime FROM (SELECT count(*) AS num, "
+           "window_start AS starttime, window_end AS endtime FROM TABLE(HOP(TABLE bid, DESCRIPTOR(dateTime), "
+           "INTERVAL '2' SECOND, INTERVAL '10' SECOND)) GROUP BY auction, window_start, window_end) AS CountBids "
+           "GROUP BY CountBids.starttime, CountBids.endtime) AS MaxBids ON AuctionBids.starttime = MaxBids.starttime "
+           "AND AuctionBids.endtime = MaxBids.endtime AND AuctionBids.num >= MaxBids.maxn"),
+    # its sink names the start as the query selects it (nexmark-flink's sink: stime)
+    "q8": ("id BIGINT, name STRING, starttime TIMESTAMP(3)",
+           "SELECT P.id, P.name, P.starttime FROM (SELECT id, name, window_start AS starttime, window_end AS endtime "
+           "FROM TABLE(TUMBLE(TABLE person, DESCRIPTOR(dateTime), INTERVAL '10' SECOND)) "
+           "GROUP BY id, name, window_start, window_end) P JOIN (SELECT seller, window_start AS starttime, "
+           "window_end AS endtime FROM TABLE(TUMBLE(TABLE auction, DESCRIPTOR(dateTime), INTERVAL '10' SECOND)) "
+           "GROUP BY seller, window_start, window_end) A ON P.id = A.seller AND P.starttime = A.starttime "
+           "AND P.endtime = A.endtime"),
     # its sink names the columns as selected (nexmark-flink's inserts price and bidder the other way round)
     "q7": ("auction BIGINT, price BIGINT, bidder BIGINT, dateTime TIMESTAMP(3), extra STRING",
            "SELECT B.auction, B.price, B.bidder, B.dateTime, B.extra from bid B JOIN ("

@@ -40,15 +40,32 @@ QUERIES = {
     "q4": "SELECT Q.category, AVG(Q.final) FROM (SELECT MAX(B.price) AS final, A.category FROM auction A, bid B "
           "WHERE A.id = B.auction AND B.dateTime BETWEEN A.dateTime AND A.expires GROUP BY A.id, A.category) Q "
           "GROUP BY Q.category",
+    # the auctions with the most bids in each 10 s sliding window (every 2 s): the count per auction
+    # and window (a view, below), the highest count of each window over it (a view: a group per
+    # window's end, final when the watermark passes it), joined on the window (a window join)
+    "q5": "SELECT AuctionBids.auction, AuctionBids.num FROM AuctionBids JOIN MaxBids "
+          "ON AuctionBids.starttime = MaxBids.starttime AND AuctionBids.endtime = MaxBids.endtime "
+          "AND AuctionBids.num >= MaxBids.maxn",
     # the highest bids of each 10 s: a tumbling window's maximum (a view, below), joined back to
     # the bids of its window by price and time, an interval join
     "q7": "SELECT B.auction, B.price, B.bidder, B.dateTime, B.extra FROM bid B JOIN B1 ON B.price = B1.maxprice "
           "WHERE B.dateTime BETWEEN B1.dateTime - INTERVAL 10 SECONDS AND B1.dateTime",
+    # the people who opened an auction in the 10 s window they joined in: two tumbling windows'
+    # groups (views, below), a window join on their keys and windows
+    "q8": "SELECT P.id, P.name, P.starttime FROM P JOIN A ON P.id = A.seller AND P.starttime = A.starttime "
+          "AND P.endtime = A.endtime",
 }
 # the views a query reads besides the tables, made in order (nexmark-flink writes them as subqueries;
 # a subquery of a join is a view of its own here): name -> its query
 QUERY_VIEWS = {
+    "q5": {"AuctionBids": "SELECT auction, count(*) AS num, window.start AS starttime, window.end AS endtime "
+                          "FROM bid GROUP BY auction, window(dateTime, '10 seconds', '2 seconds')",
+           "MaxBids": "SELECT max(num) AS maxn, starttime, endtime FROM AuctionBids GROUP BY starttime, endtime"},
     "q7": {"B1": "SELECT max(price) AS maxprice, window.end AS dateTime FROM bid GROUP BY window(dateTime, '10 seconds')"},
+    "q8": {"P": "SELECT id, name, window.start AS starttime, window.end AS endtime FROM person "
+                "GROUP BY id, name, window(dateTime, '10 seconds')",
+           "A": "SELECT seller, window.start AS starttime, window.end AS endtime FROM auction "
+                "GROUP BY seller, window(dateTime, '10 seconds')"},
 }
 
 

@@ -24,8 +24,8 @@ from tests.e2e.test_streaming_sql import naive_utc, same_table
 EVENTS = 100_000
 RATE = 1_000  # events per second of event time: 100 s of auctions, ten of q7's 10 s windows
 # the queries of the one job below; q4 (a join and two aggregations, 8 more tasks) runs in a job of
-# its own, at a rate that makes its retractions happen
-ALL_AT_ONCE = [name for name in QUERIES if name != "q4"]
+# its own, at a rate that makes its retractions happen, and so do q5 and q8 (windows, then a window join)
+ALL_AT_ONCE = [name for name in QUERIES if name not in ("q4", "q5", "q8")]
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +65,25 @@ def q7(bid: pd.DataFrame) -> pd.DataFrame:
     met = bid.merge(maxima, left_on="price", right_on="top")
     met = met[(met["dateTime"] >= met["end"] - pd.Timedelta("10s")) & (met["dateTime"] <= met["end"])]
     return met[["auction", "price", "bidder", "dateTime", "extra"]]
+
+
+def q5(bid: pd.DataFrame) -> pd.DataFrame:
+    """Per 10 s window every 2 s, the auctions with the most bids in it (ties all kept)."""
+    ms = bid["dateTime"].to_numpy().astype("datetime64[ms]").astype("int64")
+    starts = pd.concat(pd.DataFrame({"auction": bid["auction"].to_numpy(), "start": (ms // 2_000 - back) * 2_000})
+                       for back in range(5))  # each bid is in the five windows that started 0-8 s before its slot
+    counts = starts.groupby(["auction", "start"], as_index=False).size().rename(columns={"size": "num"})
+    return counts[counts["num"] == counts.groupby("start")["num"].transform("max")][["auction", "num"]]
+
+
+def q8(person: pd.DataFrame, auction: pd.DataFrame) -> pd.DataFrame:
+    """The people who opened an auction in the 10 s window in which they joined: each (person,
+    window) once, however many auctions."""
+    people = person.assign(starttime=person["dateTime"].dt.floor("10s"))[["id", "name", "starttime"]]
+    sellers = auction.assign(starttime=auction["dateTime"].dt.floor("10s"))[["seller", "starttime"]]
+    met = people.drop_duplicates().merge(sellers.drop_duplicates(), left_on=["id", "starttime"],
+                                         right_on=["seller", "starttime"])
+    return met[["id", "name", "starttime"]]
 
 
 def test_nexmark_queries_in_sql_and_with_the_api_equal_pandas(cluster, client, events):
@@ -110,3 +129,22 @@ def test_q4_takes_back_each_auctions_old_maximum(cluster, client):
     result = env.execute_async("nexmark q4 at a rate", client=client).wait(240)
     same_table(result.to_pandas("q4"), answer, "q4")
     assert (result.to_pandas("changes")["__sql_op"] == "+U").sum() > 2 * len(answer)  # updated as bids came
+
+
+def test_q5_and_q8_join_windows_closed_as_the_rows_come(cluster, client, events):
+    """q5 and q8 at a rate, so that windows close while rows still come: each windowed group is
+    final when the watermark passes its end, q5's highest count per window is a group per window's
+    end over those, and a window join keeps rows only until the watermark passes their window."""
+    answers = {"q5": q5(events["bid"]), "q8": q8(events["person"], events["auction"])}
+    assert len(answers["q5"]) > 40 and len(answers["q8"]) > 50
+    env = StreamEnvironment(parallelism=2, cluster=cluster.cluster_dir)
+    NexmarkSource.create_views(EVENTS, env=env, events_per_second=RATE, batch_size=200, rate=3_000,
+                               tables=("person", "auction"))
+    NexmarkSource.create_views(EVENTS, env=env, events_per_second=RATE, batch_size=2_000, rate=20_000, tables=("bid",))
+    for name in answers:
+        q = NexmarkSource.query(env, name)
+        assert "a window join" in q.explain()
+        q.collect(name)
+    result = env.execute_async("nexmark q5 and q8 at a rate", client=client).wait(240)
+    for name, answer in answers.items():
+        same_table(naive_utc(result.to_pandas(name)), answer, name)

@@ -7,6 +7,7 @@ query is a collect sink of its own over one source, so one job answers them all.
 from __future__ import annotations
 
 import random
+from typing import Optional
 
 import numpy as np
 import pandas as pd
@@ -262,16 +263,17 @@ def people(seed: int):
     return make
 
 
-def two_views(env: StreamEnvironment, spark, seed: int, count: int, batch: int):
+def two_views(env: StreamEnvironment, spark, seed: int, count: int, batch: int, rate: Optional[int] = None):
     """The views orders (``count`` rows) and people (a third as many) of ``env``, with event time;
     returns what registers the same rows as Spark's views of those names, for the oracle (the
-    suite's session: a later test's views replace them)."""
+    suite's session: a later test's views replace them). ``rate``: the orders' rows per second
+    (watermarks come between batches, so rows wait for and leave keyed state as the stream goes)."""
     make_orders, make_people = timed_rows(seed), people(seed)
     strategy = WatermarkStrategy.for_bounded_out_of_orderness(1_000).with_timestamp_column("ts")
-    env.create_temporary_view("orders", env.from_generator(make_orders, count=count, batch_size=batch,
+    env.create_temporary_view("orders", env.from_generator(make_orders, count=count, batch_size=batch, rate=rate,
                                                            watermark_strategy=strategy))
     env.create_temporary_view("people", env.from_generator(make_people, count=count // 3, batch_size=batch // 3,
-                                                           watermark_strategy=strategy))
+                                                           rate=rate and rate // 3, watermark_strategy=strategy))
 
     def in_spark() -> None:
         spark.createDataFrame(make_orders(np.arange(count, dtype=np.int64))).createOrReplaceTempView("orders")
@@ -312,6 +314,34 @@ def test_each_join_of_two_streams_equals_spark_over_all_rows_at_once(cluster, cl
                           lambda query: spark.sql(query).toPandas(), least_rows=100)
         joins += [n.spec.kind for n in env._nodes if n.spec.kind.endswith("-join")]
     assert joins == ["regular-join", "regular-join"] + ["interval-join"] * 4
+
+
+WINDOW_JOINS = {  # each side computes its windows, as Spark's documentation joins on event-time windows
+    "tumbling": "SELECT o.seq AS o_seq, p.seq AS p_seq, o.w.start AS ws FROM (SELECT *, window(ts, '2 seconds') AS w "
+                "FROM orders) o JOIN (SELECT seq, pk, window(ts, '2 seconds') AS w FROM people) p "
+                "ON o.k = p.pk % 7 AND o.w = p.w",
+    "sliding, by the windows' end": "SELECT o.seq AS o_seq, p.seq AS p_seq, p.w.end AS we FROM (SELECT *, "
+                                    "window(ts, '2 seconds', '500 milliseconds') AS w FROM orders WHERE x < 0.5) o "
+                                    "JOIN (SELECT *, window(ts, '2 seconds', '500 milliseconds') AS w FROM people) p "
+                                    "ON o.k = p.pk AND o.w.end = p.w.end",
+    "left outer, by the windows' start": "SELECT o.seq AS o_seq, p.seq AS p_seq, o.w.start AS ws FROM (SELECT *, "
+                                         "window(ts, '1 second') AS w FROM orders) o LEFT JOIN (SELECT *, "
+                                         "window(ts, '1 second') AS w FROM people) p ON o.k = p.pk AND "
+                                         "o.w.start = p.w.start AND p.name = 'bob'",
+}
+
+
+@pytest.mark.timeout(300)
+def test_each_window_join_equals_spark_over_all_rows_at_once(cluster, client, spark):
+    """Rows of one key and window meet; each side's rows wait only until the watermark passes
+    their window's end (an interval join on the windows' ends, bound 0)."""
+    count, batch, parallelism = sizes(8, (1_500, 2_500), [97, 200], [1, 2])
+    env = StreamEnvironment(parallelism=parallelism, cluster=cluster.cluster_dir)
+    views = two_views(env, spark, 8, count, batch, rate=1_000)
+    views()
+    each_equals_spark(env, client, "window joins", WINDOW_JOINS, lambda name, query: env.sql_query(query, name=name),
+                      lambda query: spark.sql(query).toPandas(), least_rows=100)
+    assert [n.spec.params.get("lower") for n in env._nodes if n.spec.kind == "interval-join"] == [0, 0, 0]
 
 
 def test_a_stream_joined_with_itself_in_sql(cluster, client, spark):

@@ -23,7 +23,8 @@ AUCTIONS = pa.schema([("id", pa.int64()), ("seller", pa.int64()), ("category", p
 def joined(spark):
     def of(query: str, rowtimes=None):
         root = analysis.analyse_views(query, {"bids": BIDS, "auctions": AUCTIONS})
-        return plan_join(query, root, rowtimes or {"bids": "ts", "auctions": "ts"}, analysis.offset_us)
+        return plan_join(query, root, rowtimes or {"bids": "ts", "auctions": "ts"}, analysis.offset_us,
+                         calls=analysis.window_calls(query))
     return of
 
 
@@ -140,3 +141,53 @@ def test_an_aggregation_over_a_join_reads_each_side_as_a_struct_of_its_columns(j
     assert "the joined rows, then:" in how.explain()
     with pytest.raises(UnsupportedQuery, match="a time window over a join"):
         joined("SELECT count(*) AS n FROM bids b JOIN auctions a ON b.auction = a.id GROUP BY window(b.ts, '1 minute')")
+
+
+@pytest.mark.parametrize("on, end", [
+    ("b.w = c.w", 2),  # a window is keyed by its start and end
+    ("b.w.end = c.w.end", 1),
+    ("c.w.start = b.w.start", 2),  # windows of one size: equal starts are equal ends
+])
+def test_a_join_on_the_windows_each_side_computes_is_a_window_join_on_their_ends(joined, on, end):
+    how = joined("SELECT b.price, c.ts FROM (SELECT *, window(ts, '10 seconds', '5 seconds') AS w FROM bids) b\n"
+                 f"JOIN (SELECT auction, ts, window(ts, '10 seconds', '5 seconds') AS w FROM bids) c "
+                 f"ON b.auction = c.auction AND {on}")
+    assert how.windowed and how.kind == "interval-join" and how.bounds == (0, 0)
+    assert how.rowtimes == (f"__sql_lk{end}", f"__sql_rk{end}")  # each row's window's end
+    assert how.keys == ([f"__sql_lk{i}" for i in range(end + 1)], [f"__sql_rk{i}" for i in range(end + 1)])
+    # a side is taken as written: Spark's analysed plan has its window() rewritten into arithmetic
+    assert how.pre[0].startswith("WITH `bids` AS (SELECT * FROM input) SELECT b.price AS `__sql_l0`, ")
+    assert "FROM (SELECT *, window(ts, '10 seconds', '5 seconds') AS w FROM bids) AS `b` WHERE (b.auction) IS NOT " \
+        "NULL AND (b.w." in how.pre[0]
+    assert how.rowtime is None  # a pair's time is its window's, not a column selected
+    assert "a window join, rows of one window meeting" in how.explain()
+
+
+def test_two_windowed_views_joined_on_their_event_times_are_a_window_join(joined):
+    """Nexmark q8's shape: each view's event time is its window's end (window.end AS ...)."""
+    how = joined("SELECT b.price FROM bids b JOIN bids c ON b.auction = c.price AND b.ts = c.ts")
+    assert how.windowed and how.bounds == (0, 0) and how.rowtimes == ("__sql_lk1", "__sql_rk1")
+
+
+@pytest.mark.parametrize("query, rowtimes, says", [
+    ("SELECT b.price FROM (SELECT *, window(ts, '1 second') AS w FROM bids) b\nJOIN (SELECT *, window(ts, '1 second') "
+     "AS w FROM bids) c ON b.auction = c.auction AND b.w = c.w", {"bids": "price"},
+     "takes window() on each side's event time (price, whose watermarks the stream carries), not window(ts, ...)"),
+    ("SELECT b.price FROM (SELECT *, window(ts, '1 second') AS w FROM bids) b\nJOIN (SELECT *, window(ts, '1 second') "
+     "AS w FROM bids) c ON b.auction = c.auction AND b.w = c.w", {"bids": None},
+     "a join on time windows needs each side's event time"),
+])
+def test_windows_that_are_not_on_the_event_time_are_refused(joined, query, rowtimes, says):
+    with pytest.raises(UnsupportedQuery) as refused:
+        joined(query, rowtimes)
+    assert says in str(refused.value) and "(line 2 of the query)" in str(refused.value), str(refused.value)
+
+
+def test_windows_a_view_computed_per_batch_are_not_joined_as_windows(spark):
+    env = StreamEnvironment(parallelism=1)
+    strategy = WatermarkStrategy.for_bounded_out_of_orderness(1_000).with_timestamp_column("ts")
+    bids = env.from_generator(lambda s: {"auction": s % 5, "ts": s.astype("datetime64[ms]")}, count=10,
+                              watermark_strategy=strategy)
+    env.create_temporary_view("windowed", bids.sql("SELECT *, window(ts, '1 second') AS w FROM input"))
+    with pytest.raises(GraphValidationError, match="a join on time windows equates windows that each side computes"):
+        env.sql_query("SELECT b.auction FROM windowed b JOIN windowed c ON b.auction = c.auction AND b.w = c.w")

@@ -74,18 +74,24 @@ def planned(streams: dict[str, DataStream], query: str, where: str):
         inner, join = inner_aggregation(root), find_join(root)
         if inner is not None:
             how = plan_nested(query, root, inner, windows, lambda node, carry: plan_join(
-                query, node, rowtimes, analysis.offset_us, carry))
+                query, node, rowtimes, analysis.offset_us, carry, windows))
         elif join is None and find_window(root) is not None:
             how = plan_deduplicate(query, root)
         elif join is not None:
-            how = plan_join(query, root, rowtimes, analysis.offset_us)
+            how = plan_join(query, root, rowtimes, analysis.offset_us, calls=windows)
             if isinstance(how, StreamJoin) and how.how != "inner":  # a side that sends no row is padded
                 left, right = (schema_to_text(analysis.output_schema(pre, known[view]))
                                for view, pre in zip(how.views, how.pre))
                 how = dataclasses.replace(how, side_schemas=(left, right))
         else:
             aggregation = aggregation_below(root)
-            how = plan(query, root, windows) if aggregation is None else \
+            # a window's rows, grouped by their window's end: Flink's window aggregate after a window
+            # TVF (any other GROUP BY of a time column is a running aggregate, as Flink's)
+            only = next(iter(streams.values())) if len(streams) == 1 else None
+            window_rows = only is not None and isinstance(only.sql_plan, ContinuousAggregate) and \
+                only.sql_plan.window is not None
+            rowtime = only.rowtime if only is not None and window_rows else None
+            how = plan(query, root, windows, rowtime=rowtime) if aggregation is None else \
                 plan_over_aggregate(query, root, aggregation, windows)
     except analysis.SqlAnalysisError as exc:
         raise GraphValidationError(f"{where}: {exc}") from None

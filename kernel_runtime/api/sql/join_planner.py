@@ -27,7 +27,9 @@ from typing import Callable, Optional, Sequence
 
 from cluster.graph.schema import quoted
 
-from kernel_runtime.api.sql.plan import Column, Expr, Node
+from kernel_runtime.api.sql.join_windows import check_windows_read_event_time, computes_window, rows_per_batch, \
+    side_rows, window_end_keys
+from kernel_runtime.api.sql.plan import Column, Expr, Node, WindowCall
 from kernel_runtime.api.sql.planner import ContinuousAggregate, UnsupportedQuery, _aggregate, _from_item, \
     _is_window, _per_batch, _refusal, _replace, quoted_if_needed
 
@@ -63,6 +65,7 @@ class StreamJoin:
     how: str = "inner"                      # inner, left, right, full (an outer interval join)
     inclusive: tuple[bool, bool] = (True, True)  # whether each bound joins a pair right at it
     state_ttl_ms: int = 0                   # a regular join's table.exec.state.ttl (0: rows kept for ever)
+    windowed: bool = False                  # a window join: each side's time is its rows' window's end
 
     @property
     def kind(self) -> str:
@@ -73,19 +76,22 @@ class StreamJoin:
         for side, view, pre in zip(("left", "right"), self.views, self.pre):
             lines += [f"per batch, on Spark: the {side} side's rows (view {view}) and its keys", f"  {pre}"]
         keys = self.on or ", ".join(f"{a} = {b}" for a, b in zip(*self.keys))
-        if self.bounds is not None:
+        if self.windowed:
+            kind = "a window join" if self.how == "inner" else f"a {self.how} outer window join"
+            lines.append(f"keyed state by {keys}: {kind}, rows of one window meeting; rows wait until the watermark "
+                         "passes their window's end")
+        elif self.bounds is not None:
             kind = "an interval join" if self.how == "inner" else f"a {self.how} outer interval join"
             lines.append(f"keyed state by {keys}: {kind}, a right row {self.bounds[0]} ms to "
                          f"{self.bounds[1]} ms from a left row's time; rows wait until the watermark passes "
                          "that bound")
-            if self.how != "inner":
-                outer = " or ".join(side for side, is_outer in zip(("left", "right"), preserved(self.how)) if is_outer)
-                lines.append(f"  a {outer} row that "
-                             "met none leaves then, with the other side's columns null")
         else:
             kept = f"for {self.state_ttl_ms} ms after they arrive (table.exec.state.ttl)" if self.state_ttl_ms else \
                 "for ever (no time bound in ON; table.exec.state.ttl bounds it)"
             lines.append(f"keyed state by {keys}: a regular join, both sides' rows kept {kept}")
+        if self.bounds is not None and self.how != "inner":
+            outer = " or ".join(side for side, is_outer in zip(("left", "right"), preserved(self.how)) if is_outer)
+            lines.append(f"  a {outer} row that met none leaves then, with the other side's columns null")
         lines += ["per batch, on Spark: the result over the joined rows", f"  {self.final}",
                   "output: every joined pair once, when its later row arrives (append)"
                   + ("" if self.how == "inner" else "; a row without a match once its bound passed")]
@@ -113,23 +119,25 @@ class JoinedAggregate:
         return f"{joined}\nthe joined rows, then:\n{self.aggregate.explain()}"
 
 
-def plan_join(query: str, root: Node, rowtimes: dict[str, Optional[str]], offset: Offset, carry: Sequence[str] = ()):
+def plan_join(query: str, root: Node, rowtimes: dict[str, Optional[str]], offset: Offset, carry: Sequence[str] = (),
+              calls: Sequence[WindowCall] = ()):
     """The StreamJoin of ``root`` (Project? Filter? Join of two per-batch sides), or the
     JoinedAggregate of an Aggregate over Filter? Join; ``rowtimes``: each view's event-time column
-    (None: the stream has none); ``carry``: as planner.plan's, of the aggregation."""
+    (None: the stream has none); ``carry``: as planner.plan's, of the aggregation; ``calls``: the
+    query's window calls as written."""
     if root.kind != "Aggregate":
-        return _plan(query, root, rowtimes, offset)
+        return _plan(query, root, rowtimes, offset, calls=calls)
     if any(_is_window(g.data_type) for g in root.grouping):
         raise UnsupportedQuery(query, root, "a time window over a join of streams is not planned yet: window "
                                "each stream, or aggregate the joined rows without a window")
     reads = {a for e in root.grouping + root.aggregates for a in _attributes(e)}
-    join = _plan(query, root.children[0], rowtimes, offset, reads)
+    join = _plan(query, root.children[0], rowtimes, offset, reads, calls)
     return JoinedAggregate(join, _aggregate(query, root, list(root.grouping), list(root.aggregates), "input",
                                             carry=carry))
 
 
 def _plan(query: str, root: Node, rowtimes: dict[str, Optional[str]], offset: Offset,
-          aggregated: Optional[set] = None) -> StreamJoin:
+          aggregated: Optional[set] = None, calls: Sequence[WindowCall] = ()) -> StreamJoin:
     """``aggregated``: the side columns an aggregation above reads (the result is then each side's
     columns as a struct), or None (the result is the select list above the join)."""
     above, join = _above_join(query, root, aggregated is not None)
@@ -140,8 +148,8 @@ def _plan(query: str, root: Node, rowtimes: dict[str, Optional[str]], offset: Of
     kept = preserved(how)
     sides = join.children
     for side in sides:
-        if not _per_batch(side) or sum(n.kind == "View" for n in side.walk()) != 1:
-            raise _refusal(query, side) if not _per_batch(side) else UnsupportedQuery(
+        if not rows_per_batch(side) or sum(n.kind == "View" for n in side.walk()) != 1:
+            raise _refusal(query, side) if not rows_per_batch(side) else UnsupportedQuery(
                 query, join, "each side of a join of streams reads one view: join two streams at a time")
     views = tuple(_view(side) for side in sides)
     owner = {(c.qualifier, c.name): i for i, side in enumerate(sides) for c in side.output}
@@ -153,12 +161,14 @@ def _plan(query: str, root: Node, rowtimes: dict[str, Optional[str]], offset: Of
                   for c in _conjuncts(node.expressions[0])]
     conditions += [(c, False) for c in _conjuncts(join.expressions[0])] if join.expressions else []
     times = [_time_column(side, rowtimes.get(view)) for side, view in zip(sides, views)]
+    check_windows_read_event_time(query, join, sides, [rowtimes.get(view) for view in views], calls)
 
     keys: tuple[list[str], list[str]] = ([], [])
     pushed: tuple[list[str], list[str]] = ([], [])
     residual: list[Expr] = []
     lower: list[tuple[int, bool]] = []  # (µs, strict)
     upper: list[tuple[int, bool]] = []
+    ends: Optional[list[int]] = None  # a window join: the position of each side's window end among its keys
     for condition, after in conditions:
         reads = {owner.get(a) for a in _attributes(condition)}
         if None in reads:
@@ -171,11 +181,23 @@ def _plan(query: str, root: Node, rowtimes: dict[str, Optional[str]], offset: Of
             pushed[0 if 0 in reads else 1].append(_sql(query, join, condition))
             continue
         pair = _key_pair(condition, owner)
+        aligned = window_end_keys(pair, sides, times, calls) if pair is not None else None
+        if aligned is not None and ends is None:
+            ends = [len(keys[0]) + aligned[2], len(keys[1]) + aligned[2]]
+        if aligned is not None:
+            keys[0].extend(aligned[0])
+            keys[1].extend(aligned[1])
+            continue
         if pair is not None:
+            if any(_is_window(e.data_type) for e in pair):
+                raise UnsupportedQuery(query, join, f"{condition.sql}: a join on time windows equates windows that "
+                                       "each side computes with window() on its event time, or the two views' event "
+                                       "times (a windowed aggregation's window.end AS ...)")
             keys[0].append(pair[0].sql)
             keys[1].append(pair[1].sql)
             continue
-        bound = _bound(condition, owner, times, offset)
+        # a window join's times are its windows' ends, not the times a bound reads
+        bound = _bound(condition, owner, times, offset) if not any(map(computes_window, sides)) else None
         if bound is not None:
             (lower if bound[0] == ">=" else upper).append(bound[1:])
         _sql(query, join, condition)
@@ -190,7 +212,9 @@ def _plan(query: str, root: Node, rowtimes: dict[str, Optional[str]], offset: Of
                                "(a.k = b.k): without one every row would meet every row of the other stream")
 
     on = " AND ".join(f"{a} = {b}" for a, b in zip(*keys))
-    interval = bool(lower) and bool(upper) and all(times)
+    if ends is not None:  # rows of one window: the windows' ends equal
+        lower, upper = lower + [(0, False)], upper + [(0, False)]
+    interval = bool(lower) and bool(upper) and (all(times) or ends is not None)
     if how != "inner" and not interval:
         raise UnsupportedQuery(query, join, "an outer join of streams needs a bound on both sides' event times in ON "
                                "(b.ts BETWEEN a.ts AND a.ts + INTERVAL 1 MINUTE): a row without a match is known only "
@@ -220,22 +244,27 @@ def _plan(query: str, root: Node, rowtimes: dict[str, Optional[str]], offset: Of
         # a null key meets nothing: a side whose rows need a match drops them at once (an outer
         # side keeps them, to leave alone)
         cut = ([] if kept[i] else [f"({k}) IS NOT NULL" for k in keys[i]]) + pushed[i]
-        pre.append(f"SELECT {', '.join(projections)} FROM {_from_item(query, side)}"
-                   + (f" WHERE {' AND '.join(cut)}" if cut else ""))
+        named, rows = side_rows(query, side, views[i]) if computes_window(side) else ("", _from_item(query, side))
+        pre.append(f"{named}SELECT {', '.join(projections)} FROM {rows}" + (f" WHERE {' AND '.join(cut)}" if cut else ""))
         keys[i][:] = key_names
-    rowtime_names = tuple(names[_column_sql(t)] if interval and t is not None else None for t in times)
+    rowtime_names: tuple[Optional[str], ...] = tuple(
+        keys[i][ends[i]] if ends is not None else names[_column_sql(t)] if interval and t is not None else None
+        for i, t in enumerate(times))
     renamed = {text: quoted(name) for text, name in names.items()}
     after_join = " AND ".join(_replace(r.sql, renamed) for r in residual)
     if aggregated is not None:
         final, rowtime = _structs(sides, read, renamed), None
     else:
         # the left's time stays the result's event time only where every row has one
-        final, rowtime = _final(project, join, renamed, times[0] if interval and not kept[1] else None)
+        # ... and a window join's left time is its window's end, not a column selected
+        left_time = times[0] if interval and not kept[1] and not computes_window(sides[0]) else None
+        final, rowtime = _final(project, join, renamed, left_time)
     final += f" WHERE {after_join}" if after_join else ""
     bounds = (low[0] // 1000, -(-high[0] // 1000)) if interval else None
     inclusive = (True, True) if how == "inner" else (not low[1], not high[1])  # inner: WHERE checks exactly
     return StreamJoin((views[0], views[1]), (pre[0], pre[1]), keys, (rowtime_names[0], rowtime_names[1]), bounds,
-                      final, rowtime, join.origin.clause(query) or "JOIN", on, how=how, inclusive=inclusive)
+                      final, rowtime, join.origin.clause(query) or "JOIN", on, how=how, inclusive=inclusive,
+                      windowed=ends is not None)
 
 
 # ------------------------------------------------------------------ the plan's shape

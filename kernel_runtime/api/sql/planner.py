@@ -29,6 +29,7 @@ from cluster.graph.operator_kinds import HIDDEN_KEY_PREFIX as HIDDEN_KEY
 from cluster.graph.schema import quoted
 
 from kernel_runtime.api.sql.plan import Expr, Node, WindowCall
+from kernel_runtime.api.sql.refusals import REFUSED
 
 PER_BATCH = frozenset({"Project", "Filter", "SubqueryAlias", "View", "LogicalRDD", "LocalRelation",
                        "OneRowRelation", "Generate", "Union", "ResolvedHint", "Sample"})
@@ -47,22 +48,6 @@ WINDOW_STRUCT = "struct<start:timestamp"  # window(), session_window(): a struct
 def _is_window(data_type: str) -> bool:
     return data_type.startswith(WINDOW_STRUCT)
 
-_REFUSED = {
-    "Sort": "a stream has no last row to sort by: sort the collected result (handle.results(...)"
-            ".sort_values(...)), or aggregate per window",
-    "GlobalLimit": "a stream has no end to count rows from: take .head(n) of the collected result",
-    "LocalLimit": "a stream has no end to count rows from: take .head(n) of the collected result",
-    "Offset": "a stream has no end to count rows from: take the rows of the collected result",
-    "Tail": "a stream has no end to count rows from: take .tail(n) of the collected result",
-    "Window": "an analytic function (OVER ...) needs every row of its partition: for a running "
-              "aggregate per key use GROUP BY",
-    "Join": "a join of streams is planned as the query's own FROM (SELECT ... FROM a JOIN b ON ... WHERE ...); "
-            "an aggregation or a subquery over a join is not planned yet",
-    "Expand": "GROUPING SETS, ROLLUP and CUBE are not planned over a stream yet: write one GROUP BY per grouping",
-    "Intersect": "INTERSECT needs both whole inputs: not planned over a stream",
-    "Except": "EXCEPT needs both whole inputs: not planned over a stream",
-    "Deduplicate": "dropDuplicates of a view is not planned in SQL: use stream.drop_duplicates(...) before it",
-}
 
 
 class UnsupportedQuery(Exception):
@@ -126,8 +111,13 @@ class EventTimeWindow:
     slide_ms: int = 0
     offset_ms: int = 0
     gap_ms: int = 0
+    # GROUP BY the input's event-time column itself (a window's end, after a window): a group per
+    # instant, final once the watermark passes it (Flink's window aggregate after a window TVF)
+    instant: bool = False
 
     def describe(self) -> str:
+        if self.instant:
+            return f"each instant of {self.time_column}"
         if self.kind == "session":
             return f"session windows (gap {self.gap_ms} ms)"
         if self.kind == "sliding":
@@ -138,14 +128,23 @@ class EventTimeWindow:
 WINDOW_START, WINDOW_END = "window_start", "window_end"  # the window operator's columns
 
 
-def plan(query: str, root: Node, windows: Sequence[WindowCall] = (), carry: Sequence[str] = ()):
+def plan(query: str, root: Node, windows: Sequence[WindowCall] = (), carry: Sequence[str] = (),
+         rowtime: Optional[str] = None):
     """PerBatch or ContinuousAggregate for the analysed plan ``root`` of ``query`` (``windows``:
     its window calls as written; ``carry``: columns the merged rows have beside the keys and
-    aggregates, which the result step passes on); UnsupportedQuery."""
+    aggregates, which the result step passes on; ``rowtime``: the input's event-time column);
+    UnsupportedQuery."""
     if all(n.kind in PER_BATCH for n in root.walk()):
         return PerBatch()
     if root.kind == "Aggregate" and any(_is_window(g.data_type) for g in root.grouping):
         return _windowed(query, root, windows, carry)
+    instant = next((g for g in root.grouping if g.kind == "AttributeReference" and rowtime is not None
+                    and g.name.lower() == rowtime.lower()), None) if root.kind == "Aggregate" else None
+    if instant is not None and _per_batch(root.children[0]):
+        spec = EventTimeWindow("tumbling", instant.name, size_ms=1, instant=True)
+        return _aggregate(query, root, [g for g in root.grouping if g is not instant], list(root.aggregates),
+                          _from_item(query, root.children[0]), window=(spec, instant.sql, instant.sql,
+                                                                       quoted(WINDOW_START)), carry=carry)
     if root.kind == "Aggregate" and _per_batch(root.children[0]):
         return _aggregate(query, root, list(root.grouping), list(root.aggregates),
                           _from_item(query, root.children[0]), carry=carry)
@@ -178,8 +177,8 @@ def _refusal(query: str, root: Node) -> UnsupportedQuery:
     """Why the plan under ``root`` is not planned over a stream, at the clause to name."""
     join = next((n for n in root.walk() if n.kind == "Join"), None)
     node = join or _first_spanning(root)
-    if node.kind in _REFUSED:
-        why = _REFUSED[node.kind]
+    if node.kind in REFUSED:
+        why = REFUSED[node.kind]
     elif node.kind in PER_BATCH or node.kind in ("Aggregate", "Distinct"):
         why = ("the query works on the running result of an aggregation (HAVING, or a query over a "
                "grouped subquery): its rows change as batches come, which needs retractions, not planned "
@@ -282,8 +281,11 @@ def _aggregate(query: str, node: Node, grouping: list[Expr], results: list[Expr]
     if renamed is not None:  # the result is the merged rows as they are: no final step
         aggregations, final, upsert_key = renamed, None, list(keys)
     else:
-        final, upsert_key = _result(grouping, keys, results, names, window[2:] if window else None, carry)
-    if window is not None:
+        final, upsert_key = _result(grouping, keys, results, names, window[2:] if window else None, carry,
+                                    instant=window is not None and window[0].instant)
+    if window is not None and window[0].instant:  # the time column selected as it is
+        rowtime = next((r.name for r in results if (r.children[0] if r.kind == "Alias" else r).sql == window[2]), None)
+    elif window is not None:
         ends = {f"{window[2]}.end", f"{window[2]}.`end`"}
         rowtime = next((r.name for r in results if r.kind == "Alias" and r.children[0].sql in ends), None)
     group_text = node.origin.clause(query) if node.kind == "Aggregate" else "DISTINCT"
@@ -332,9 +334,11 @@ def _direct(keys: list[str], results: list[Expr], names: dict, aggregations: dic
 
 
 def _result(grouping: list[Expr], keys: list[str], results: list[Expr], names: dict,
-            window: Optional[tuple[str, str]] = None, carry: Sequence[str] = ()) -> tuple[str, list[str]]:
+            window: Optional[tuple[str, str]] = None, carry: Sequence[str] = (),
+            instant: bool = False) -> tuple[str, list[str]]:
     """The final step's SQL over the merged rows and the result's key (``window``: the SQL of the
-    window attribute and of the struct made back from the window's columns)."""
+    window attribute and of the struct made back from the window's columns; ``instant``: the
+    attribute is the time column grouped by, made back from the window's start)."""
     replacements = {g.sql: quoted(k) for g, k in zip(grouping, keys)}
     replacements.update({text: quoted(name) for text, name in names.items()})
     if window is not None:
@@ -342,6 +346,8 @@ def _result(grouping: list[Expr], keys: list[str], results: list[Expr], names: d
     columns, visible = [], {}
     # a window's start names it among its key's windows: a selected window.start keys the result
     starts = {f"{window[0]}.start", f"{window[0]}.`start`"} if window is not None else set()
+    if window is not None and instant:
+        starts = {window[0]}
     for r in results:
         body = r.children[0] if r.kind == "Alias" else r
         text = _replace(body.sql, replacements)
