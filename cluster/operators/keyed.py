@@ -61,6 +61,15 @@ def merge_in_batch(frame: pd.DataFrame, key: list[str], partials: list[tuple[str
     return pd.DataFrame(merged).reset_index()
 
 
+def state_key_values(column: pd.Series) -> list:
+    """A key column's values as keyed state stores them: plain Python values, a time as its int64
+    nanoseconds (a Timestamp is no state key: the backends write keys as plain data)."""
+    if pd.api.types.is_datetime64_any_dtype(column) or pd.api.types.is_timedelta64_dtype(column):
+        missing = column.isna().to_numpy()
+        return [None if gone else int(ns) for ns, gone in zip(column.dt.as_unit("ns").array.asi8, missing)]
+    return column.astype(object).tolist()
+
+
 class KeyedBatch(NamedTuple):
     frame: pd.DataFrame      # the batch (or only its key columns)
     key_frame: pd.DataFrame  # one row per distinct key, in order of first appearance
@@ -104,10 +113,8 @@ class KeyedOperator(Operator):
         groups_of_rows = key_groups_of_frame(frame[key], self.ctx.max_parallelism)
         first = ~frame.duplicated(key).to_numpy()
         key_frame = frame.loc[first, key].reset_index(drop=True)
-        if len(key) == 1:
-            keys = key_frame[key[0]].astype(object).tolist()
-        else:
-            keys = [tuple(row) for row in key_frame.astype(object).values.tolist()]
+        columns = [state_key_values(key_frame[k]) for k in key]
+        keys = columns[0] if len(key) == 1 else list(zip(*columns))
         return KeyedBatch(frame, key_frame, keys, groups_of_rows[first].tolist(),
                           frame.groupby(key, sort=False, dropna=False))
 

@@ -175,7 +175,9 @@ class DataStream:
         """One row per value of the ``subset`` columns, as Spark's dropDuplicates and pandas'
         drop_duplicates: the first row to arrive (``keep="first"``: an append stream, each key
         once) or the latest (``keep="last"``: an upsert stream keyed by ``subset``). The kept
-        rows live in keyed state, one per key, for as long as the job runs."""
+        rows live in keyed state, one per key, for as long as the job runs; with the stream's
+        event-time column in ``subset``, until the watermark passes a key's time (Spark's
+        dropDuplicates with a watermark: a row behind the watermark is late, dropped and counted)."""
         site = call_site()
         columns = [subset] if isinstance(subset, str) else list(subset or ())
         if not columns or not all(isinstance(c, str) and c for c in columns):
@@ -183,8 +185,13 @@ class DataStream:
                                        f"got {subset!r}")
         if keep not in ("first", "last"):
             raise GraphValidationError(f"drop_duplicates ({site}): keep must be 'first' or 'last', got {keep!r}")
-        return self._then("keyed-deduplicate", name, params={"key": columns, "order": [], "keep_latest": keep == "last"},
-                          parallelism=parallelism, partitioning=(ShipStrategy.HASH, columns))
+        # with the event time among the columns, a key's row is kept until the watermark passes it
+        time_column = self.rowtime if self.rowtime in columns else None
+        out = self._then("keyed-deduplicate", name, params={"key": columns, "order": [], "keep_latest": keep == "last",
+                                                            "time_column": time_column},
+                         parallelism=parallelism, partitioning=(ShipStrategy.HASH, columns))
+        out.rowtime = self.rowtime if time_column is not None and keep == "first" else None
+        return out
 
     def rebalance(self) -> "DataStream":
         """Spread batches round-robin over the next operator's subtasks."""

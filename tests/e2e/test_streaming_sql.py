@@ -228,6 +228,33 @@ def test_drop_duplicates_keeps_the_first_or_the_latest_to_arrive(cluster, client
     assert len(result.to_pandas("every first")) == len(every.drop_duplicates(["k", "tag"]))
 
 
+def test_duplicates_by_event_time_are_kept_only_until_the_watermark_passes(cluster, client, spark):
+    """SELECT DISTINCT with the stream's event time among its columns, and drop_duplicates by it:
+    Spark's dropDuplicates with a watermark (a key's state ends when the watermark passes its time).
+    Times in whole seconds repeat; none is behind the 2 s watermark, so each distinct row comes once."""
+    timed = timed_rows(6)
+
+    def make(seq):
+        frame = timed(seq)
+        return frame.assign(ts=frame["ts"].dt.floor("1s"))
+    count, batch, _ = sizes(6, (1_500, 2_500), [97, 200], [1])
+    env = StreamEnvironment(parallelism=1, cluster=cluster.cluster_dir)
+    source = env.from_generator(make, count=count, batch_size=batch, rate=1_000, watermark_strategy=WatermarkStrategy
+                                .for_bounded_out_of_orderness(2_000).with_timestamp_column("ts"))
+    distinct = source.sql("SELECT DISTINCT k, ts FROM input", name="distinct")
+    assert "until the watermark passes its ts" in distinct.explain()
+    distinct.collect("distinct")
+    firsts = source.drop_duplicates(["k", "ts"])
+    assert firsts.rowtime == "ts"  # each row as it came: its time still the stream's
+    firsts.collect("first")
+    result = env.execute_async("duplicates by event time", client=client).wait(180)
+    every = make(np.arange(count, dtype=np.int64))
+    same_table(naive_utc(result.to_pandas("distinct")), oracle(spark, make, count, "SELECT DISTINCT k, ts FROM input"),
+               "distinct")
+    same_table(result.to_pandas("first"), every.drop_duplicates(["k", "ts"]).reset_index(drop=True), "first")
+    assert len(every.drop_duplicates(["k", "ts"])) < 0.7 * len(every)  # many duplicates
+
+
 def test_a_group_by_counts_across_batches_as_spark_and_flink_do(cluster, client):
     env = StreamEnvironment(parallelism=2, cluster=cluster.cluster_dir)
     (env.from_generator(lambda s: pd.DataFrame({"k": s % 3, "v": s}), count=3000, batch_size=1000)

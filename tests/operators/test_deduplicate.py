@@ -77,3 +77,40 @@ def test_rows_equal_in_the_order_go_to_the_first_ascending_and_the_latest_descen
     first, _ = run(tmp_path / "asc", rows, {"order": [["ts", False, True]], "keep_latest": False}, 1)
     latest, _ = run(tmp_path / "desc", rows, {"order": [["ts", True, False]], "keep_latest": True}, 1)
     assert first.v.tolist() == [0] and latest.v.tolist() == [3]
+
+
+def restored(tmp_path, op, params: dict, backend: str):
+    """``op`` snapshotted and restored into a new operator on ``backend``."""
+    snapshot = op.snapshot_state(1)
+    directory = tmp_path / "chk"
+    directory.mkdir()
+    handle = dict(snapshot.handle, **snapshot.keyed.write(directory / "s"), keyed_file="s",
+                  directory=str(directory), subtask=0, parallelism=1)
+    again = opened_operator(tmp_path / "again", "keyed-deduplicate", params, backend)
+    again.restore_state([handle])
+    return again
+
+
+@pytest.mark.parametrize("backends", [("hashmap", "rocksdb"), ("rocksdb", "hashmap")])
+def test_with_the_event_time_in_the_key_a_key_lives_until_the_watermark_passes_it(tmp_path, backends):
+    """Spark's dropDuplicates with a watermark: each (k, ts) once; its state ends when the
+    watermark passes ts, so the state stays as small as the watermark's delay, and a row behind the
+    watermark is late: dropped and counted, never emitted again."""
+    params = {"key": ["k", "ts"], "order": [], "keep_latest": False, "time_column": "ts"}
+    op = opened_operator(tmp_path / "a", "keyed-deduplicate", params, backends[0])
+
+    def batch(k, ms):
+        return pa.table({"k": k, "ts": pa.array(ms, pa.timestamp("ms")), "v": list(range(len(k)))})
+
+    def emitted(tables):
+        return sorted((r["k"], r["ts"].timestamp() * 1000) for t in tables for r in t.to_pylist())
+
+    assert emitted(op.process(batch([1, 1, 2], [100, 100, 200]))) == [(1, 100), (2, 200)]
+    assert emitted(op.process(batch([1, 2, 3], [100, 200, 300]))) == [(3, 300)]
+    assert op.process_watermark(200) == ([], 200)  # the state of ts 100 ends; 200 is still on time
+    assert sorted(key for key, _ in op.backend.items("kept")) == [(2, 200_000_000), (3, 300_000_000)]  # ns
+    op = restored(tmp_path, op, params, backends[1])  # the watermark and the timers come along
+    assert emitted(op.process(batch([1, 2, 4], [100, 200, 400]))) == [(4, 400)]  # (1, 100) is late
+    assert op.metrics()["numLateRecordsDropped"] == 1
+    op.process_watermark(1_000)
+    assert list(op.backend.items("kept")) == []

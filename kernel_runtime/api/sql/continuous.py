@@ -25,7 +25,7 @@ from kernel_runtime.api.schema import input_samples
 from kernel_runtime.api.time import (EventTimeSessionWindows, SlidingEventTimeWindows, TumblingEventTimeWindows,
                                      WindowAssigner)
 from kernel_runtime.api.sql import analysis
-from kernel_runtime.api.sql.dedup_planner import Deduplicate, find_window, plan_deduplicate
+from kernel_runtime.api.sql.dedup_planner import Deduplicate, find_window, plan_deduplicate, plan_distinct
 from kernel_runtime.api.sql.join_planner import JoinedAggregate, StreamJoin, find_join, plan_join
 from kernel_runtime.api.sql.nested_planner import NestedAggregate, inner_aggregation, plan_nested
 from kernel_runtime.api.sql.result_query import aggregation_below, plan_over_aggregate
@@ -72,11 +72,15 @@ def planned(streams: dict[str, DataStream], query: str, where: str):
         how: Any
         windows = analysis.window_calls(query) if "window" in query.lower() else []
         inner, join = inner_aggregation(root), find_join(root)
-        if inner is not None:
+        only = next(iter(streams.values())) if len(streams) == 1 else None
+        distinct = plan_distinct(query, root, only.rowtime if only is not None else None)
+        if distinct is not None:
+            how = distinct
+        elif inner is not None:
             how = plan_nested(query, root, inner, windows, lambda node, carry: plan_join(
                 query, node, rowtimes, analysis.offset_us, carry, windows))
         elif join is None and find_window(root) is not None:
-            how = plan_deduplicate(query, root)
+            how = plan_deduplicate(query, root, only.rowtime if only is not None else None)
         elif join is not None:
             how = plan_join(query, root, rowtimes, analysis.offset_us, calls=windows)
             if isinstance(how, StreamJoin) and how.how != "inner":  # a side that sends no row is padded
@@ -87,7 +91,6 @@ def planned(streams: dict[str, DataStream], query: str, where: str):
             aggregation = aggregation_below(root)
             # a window's rows, grouped by their window's end: Flink's window aggregate after a window
             # TVF (any other GROUP BY of a time column is a running aggregate, as Flink's)
-            only = next(iter(streams.values())) if len(streams) == 1 else None
             window_rows = only is not None and isinstance(only.sql_plan, ContinuousAggregate) and \
                 only.sql_plan.window is not None
             rowtime = only.rowtime if only is not None and window_rows else None
@@ -211,7 +214,8 @@ def _deduplication(stream: DataStream, how: Deduplicate, name: str, parallelism:
     """Each batch's first row per key on Spark, the keyed deduplicate, the result step."""
     pre = stream._then("spark", name, params={"sql": how.pre}, parallelism=parallelism)
     kept = pre._then("keyed-deduplicate", f"{name}: {how.clause}", parallelism=parallelism,
-                     params={"key": how.keys, "order": [list(o) for o in how.order], "keep_latest": how.keep_latest},
+                     params={"key": how.keys, "order": [list(o) for o in how.order], "keep_latest": how.keep_latest,
+                             "time_column": how.time_column},
                      partitioning=(ShipStrategy.HASH, how.keys))
     _pin_state_uid(kept, repr((how.pre, how.keys, how.order)))
     assert kept.node is not None

@@ -41,6 +41,7 @@ class Deduplicate:
     final: str                            # per batch over the kept rows (view input): the select list
     upsert_key: list[str]                 # the result's key columns (hidden ones: HIDDEN_KEY...)
     clause: str                           # the window function, for the operators' names
+    time_column: Optional[str] = None     # a key column that is the stream's event time: the watermark ends a key
 
     @property
     def keep_latest(self) -> bool:
@@ -52,8 +53,11 @@ class Deduplicate:
         return "\n".join([
             "per batch, on Spark: the rows, and each key's first of the batch by the order",
             f"  {self.pre}",
-            f"keyed state by {', '.join(self.keys)}: the first row of each key so far by {order} "
-            "(one row per key, for as long as the job runs)",
+            f"keyed state by {', '.join(self.keys)}: the first row of each key so far"
+            + (f" by {order}" if order else " to arrive")
+            + (f" (one row per key, until the watermark passes its {self.time_column}; a row behind the watermark "
+               "is late: dropped and counted)" if self.time_column else " (one row per key, for as long as the job "
+                                                                           "runs)"),
             "per batch, on Spark: the result over the kept rows", f"  {self.final}",
             f"output: an upsert stream keyed by {', '.join(self.upsert_key)}"])
 
@@ -62,8 +66,9 @@ def find_window(root: Node) -> Optional[Node]:
     return next((n for n in root.walk() if n.kind == "Window"), None)
 
 
-def plan_deduplicate(query: str, root: Node) -> Deduplicate:
-    """The plan of a query whose analytic function is ``ROW_NUMBER() ... = 1``; UnsupportedQuery."""
+def plan_deduplicate(query: str, root: Node, rowtime: Optional[str] = None) -> Deduplicate:
+    """The plan of a query whose analytic function is ``ROW_NUMBER() ... = 1``; UnsupportedQuery.
+    ``rowtime``: the input's event-time column (partitioned by it, a key ends at the watermark)."""
     above: list[Node] = []
     node = root
     while node.kind != "Window":
@@ -104,7 +109,28 @@ def plan_deduplicate(query: str, root: Node) -> Deduplicate:
            f"FROM ({_query(query, rows)}) AS `__sql_below`) "
            f"AS `__sql_rows` WHERE {quoted(rank)} = 1")
     final, upsert_key = _result(outer[0], alias, keys)
-    return Deduplicate(pre, keys, order, final, upsert_key, window.origin.clause(query) or "ROW_NUMBER()")
+    return Deduplicate(pre, keys, order, final, upsert_key, window.origin.clause(query) or "ROW_NUMBER()",
+                       _time_key(keys, rowtime))
+
+
+def plan_distinct(query: str, root: Node, rowtime: Optional[str]) -> Optional[Deduplicate]:
+    """``SELECT DISTINCT`` of rows with the input's event time among their columns: each row's first
+    sight, kept until the watermark passes its time (Spark's dropDuplicates with a watermark);
+    None for any other query (a DISTINCT without the time is an aggregation, kept for ever)."""
+    if root.kind != "Distinct" or not _per_batch(root.children[0]):
+        return None
+    child = root.children[0]
+    keys = [c.name for c in child.output]
+    time_column = _time_key(keys, rowtime)
+    if time_column is None or len(set(keys)) != len(keys):
+        return None
+    pre = f"SELECT DISTINCT * FROM ({_query(query, child)}) AS `__sql_rows`"
+    return Deduplicate(pre, keys, [], f"SELECT {', '.join(map(quoted, keys))} FROM input", keys, "SELECT DISTINCT",
+                       time_column)
+
+
+def _time_key(keys: list[str], rowtime: Optional[str]) -> Optional[str]:
+    return next((k for k in keys if rowtime is not None and k.lower() == rowtime.lower()), None)
 
 
 def _analytic(query: str, node: Node) -> UnsupportedQuery:
