@@ -169,6 +169,8 @@ NESTED = {  # an aggregation over another's running rows: each old row taken bac
                                    "count(*) AS n, sum(v) AS s FROM input WHERE v % 4 = 0 GROUP BY k, tag) t GROUP BY n",
     "average of maxima (q4's shape)": "SELECT q.tag, avg(q.top) AS mean_top, count(*) AS c FROM (SELECT k, tag, "
                                       "max(v) AS top FROM input GROUP BY k, tag) q WHERE q.top > 0 GROUP BY q.tag",
+    "lowest and highest of totals": "SELECT t.tag, min(t.s) AS low, max(t.s) AS high, max(t.x) AS top_x FROM (SELECT k, "
+                                    "tag, sum(v) AS s, max(x) AS x FROM input GROUP BY k, tag) t GROUP BY t.tag",
 }
 
 

@@ -36,6 +36,19 @@ def opened_operator(tmp_path: Path, kind: str, params: dict, backend: str = "has
     return op
 
 
+def restored_operator(tmp_path: Path, op, kind: str, params: dict, backend: str):
+    """``op``'s checkpoint (its snapshot written under ``tmp_path``), restored into a new opened
+    operator of ``kind`` on ``backend``."""
+    snapshot = op.snapshot_state(1)
+    directory = tmp_path / "chk"
+    directory.mkdir(parents=True)
+    handle = dict(snapshot.handle, **snapshot.keyed.write(directory / "s"), keyed_file="s",
+                  directory=str(directory), subtask=0, parallelism=1)
+    again = opened_operator(tmp_path / "restored", kind, params, backend)
+    again.restore_state([handle])
+    return again
+
+
 class Driven:
     """An opened operator of a connector, with what it sent to its side outputs."""
 

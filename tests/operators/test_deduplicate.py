@@ -9,7 +9,7 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from .harness import opened_operator
+from .harness import opened_operator, restored_operator
 
 
 def operator(tmp_path, backend: str, params: dict):
@@ -31,13 +31,7 @@ def run(tmp_path, rows: pd.DataFrame, params: dict, seed: int) -> tuple[pd.DataF
                 latest[row["k"]] = row
         at, batches = at + size, batches + 1
         if batches == 4:
-            snapshot = op.snapshot_state(1)
-            directory = tmp_path / "chk"
-            directory.mkdir()
-            handle = dict(snapshot.handle, **snapshot.keyed.write(directory / "s"), keyed_file="s",
-                          directory=str(directory), subtask=0, parallelism=1)
-            op = operator(tmp_path / "b", backends[1], params)
-            op.restore_state([handle])
+            op = restored_operator(tmp_path / "b", op, "keyed-deduplicate", {"key": ["k"], **params}, backends[1])
     table = pd.DataFrame(list(latest.values())).sort_values("k", ignore_index=True).astype({"ts": float})
     return table, emitted
 
@@ -79,18 +73,6 @@ def test_rows_equal_in_the_order_go_to_the_first_ascending_and_the_latest_descen
     assert first.v.tolist() == [0] and latest.v.tolist() == [3]
 
 
-def restored(tmp_path, op, params: dict, backend: str):
-    """``op`` snapshotted and restored into a new operator on ``backend``."""
-    snapshot = op.snapshot_state(1)
-    directory = tmp_path / "chk"
-    directory.mkdir()
-    handle = dict(snapshot.handle, **snapshot.keyed.write(directory / "s"), keyed_file="s",
-                  directory=str(directory), subtask=0, parallelism=1)
-    again = opened_operator(tmp_path / "again", "keyed-deduplicate", params, backend)
-    again.restore_state([handle])
-    return again
-
-
 @pytest.mark.parametrize("backends", [("hashmap", "rocksdb"), ("rocksdb", "hashmap")])
 def test_with_the_event_time_in_the_key_a_key_lives_until_the_watermark_passes_it(tmp_path, backends):
     """Spark's dropDuplicates with a watermark: each (k, ts) once; its state ends when the
@@ -109,7 +91,7 @@ def test_with_the_event_time_in_the_key_a_key_lives_until_the_watermark_passes_i
     assert emitted(op.process(batch([1, 2, 3], [100, 200, 300]))) == [(3, 300)]
     assert op.process_watermark(200) == ([], 200)  # the state of ts 100 ends; 200 is still on time
     assert sorted(key for key, _ in op.backend.items("kept")) == [(2, 200_000_000), (3, 300_000_000)]  # ns
-    op = restored(tmp_path, op, params, backends[1])  # the watermark and the timers come along
+    op = restored_operator(tmp_path, op, "keyed-deduplicate", params, backends[1])  # with its watermark and timers
     assert emitted(op.process(batch([1, 2, 4], [100, 200, 400]))) == [(4, 400)]  # (1, 100) is late
     assert op.metrics()["numLateRecordsDropped"] == 1
     op.process_watermark(1_000)

@@ -13,7 +13,7 @@ import pytest
 
 from cluster.graph.operator_kinds import ROW_KIND_COLUMN
 
-from .harness import opened_operator
+from .harness import opened_operator, restored_operator
 
 
 def operator(tmp_path, kind: str, params: dict, backend: str = "hashmap"):
@@ -51,9 +51,45 @@ def test_a_histogram_of_running_counts_equals_pandas_over_all_rows(tmp_path, see
     assert len(expected) < rows.k.nunique()  # some counts were left by every key that had them
 
 
-def test_min_and_max_are_refused_over_a_changelog(tmp_path):
+@pytest.mark.parametrize("seed", [1, 2])
+def test_min_and_max_over_a_changelog_keep_every_value_with_its_count(tmp_path, seed):
+    """Per running total, the smallest and largest key having it and the latest time of those: a
+    value leaves the multiset once every row holding it is taken back, through a restore into the
+    other backend."""
+    rng = random.Random(seed)
+    n = 600
+    rows = pd.DataFrame({"k": [rng.randrange(40) for _ in range(n)], "v": [rng.randrange(0, 4) for _ in range(n)],
+                         "ts": pd.to_datetime([rng.randrange(10**6) for _ in range(n)], unit="ms", utc=True)})
+    backends = ("rocksdb", "hashmap") if seed % 2 else ("hashmap", "rocksdb")
+    inner = operator(tmp_path / "i", "keyed-aggregate", {"key": ["k"], "changelog": True, "aggregations": {
+        "total": ["v", "sum"], "kk": ["k", "max"], "last": ["ts", "max"]}}, backends[0])
+    params = {"key": ["total"], "aggregations": {"low": ["kk", "min"], "high": ["kk", "max"],
+                                                 "latest": ["last", "max"], "keys": ["kk", "count"]}}
+    outer = operator(tmp_path / "o", "keyed-changelog-aggregate", params, backends[0])
+    table: dict = {}
+    at = batches = 0
+    while at < n:
+        size = rng.choice([1, 9, 60])
+        for changes in inner.process(pa.Table.from_pandas(rows.iloc[at:at + size], preserve_index=False)):
+            for row in (r for out in outer.process(changes) for r in out.to_pylist()):
+                if row[ROW_KIND_COLUMN] == "-D":
+                    table.pop(row["total"])
+                else:
+                    table[row["total"]] = row
+        at, batches = at + size, batches + 1
+        if batches == 5:
+            outer = restored_operator(tmp_path, outer, "keyed-changelog-aggregate", params, backends[1])
+    per_key = rows.groupby("k", as_index=False).agg(total=("v", "sum"), last=("ts", "max"))
+    expected = per_key.groupby("total").agg(low=("k", "min"), high=("k", "max"), latest=("last", "max"),
+                                            keys=("k", "count")).reset_index()
+    got = pd.DataFrame(list(table.values())).drop(columns=[ROW_KIND_COLUMN]).sort_values("total", ignore_index=True)
+    pd.testing.assert_frame_equal(got[list(expected.columns)], expected, check_dtype=False)
+    assert len(table) < rows.k.nunique()  # keys moved from total to total
+
+
+def test_only_what_can_take_a_value_back_is_offered_over_a_changelog(tmp_path):
     with pytest.raises(ValueError, match="cannot take a value back"):
-        operator(tmp_path, "keyed-changelog-aggregate", {"key": ["n"], "aggregations": {"top": ["v", "max"]}})
+        operator(tmp_path, "keyed-changelog-aggregate", {"key": ["n"], "aggregations": {"s": ["v", "std"]}})
 
 
 def test_a_key_taken_back_within_one_batch_emits_nothing(tmp_path):

@@ -7,7 +7,7 @@ row back before it adds the new, as Flink's GroupAggregate does with retraction:
 aggregate emits each key's old row marked '-U' before its update (the column ROW_KIND_COLUMN), its
 result step and the outer one's rows step pass the mark on (a filter between them judges each row
 on its own, as Flink's Calc does a changelog's), and the outer aggregate adds or takes back each
-row (cluster.operators.retracting): count, sum and avg. An outer key whose rows all moved away is
+row (cluster.operators.retracting): count, sum and avg, and min and max from each value's count. An outer key whose rows all moved away is
 deleted. Over a time window the inner rows are final, and the outer aggregation is a plain one.
 """
 from __future__ import annotations
@@ -23,6 +23,8 @@ from kernel_runtime.api.sql.plan import Node, WindowCall
 from kernel_runtime.api.sql.planner import ContinuousAggregate, UnsupportedQuery, _aggregate, _is_window, plan
 from kernel_runtime.api.sql.join_planner import JoinedAggregate, find_join
 from kernel_runtime.api.sql.result_query import rows_above
+
+RETRACTABLE = ("Count", "Sum", "Average", "Min", "Max")  # Catalyst's classes cluster.operators.retracting takes back
 
 
 @dataclass(frozen=True)
@@ -73,11 +75,10 @@ def plan_nested(query: str, root: Node, inner_node: Node, windows: Sequence[Wind
     outer = _aggregate(query, root, list(root.grouping), list(root.aggregates), rows, carry=marks, carry_in=marks)
     if retracting:
         wrong = list(dict.fromkeys(e.sql for r in root.aggregates for e in r.walk() if e.kind == "AggregateExpression"
-                                   and (e.distinct or e.children[0].kind not in ("Count", "Sum", "Average"))))
+                                   and (e.distinct or e.children[0].kind not in RETRACTABLE)))
         if wrong:
-            raise UnsupportedQuery(query, root, f"{', '.join(wrong)} over an aggregation's running rows would need "
-                                   "every value kept to take one back: the aggregates over them are count, sum "
-                                   "and avg")
+            raise UnsupportedQuery(query, root, f"{', '.join(wrong)} over an aggregation's running rows is not planned "
+                                   "yet: the aggregates over them are count, sum, avg, min and max")
         outer = dataclasses.replace(outer, deletes=True)
     return NestedAggregate(inner, outer)
 
