@@ -339,3 +339,24 @@ def test_a_group_by_a_windows_end_is_final_per_instant_and_any_other_time_runs(s
     assert "`window_start` AS `ends`" in top.sql_plan.final
     running = rows.sql("SELECT ts, count(*) AS n FROM input GROUP BY ts")
     assert running.sql_plan.window is None and running.rowtime is None
+
+
+def test_a_join_or_aggregation_over_rows_that_update_their_key_is_refused(spark):
+    """A view of a running aggregate or of the latest row per key updates its
+    keys' rows: joined or aggregated in another query, each update would count as one more row.
+    A per-batch query over it, and anything over a window's final rows, stay planned."""
+    env = StreamEnvironment(parallelism=1)
+    rows = env.from_generator(lambda s: {"k": s % 3, "v": s, "ts": s.astype("datetime64[ms]")}, count=10,
+                              watermark_strategy=WatermarkStrategy.for_bounded_out_of_orderness(0)
+                              .with_timestamp_column("ts"))
+    env.create_temporary_view("rows", rows)
+    env.create_temporary_view("counts", env.sql_query("SELECT k, count(*) AS n FROM rows GROUP BY k"))
+    env.create_temporary_view("latest", rows.drop_duplicates("k", keep="last").sql("SELECT k, v FROM input"))
+    for query in ["SELECT r.v, c.n FROM rows r JOIN counts c ON r.k = c.k", "SELECT n, count(*) AS c FROM counts GROUP BY n",
+                  "SELECT count(*) AS c FROM latest"]:
+        with pytest.raises(GraphValidationError, match="update earlier rows of their key .* put both in one query"):
+            env.sql_query(query)
+    assert env.sql_query("SELECT k, n * 2 AS twice FROM counts").sql_plan.explain().startswith("per batch")
+    env.create_temporary_view("per_window", env.sql_query(
+        "SELECT k, count(*) AS n, window.end AS ends FROM rows GROUP BY k, window(ts, '1 second')"))
+    assert "merged across batches" in env.sql_query("SELECT ends, max(n) AS most FROM per_window GROUP BY ends").explain()

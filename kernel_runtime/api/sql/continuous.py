@@ -118,6 +118,27 @@ def _refuse_wrong_columns(query: str, stream: DataStream, where: str) -> None:
             raise GraphValidationError(f"{where}: Spark refuses the query: {exc}") from None
 
 
+UPDATING = frozenset({"keyed-count", "keyed-aggregate", "keyed-reduce", "keyed-changelog-aggregate"})
+
+
+def updates(stream: DataStream) -> bool:
+    """Whether the stream's rows update earlier rows of their key: the nearest stateful operator
+    above it (through per-row steps) keeps a running row or the latest row per key. A window's
+    rows, a join's and a first-to-arrive deduplication's are each final."""
+    nodes = {n.uid: n for n in stream.env._nodes}
+    node = stream.node
+    while node is not None:
+        kind = node.spec.kind
+        if kind in UPDATING:
+            return True
+        if kind == "keyed-deduplicate":
+            return bool(node.spec.params.get("order") or node.spec.params.get("keep_latest"))
+        if KINDS[kind].stateful or len(node.inputs) != 1:
+            return False
+        node = nodes.get(node.inputs[0].source)
+    return False
+
+
 def _input_schema(stream: DataStream) -> Optional[pa.Schema]:
     def spark_sample(node, table: Optional[pa.Table]) -> Optional[pa.Table]:
         query = node.spec.params.get("sql")
@@ -141,6 +162,13 @@ def build(streams: dict[str, DataStream], query: str, name: str, parallelism: Op
                                    "whose rows all moved away), which a query over it would not see: put both in "
                                    "one query")
     how, text = planned(streams, query, where)
+    updating = [view for view, s in streams.items() if updates(s)]
+    if updating and not isinstance(how, PerBatch):
+        raise GraphValidationError(f"{where}: the rows of {', '.join(updating)} update earlier rows of their key (an "
+                                   "aggregation's running rows, or the latest row per key), and a join or aggregation "
+                                   "over them would take each update as one more row: put both in one query (an "
+                                   "aggregation over a grouped subquery takes each old row back), or aggregate per "
+                                   "time window, whose rows are final")
     stream = next(iter(streams.values()))
     if isinstance(how, PerBatch):
         out = stream._then("spark", name, params={"sql": text}, parallelism=parallelism)
