@@ -34,10 +34,25 @@ def finished_board(client, env, name: str, mode: ResultMode):
     handle = client.submit(env.get_job_graph(name), result_mode=mode)
     board = Dashboard(handle, poll_interval=0.2, rows=5)
     (results,) = board.results.sinks
-    wait_for(lambda: 'data-state="FINISHED"' in board.status.header.value
-             and results.grid is not None and len(grid_frame(results)) == len(handle.to_pandas()), 60,
-             "the job's end and its rows in the grid")
+    # the grid's rows, not only their number: an append stream's grid holds the newest 250 rows
+    # long before the job's last batches reach it
+    wait_for(lambda: 'data-state="FINISHED"' in board.status.header.value and shows_the_kept_rows(results, handle),
+             60, "the job's end and its rows in the grid")
     return board, results, handle
+
+
+def shows_the_kept_rows(results, handle) -> bool:
+    """Whether the grid holds the rows the client kept (their columns the grid has, in any order)."""
+    if results.grid is None:
+        return False
+    grid, kept = grid_frame(results), handle.to_pandas()
+    common = [c for c in kept.columns if c in grid.columns]
+    try:
+        pd.testing.assert_frame_equal(grid[common].sort_values(common, ignore_index=True),
+                                      kept[common].sort_values(common, ignore_index=True), check_dtype=False)
+    except (AssertionError, TypeError, ValueError):
+        return False
+    return True
 
 
 def grid_frame(results) -> pd.DataFrame:
