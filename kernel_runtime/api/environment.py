@@ -233,7 +233,8 @@ class StreamEnvironment:
             for edge in node.inputs:
                 while edge.source in self._renamed:  # .uid("a").uid("b") renamed it twice
                     edge.source = self._renamed[edge.source]
-        for node in self._nodes:
+        nodes = self._read_by_sinks()
+        for node in nodes:
             for edge in node.inputs:
                 if edge.ship_strategy == "DEFAULT":  # Flink's rule: forward if it can, else rebalance
                     upstream = next(n for n in self._nodes if n.uid == edge.source)
@@ -250,13 +251,26 @@ class StreamEnvironment:
                     raise GraphValidationError(
                         f"{node.spec.where()}: parallelism {node.parallelism} exceeds pipeline.max-parallelism "
                         f"{self.max_parallelism}")
-        check_columns(self._nodes)
+        check_columns(nodes)
         config = dict(self.config)
         if os.environ.get(CONTEXT_SAVEPOINT):  # streamlab run -s PATH
             config.setdefault("execution.savepoint.path", os.environ[CONTEXT_SAVEPOINT])
             if os.environ.get(CONTEXT_ALLOW_NON_RESTORED) == "1":  # streamlab run -s PATH -n
                 config.setdefault("execution.savepoint.ignore-unclaimed-state", True)
-        return build_job_graph(self._nodes, name, self.max_parallelism, config)
+        return build_job_graph(nodes, name, self.max_parallelism, config)
+
+    def _read_by_sinks(self) -> list:
+        """The operators some sink reads from, in the order they were made: as Flink translates only
+        what its sinks read, a view's source that no query of the job uses does not run."""
+        by_uid = {n.uid: n for n in self._nodes}
+        read: set[str] = set()
+        stack = [n.uid for n in self._nodes if KINDS[n.spec.kind].is_sink]
+        while stack:
+            uid = stack.pop()
+            if uid not in read:
+                read.add(uid)
+                stack.extend(edge.source for edge in by_uid[uid].inputs)
+        return [n for n in self._nodes if n.uid in read]
 
     # ------------------------------------------------------------------ execution
     def _given_cluster_dir(self) -> Optional[Path]:

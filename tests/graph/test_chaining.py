@@ -166,3 +166,15 @@ def test_a_duplicate_uid_is_an_error_at_the_users_line():
         source.union(source).uid("both")
     with pytest.raises(GraphValidationError, match="non-empty string"):
         source.filter(lambda df: df["seq"] > 0).uid("")
+
+
+def test_only_what_a_sink_reads_runs_as_flink_translates_only_what_its_sinks_read():
+    """Views whose sources no query of the job reads (Nexmark's three tables, one query) and a
+    branch that ends in no sink are not part of the job."""
+    env = StreamEnvironment(parallelism=1)
+    used = env.from_generator(count=10, name="bids")
+    env.from_generator(count=10, name="persons")  # a view's source that the job's query does not read
+    used.map_batches(lambda d: d, name="dangling")  # a branch without a sink
+    used.filter(lambda d: d.seq > 0, name="kept").collect(name="out")
+    (vertex,) = _graph(env).vertices
+    assert vertex.name == "Source: bids -> kept -> out"
