@@ -26,6 +26,8 @@ TABLES = {
               "dateTime TIMESTAMP(3), extra STRING",
 }
 # nexmark-flink's queries: their sink's columns and their SELECT
+# a query whose result updates (q4's averages): only a blackhole sink takes it, so no answer is written
+UPDATING = {"q4"}
 QUERIES = {
     "q0": ("auction BIGINT, bidder BIGINT, price BIGINT, dateTime TIMESTAMP(3), extra STRING",
            "SELECT auction, bidder, price, dateTime, extra FROM bid"),
@@ -35,6 +37,10 @@ QUERIES = {
     "q3": ("name STRING, city STRING, state STRING, id BIGINT",
            "SELECT P.name, P.city, P.state, A.id FROM auction AS A INNER JOIN person AS P on A.seller = P.id "
            "WHERE A.category = 10 and (P.state = 'OR' OR P.state = 'ID' OR P.state = 'CA')"),
+    "q4": ("id BIGINT, final BIGINT",
+           "SELECT Q.category, AVG(Q.final) FROM (SELECT MAX(B.price) AS final, A.category FROM auction A, bid B "
+           "WHERE A.id = B.auction AND B.dateTime BETWEEN A.dateTime AND A.expires GROUP BY A.id, A.category) Q "
+           "GROUP BY Q.category"),
     "q5": ("auction BIGINT, num BIGINT",
            "SELECT AuctionBids.auction, AuctionBids.num FROM (SELECT auction, count(*) AS num, window_start AS starttime, "
            "window_end AS endtime FROM TABLE(HOP(TABLE bid, DESCRIPTOR(dateTime), INTERVAL '2' SECOND, "
@@ -100,7 +106,8 @@ def main():
         for query in args.queries.split(","):
             warmup[query] = run(env, rest, query, args.events, None, "warmup")
             results[query] = run(env, rest, query, args.events, None, "timed")
-            run(env, rest, query, args.events, args.out, "answer")
+            if query not in UPDATING:
+                run(env, rest, query, args.events, args.out, "answer")
         setup = flink_setup(args.events)
     finally:
         cluster.close()

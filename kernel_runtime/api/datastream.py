@@ -289,7 +289,7 @@ class DataStream:
         """Write to a sink connector (Flink's sinkTo), e.g. a Parquet FileSink."""
         if not plays(sink, Role.SINK):
             raise GraphValidationError(f"sink_to ({call_site()}): {sink!r} is not a sink connector")
-        if self.deletes:
+        if self.deletes and sink.kind != "discarding-sink":  # one that drops every row takes deletes too
             raise GraphValidationError(f"sink_to ({call_site()}): this stream's keys are deleted when their row leaves "
                                        "its query's result (a HAVING or WHERE it stops passing, an aggregation over "
                                        "an aggregation whose rows all moved away), and a sink connector only adds "
