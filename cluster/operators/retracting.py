@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from cluster.common.frames import frame_to_table
 from cluster.graph.operator_kinds import ROW_KIND_COLUMN
-from cluster.operators.keyed import KeyedOperator
+from cluster.operators.keyed import KeyedOperator, state_key_values
 
 RETRACTABLE = ("count", "sum", "mean", "min", "max")
 MULTISET = ("min", "max")  # read from the values with their counts
@@ -37,13 +37,6 @@ def _value(func: str, s, c, values: Optional[dict] = None):
         assert values is not None
         return (min if func == "min" else max)(values)
     return s if func == "sum" else s / c
-
-
-def _plain(column: pd.Series) -> pd.Series:
-    """Non-null values as keyed state can store them as a map's keys: a time as its int64 nanoseconds."""
-    if pd.api.types.is_datetime64_any_dtype(column):
-        return pd.Series(column.dt.as_unit("ns").array.asi8, index=column.index)
-    return column
 
 
 class KeyedChangelogAggregate(KeyedOperator, kind="keyed-changelog-aggregate"):
@@ -119,13 +112,15 @@ class KeyedChangelogAggregate(KeyedOperator, kind="keyed-changelog-aggregate"):
             self.times[column] = str(frame[column].dt.tz) if frame[column].dt.tz is not None else None
         present = frame[column].notna().to_numpy()
         rows = frame[present]
-        values = pd.DataFrame({VALUE: _plain(rows[column]), "__sign__": sign[present]}).assign(
-            **{k: rows[k] for k in self.key})
+        # kept as keyed state keeps a key (a time as its int64 nanoseconds): a map's keys are plain values
+        values = pd.DataFrame({VALUE: state_key_values(rows[column]), "__sign__": sign[present]},
+                              index=rows.index).assign(**{k: rows[k] for k in self.key})
         counted = values.groupby(self.key + [VALUE], sort=False, dropna=False)["__sign__"].sum().reset_index()
         places = moved[self.key].assign(__place__=np.arange(len(moved)))
         counted = counted.merge(places, on=self.key, how="left")
         changes: dict[int, list] = {}
-        for place, value, n in zip(counted["__place__"].tolist(), counted[VALUE].tolist(), counted["__sign__"].tolist()):
+        for place, value, n in zip(counted["__place__"].tolist(), counted[VALUE].tolist(),
+                                   counted["__sign__"].tolist()):
             changes.setdefault(place, []).append((value, n))
         return changes
 

@@ -73,14 +73,15 @@ def planned(streams: dict[str, DataStream], query: str, where: str):
         windows = analysis.window_calls(query) if "window" in query.lower() else []
         inner, join = inner_aggregation(root), find_join(root)
         only = next(iter(streams.values())) if len(streams) == 1 else None
-        distinct = plan_distinct(query, root, only.rowtime if only is not None else None)
+        rowtime = only.rowtime if only is not None else None  # of the one view a query reads
+        distinct = plan_distinct(query, root, rowtime)
         if distinct is not None:
             how = distinct
         elif inner is not None:
             how = plan_nested(query, root, inner, windows, lambda node, carry: plan_join(
                 query, node, rowtimes, analysis.offset_us, carry, windows))
         elif join is None and find_window(root) is not None:
-            how = plan_deduplicate(query, root, only.rowtime if only is not None else None)
+            how = plan_deduplicate(query, root, rowtime)
         elif join is not None:
             how = plan_join(query, root, rowtimes, analysis.offset_us, calls=windows)
             if isinstance(how, StreamJoin) and how.how != "inner":  # a side that sends no row is padded
@@ -93,8 +94,7 @@ def planned(streams: dict[str, DataStream], query: str, where: str):
             # TVF (any other GROUP BY of a time column is a running aggregate, as Flink's)
             window_rows = only is not None and isinstance(only.sql_plan, ContinuousAggregate) and \
                 only.sql_plan.window is not None
-            rowtime = only.rowtime if only is not None and window_rows else None
-            how = plan(query, root, windows, rowtime=rowtime) if aggregation is None else \
+            how = plan(query, root, windows, rowtime=rowtime if window_rows else None) if aggregation is None else \
                 plan_over_aggregate(query, root, aggregation, windows)
     except analysis.SqlAnalysisError as exc:
         raise GraphValidationError(f"{where}: {exc}") from None

@@ -162,6 +162,7 @@ def _plan(query: str, root: Node, rowtimes: dict[str, Optional[str]], offset: Of
     conditions += [(c, False) for c in _conjuncts(join.expressions[0])] if join.expressions else []
     times = [_time_column(side, rowtimes.get(view)) for side, view in zip(sides, views)]
     check_windows_read_event_time(query, join, sides, [rowtimes.get(view) for view in views], calls)
+    windowing = [computes_window(side) for side in sides]  # each side's own select computes window()
 
     keys: tuple[list[str], list[str]] = ([], [])
     pushed: tuple[list[str], list[str]] = ([], [])
@@ -197,7 +198,7 @@ def _plan(query: str, root: Node, rowtimes: dict[str, Optional[str]], offset: Of
             keys[1].append(pair[1].sql)
             continue
         # a window join's times are its windows' ends, not the times a bound reads
-        bound = _bound(condition, owner, times, offset) if not any(map(computes_window, sides)) else None
+        bound = _bound(condition, owner, times, offset) if not any(windowing) else None
         if bound is not None:
             (lower if bound[0] == ">=" else upper).append(bound[1:])
         _sql(query, join, condition)
@@ -244,8 +245,9 @@ def _plan(query: str, root: Node, rowtimes: dict[str, Optional[str]], offset: Of
         # a null key meets nothing: a side whose rows need a match drops them at once (an outer
         # side keeps them, to leave alone)
         cut = ([] if kept[i] else [f"({k}) IS NOT NULL" for k in keys[i]]) + pushed[i]
-        named, rows = side_rows(query, side, views[i]) if computes_window(side) else ("", _from_item(query, side))
-        pre.append(f"{named}SELECT {', '.join(projections)} FROM {rows}" + (f" WHERE {' AND '.join(cut)}" if cut else ""))
+        named, rows = side_rows(query, side, views[i]) if windowing[i] else ("", _from_item(query, side))
+        pre.append(f"{named}SELECT {', '.join(projections)} FROM {rows}"
+                   + (f" WHERE {' AND '.join(cut)}" if cut else ""))
         keys[i][:] = key_names
     rowtime_names: tuple[Optional[str], ...] = tuple(
         keys[i][ends[i]] if ends is not None else names[_column_sql(t)] if interval and t is not None else None
@@ -257,7 +259,7 @@ def _plan(query: str, root: Node, rowtimes: dict[str, Optional[str]], offset: Of
     else:
         # the left's time stays the result's event time only where every row has one
         # ... and a window join's left time is its window's end, not a column selected
-        left_time = times[0] if interval and not kept[1] and not computes_window(sides[0]) else None
+        left_time = times[0] if interval and not kept[1] and not windowing[0] else None
         final, rowtime = _final(project, join, renamed, left_time)
     final += f" WHERE {after_join}" if after_join else ""
     bounds = (low[0] // 1000, -(-high[0] // 1000)) if interval else None
