@@ -6,7 +6,13 @@ inner join of two append-only streams is append-only, each pair emitted once, wh
 arrives. State grows with the inputs unless a state TTL is given (Flink's
 ``table.exec.state.ttl``): a row is then forgotten that long after it arrived (processing time),
 and a later row of its key no longer meets it. What the joins share is cluster.operators.joins.
-Thread use: the task thread only.
+
+A side may be an upsert stream (a running aggregate's rows, Flink's input with a unique key): its
+row for an upsert key replaces the one kept before, and is joined anew with the other side's rows,
+which its old version met. The upsert key lies within the side's join key, so every version of a
+row comes to one key group and meets the same rows, and an update's pairs replace the old ones by
+the result's key: each updating side's upsert key, and for an append side a row id the join gives
+each row it keeps (``row_ids``). Thread use: the task thread only.
 """
 from __future__ import annotations
 
@@ -16,13 +22,16 @@ import numpy as np
 import pyarrow as pa
 
 from cluster.common import clock
-from cluster.operators.join_state import Chunks
+from cluster.operators.base import OperatorSnapshot
+from cluster.operators.join_state import Chunks, concat
 from cluster.operators.joins import LEFT, RIGHT, JoinOperator
 from cluster.operators.timers import PROCESSING_TIME
 
 
 class RegularJoin(JoinOperator, kind="regular-join"):
-    """params: state_ttl_ms (0 or absent: rows are kept for ever).
+    """params: state_ttl_ms (0 or absent: rows are kept for ever); upsert_keys (per side, the
+    columns an upsert stream's rows are keyed by, within its join key, or None: an append side);
+    row_ids (per side, the column that numbers its rows, or None).
 
     State: each side's rows in Chunks, a chunk's times the rows' arrival (epoch ms, wall clock),
     its time the first arrival + TTL when there is a TTL. A batch meets the other side's chunks of
@@ -37,16 +46,65 @@ class RegularJoin(JoinOperator, kind="regular-join"):
         self.ttl = int(ttl)
         self.uses_processing_time = self.ttl > 0
         self.rows = (Chunks(self.backend, "left-rows"), Chunks(self.backend, "right-rows"))
+        self.upsert_keys: list[Optional[list[str]]] = list(self.params.get("upsert_keys") or (None, None))
+        self.row_ids: list[Optional[str]] = list(self.params.get("row_ids") or (None, None))
+        for side, upsert in enumerate(self.upsert_keys):
+            if upsert is not None and (not upsert or not set(upsert) <= set(self.keys[side])):
+                raise ValueError(f"{self.spec.where()}: the {('left', 'right')[side]} input's upsert key {upsert} must "
+                                 f"lie within its join key {self.keys[side]}: each version of a row must meet the "
+                                 "rows its old version met")
+        self.next_row = 0  # the number of the next row this subtask numbers (row_ids)
 
     def process_side(self, side: int, table: pa.Table) -> list[pa.Table]:
+        if self.row_ids[side] is not None:
+            table = self._numbered(side, table)
         self._read(side, table)  # learns the schema and the newest event time, if the side has one
         if table.num_rows == 0:
             return []
         table = table.replace_schema_metadata(None)
+        if self.upsert_keys[side] is not None:
+            table = self._latest(side, table)
         parts = self._by_key_group(side, table)
         out = self._match(side, table, [group for group, _ in parts])
-        self._keep(side, table, parts)
+        (self._keep if self.upsert_keys[side] is None else self._upsert)(side, table, parts)
         return out
+
+    def _numbered(self, side: int, table: pa.Table) -> pa.Table:
+        """The rows with an id unique in the job: the key group (which one subtask owns at a time)
+        above the owner's count of rows, restored as at least any subtask's count."""
+        groups = self._key_groups(side, table).astype(np.int64)
+        ids = (groups << 44) | np.arange(self.next_row, self.next_row + table.num_rows, dtype=np.int64)
+        self.next_row += table.num_rows
+        return table.append_column(self.row_ids[side], pa.array(ids, pa.int64()))
+
+    def _latest(self, side: int, table: pa.Table) -> pa.Table:
+        """A batch's last row per upsert key: the versions before it are replaced at once."""
+        keys = table.select(self.upsert_keys[side]).to_pandas()
+        last = ~keys.duplicated(keep="last").to_numpy()
+        return table if last.all() else table.filter(pa.array(last))
+
+    def _upsert(self, side: int, table: pa.Table, parts: list) -> None:
+        """The batch's rows replace the kept rows of their upsert keys: one chunk per key group."""
+        groups = [group for group, _ in parts]
+        arrived = np.full(table.num_rows, clock.now_ms(), dtype=np.int64)
+        row_groups, ts, rows = self._key_groups(side, table), arrived, table
+        kept = self.rows[side].read(groups)
+        if kept:
+            old_groups, old_ts, old = concat(kept)
+            key = self.upsert_keys[side]
+            assert key is not None
+            replaced = old.select(key).to_pandas().merge(
+                table.select(key).to_pandas().drop_duplicates().assign(__new=True), how="left", on=key)["__new"]
+            stays = replaced.isna().to_numpy()
+            row_groups = np.concatenate([old_groups[stays], row_groups])
+            ts = np.concatenate([old_ts[stays], arrived])
+            rows = pa.concat_tables([old.filter(pa.array(stays)), table], promote_options="default")
+        times = self._replace(self.rows[side], groups, (row_groups, ts, rows),
+                              (lambda t: int(t.min()) + self.ttl) if self.ttl else (lambda t: None))
+        due = [(group, time) for group, time in zip(groups, times) if time is not None]
+        if due:
+            self.timers.register_many(PROCESSING_TIME, [g for g, _ in due], [side] * len(due), [t for _, t in due],
+                                      [None] * len(due))
 
     def _match(self, side: int, table: pa.Table, key_groups: list[int]) -> list[pa.Table]:
         met = self._meet(side, table, None, self.rows[1 - side].read(key_groups))
@@ -77,6 +135,16 @@ class RegularJoin(JoinOperator, kind="regular-join"):
             for group in dict.fromkeys(t.key_group for t in due if t.key == side):
                 self._forget(side, group, now_ms)
         return []
+
+    def snapshot_state(self, checkpoint_id: int) -> OperatorSnapshot:
+        snapshot = super().snapshot_state(checkpoint_id)
+        snapshot.handle["next_row"] = self.next_row
+        return snapshot
+
+    def restore_state(self, handles: list[dict]) -> None:
+        super().restore_state(handles)
+        # ids are unique within a key group: new ones come after every restored one
+        self.next_row = max((h.get("next_row", 0) for h in handles), default=0)
 
     def _forget(self, side: int, group: int, now_ms: int) -> None:
         """The rows of ``side`` in key group ``group`` that arrived a TTL or more before ``now_ms``."""

@@ -401,3 +401,29 @@ def test_an_aggregation_over_a_join_equals_spark_over_all_rows_at_once(cluster, 
     views()
     each_equals_spark(env, client, "aggregations over joins", AGGREGATED_JOINS,
                       lambda name, query: env.sql_query(query, name=name), lambda query: spark.sql(query).toPandas())
+
+
+RUNNING = {  # views whose rows update earlier rows of their key
+    "counts": "SELECT k, count(*) AS n, sum(v) AS s FROM orders GROUP BY k",
+    "tops": "SELECT pk, max(v) AS top, count(name) AS named FROM people GROUP BY pk",
+}
+UPDATING_JOINS = {  # each over orders, people and the running views
+    "two running aggregates": "SELECT c.k, c.n, c.s, t.top, t.named FROM counts c JOIN tops t ON c.k = t.pk",
+    "each order with its key's count": "SELECT o.seq, o.v, c.n FROM orders o JOIN counts c ON o.k = c.k "
+                                       "WHERE o.tag = 'a'",
+    "conditions a pair stops passing": "SELECT o.seq, c.k FROM orders o JOIN counts c ON o.k = c.k "
+                                       "WHERE c.n % 3 <> 1 AND o.v * 3 < c.s / c.n",
+}
+
+
+def test_a_join_of_running_aggregates_replaces_its_pairs_as_they_update(cluster, client, spark):
+    """Each view's new row for its key replaces the old one in the join, and its pairs the old
+    pairs: the final table is Spark's join of the views' final rows."""
+    env = StreamEnvironment(parallelism=2, cluster=cluster.cluster_dir)
+    views = two_views(env, spark, 9, 2_100, 97, rate=500)  # the views update while orders come
+    views()
+    for view, query in RUNNING.items():
+        env.create_temporary_view(view, env.sql_query(query, name=view))
+        spark.sql(query).createOrReplaceTempView(view)
+    each_equals_spark(env, client, "joins of running aggregates", UPDATING_JOINS,
+                      lambda name, query: env.sql_query(query, name=name), lambda query: spark.sql(query).toPandas())

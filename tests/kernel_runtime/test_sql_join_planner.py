@@ -191,3 +191,65 @@ def test_windows_a_view_computed_per_batch_are_not_joined_as_windows(spark):
     env.create_temporary_view("windowed", bids.sql("SELECT *, window(ts, '1 second') AS w FROM input"))
     with pytest.raises(GraphValidationError, match="a join on time windows equates windows that each side computes"):
         env.sql_query("SELECT b.auction FROM windowed b JOIN windowed c ON b.auction = c.auction AND b.w = c.w")
+
+
+# ---------------------------------------------------------------------- updating sides
+MAX_BIDS = pa.schema([("auction", pa.int64()), ("top", pa.int64()), ("n", pa.int64())])
+
+
+@pytest.fixture(scope="module")
+def over_running(spark):
+    """Plans over bids (append), auctions and max_bids, whose rows update by ``auction``."""
+    def of(query: str, upserts=None):
+        root = analysis.analyse_views(query, {"bids": BIDS, "auctions": AUCTIONS, "max_bids": MAX_BIDS})
+        return plan_join(query, root, {"bids": "ts", "auctions": "ts", "max_bids": None}, analysis.offset_us,
+                         upserts={"max_bids": ["auction"]} if upserts is None else upserts)
+    return of
+
+
+def test_a_join_with_an_updating_side_is_an_upsert_stream_keyed_by_both_sides(over_running):
+    how = over_running("SELECT b.price, m.top FROM bids b JOIN max_bids m ON b.auction = m.auction\n"
+                       "WHERE m.n > 2 AND b.price * 2 > m.top AND b.price > 10")
+    assert how.kind == "regular-join"
+    assert how.upserts == (None, ["__sql_rk0"]) and how.row_ids == ("__sql_lrow", None)
+    assert how.result_key == ["__sql_key0", "__sql_key1"] and how.deletes
+    # the append side's own condition is pushed down; the updating side's is judged on each version
+    assert how.pre[0].endswith("AND (b.price > CAST(10 AS BIGINT))") and "m.n" not in how.pre[1].split("WHERE")[1]
+    assert how.final.startswith("SELECT `__sql_l0` AS `price`, `__sql_r0` AS `top`, `__sql_lrow` AS `__sql_key0`, "
+                                "`__sql_rk0` AS `__sql_key1`, CASE WHEN ")
+    assert how.final.endswith("THEN '+U' ELSE '-D' END AS `__sql_op` FROM input") and "WHERE" not in how.final
+    assert "an upsert stream keyed by each side's key" in how.explain()
+
+
+def test_two_updating_sides_key_the_result_by_both_keys_and_delete_nothing(over_running):
+    how = over_running("SELECT m.auction, m.top, x.n FROM max_bids m JOIN max_bids x ON m.auction = x.auction",
+                       upserts={"max_bids": ["auction"]})
+    assert how.upserts == (["__sql_lk0"], ["__sql_rk0"]) and how.row_ids == (None, None)
+    assert not how.deletes and "-D" not in how.final
+
+
+@pytest.mark.parametrize("query, upserts, says", [
+    ("SELECT b.price FROM bids b\nJOIN max_bids m ON b.price = m.top", None,
+     "ON must equate it with the other side (m.auction = ...)"),
+    ("SELECT b.price FROM bids b\nJOIN max_bids m ON b.auction = m.auction", {"max_bids": ["__sql_key0"]},
+     "which its query does not select: select the key"),
+    ("SELECT b.price FROM bids b\nJOIN auctions a ON b.auction = a.id AND a.ts BETWEEN b.ts AND b.ts + INTERVAL 1 "
+     "SECOND", {"auctions": ["id"]}, "a time-bounded or outer join of them is not planned"),
+])
+def test_an_updating_side_the_join_cannot_follow_is_refused(over_running, query, upserts, says):
+    with pytest.raises(UnsupportedQuery) as refused:
+        over_running(query, upserts)
+    text = str(refused.value)
+    assert "(line 2 of the query)" in text and says in text, text
+
+
+def test_a_view_of_the_latest_row_per_key_joins_on_the_key_its_deduplication_keeps(spark):
+    env = StreamEnvironment(parallelism=1)
+    rows = env.from_generator(lambda s: {"k": s % 3, "v": s}, count=10)
+    env.create_temporary_view("rows", rows)
+    env.create_temporary_view("latest", rows.drop_duplicates("k", keep="last").sql("SELECT k, v FROM input"))
+    joined = env.sql_query("SELECT r.v, l.v AS latest FROM rows r JOIN latest l ON r.k = l.k")
+    assert joined.sql_plan.upserts == (None, ["__sql_rk0"]) and joined.deletes is False
+    (join,) = [n for n in env._nodes if n.spec.kind == "regular-join"]
+    assert join.spec.params["upsert_keys"] == [None, ["__sql_rk0"]]
+    assert join.spec.params["row_ids"] == ["__sql_lrow", None]

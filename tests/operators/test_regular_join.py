@@ -1,8 +1,12 @@
 """The regular join (no time bound) driven as a task drives it, on both state backends: every pair
 of rows with equal keys once, whatever the arrival order, against pandas' merge; a checkpoint
-restored into two subtasks; the state TTL forgetting rows by the (injected) wall clock."""
+restored into two subtasks; the state TTL forgetting rows by the (injected) wall clock; an upsert
+side (a running aggregate's rows) whose new row replaces its old one and its pairs."""
 from __future__ import annotations
 
+from typing import Optional
+
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -74,3 +78,75 @@ def test_the_state_ttl_forgets_a_row_that_long_after_it_arrived(backend, tmp_pat
 def test_a_bad_state_ttl_is_a_clear_error(tmp_path, ttl):
     with pytest.raises(ValueError, match=r"'under test' \(test.py:1\): the join's state_ttl_ms must be a number"):
         Subtasks("regular-join", {**PARAMS, "state_ttl_ms": ttl}, "hashmap", tmp_path)
+
+
+# ---------------------------------------------------------------------- upsert inputs
+UPSERT = {**PARAMS, "upsert_keys": [["k"], None], "row_ids": [None, "__rid"]}
+
+
+def updates(seed: int, n: int, keys: int = 9) -> pd.DataFrame:
+    """Running rows of an aggregate keyed by k: each a new value of its key, in arrival order."""
+    rng = np.random.default_rng(seed)
+    return pd.DataFrame({"k": rng.integers(0, keys, n), "total": rng.integers(0, 1000, n)})
+
+
+def appends(seed: int, n: int, keys: int = 9) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    return pd.DataFrame({"k": rng.integers(0, keys, n), "rid": np.arange(n)})
+
+
+def applied(frame: pd.DataFrame, key: list[str]) -> pd.DataFrame:
+    """The table an upsert stream's rows leave: the last row per key."""
+    return frame.drop_duplicates(key, keep="last").drop(columns=[c for c in frame if c.startswith("__")])
+
+
+def feed(join: Subtasks, left: pd.DataFrame, right: pd.DataFrame, chunk: int, start: int = 0,
+         stop: Optional[int] = None) -> None:
+    chunks = -(-max(len(left), len(right)) // chunk)
+    for c in range(start, chunks if stop is None else stop):
+        join.side(0, left.iloc[c * chunk:(c + 1) * chunk])
+        join.side(1, right.iloc[c * chunk:(c + 1) * chunk])
+
+
+@pytest.mark.parametrize("parallelism", [1, 2])
+def test_an_upsert_side_replaces_its_row_and_its_pairs(backend, tmp_path, parallelism):  # noqa: F811
+    left, right = updates(21, 300), appends(22, 120)
+    join = Subtasks("regular-join", UPSERT, backend, tmp_path, parallelism=parallelism)
+    feed(join, left, right, chunk=13)
+    got = join.result()
+    assert len(got) > len(right)  # the pairs of an updated row came again
+    expected = applied(left, ["k"]).merge(right, on="k")
+    pd.testing.assert_frame_equal(canon(applied(got, ["k", "__rid"]), ["rid"]), canon(expected, ["rid"]))
+    # one kept row per key, however many versions came
+    kept = [rows for _, (_, rows) in join.state("left-rows-chunks")]
+    assert sum(t.num_rows for t in kept) == left["k"].nunique()
+
+
+def test_two_upsert_sides_keep_one_pair_per_key(backend, tmp_path):  # noqa: F811
+    params = {**PARAMS, "upsert_keys": [["k"], ["k"]]}
+    left, right = updates(23, 200), updates(24, 200).rename(columns={"total": "top"})
+    join = Subtasks("regular-join", params, backend, tmp_path, parallelism=2)
+    feed(join, left, right, chunk=7)
+    expected = applied(left, ["k"]).merge(applied(right, ["k"]), on="k")
+    pd.testing.assert_frame_equal(canon(applied(join.result(), ["k"]), ["k"]), canon(expected, ["k"]))
+
+
+def test_row_ids_and_upserts_survive_a_restore_at_another_parallelism(backend, tmp_path):  # noqa: F811
+    left, right = updates(25, 240), appends(26, 240)
+    before = Subtasks("regular-join", UPSERT, backend, tmp_path / "before", parallelism=2)
+    feed(before, left, right, chunk=20, stop=6)
+    directory = tmp_path / "checkpoint"
+    directory.mkdir()
+    handles = before.snapshot(directory)
+    after = Subtasks("regular-join", UPSERT, backend, tmp_path / "after", parallelism=1)
+    after.restore(handles)
+    feed(after, left, right, chunk=20, start=6)
+    got = pd.concat([before.result(), after.result()], ignore_index=True)
+    assert got["__rid"].nunique() == len(right)  # ids numbered after the restore are new ones
+    expected = applied(left, ["k"]).merge(right, on="k")
+    pd.testing.assert_frame_equal(canon(applied(got, ["k", "__rid"]), ["rid"]), canon(expected, ["rid"]))
+
+
+def test_an_upsert_key_outside_the_join_key_is_refused(tmp_path):
+    with pytest.raises(ValueError, match=r"the left input's upsert key \['id'\] must lie within its join key \['k'\]"):
+        Subtasks("regular-join", {**PARAMS, "upsert_keys": [["id"], None]}, "hashmap", tmp_path)

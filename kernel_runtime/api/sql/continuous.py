@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from cluster.graph.job_graph import GraphValidationError, ShipStrategy
 from cluster.conf.options import TableOptions
-from cluster.graph.operator_kinds import KINDS
+from cluster.graph.operator_kinds import KINDS, upsert_key as upsert_key_of
 from cluster.graph.schema import schema_to_text
 
 from kernel_runtime.api.datastream import DataStream, KeyedStream
@@ -83,7 +83,8 @@ def planned(streams: dict[str, DataStream], query: str, where: str):
         elif join is None and find_window(root) is not None:
             how = plan_deduplicate(query, root, rowtime)
         elif join is not None:
-            how = plan_join(query, root, rowtimes, analysis.offset_us, calls=windows)
+            upserts = {v: upsert_key(s) if updates(s) else None for v, s in streams.items()}
+            how = plan_join(query, root, rowtimes, analysis.offset_us, calls=windows, upserts=upserts)
             if isinstance(how, StreamJoin) and how.how != "inner":  # a side that sends no row is padded
                 left, right = (schema_to_text(analysis.output_schema(pre, known[view]))
                                for view, pre in zip(how.views, how.pre))
@@ -131,12 +132,29 @@ def updates(stream: DataStream) -> bool:
         kind = node.spec.kind
         if kind in UPDATING:
             return True
+        if kind == "regular-join":  # of an updating view: its pairs are replaced as the view's rows are
+            return any(node.spec.params.get("upsert_keys") or ())
         if kind == "keyed-deduplicate":
             return bool(node.spec.params.get("order") or node.spec.params.get("keep_latest"))
         if KINDS[kind].stateful or len(node.inputs) != 1:
             return False
         node = nodes.get(node.inputs[0].source)
     return False
+
+
+def upsert_key(stream: DataStream) -> list[str]:
+    """The columns an updating stream's rows are keyed by: the nearest upsert step's above it,
+    through per-row steps (a hidden one where the query that made it does not select its key)."""
+    nodes = {n.uid: n for n in stream.env._nodes}
+    node = stream.node
+    while node is not None:
+        key = upsert_key_of(node.spec.kind, node.spec.params)
+        if key is not None:
+            return key
+        if KINDS[node.spec.kind].stateful or len(node.inputs) != 1:
+            break
+        node = nodes.get(node.inputs[0].source)
+    return []
 
 
 def _input_schema(stream: DataStream) -> Optional[pa.Schema]:
@@ -163,7 +181,7 @@ def build(streams: dict[str, DataStream], query: str, name: str, parallelism: Op
                                    "one query")
     how, text = planned(streams, query, where)
     updating = [view for view, s in streams.items() if updates(s)]
-    if updating and not isinstance(how, PerBatch):
+    if updating and not isinstance(how, (PerBatch, StreamJoin)):  # the join planner takes its updating sides
         raise GraphValidationError(f"{where}: the rows of {', '.join(updating)} update earlier rows of their key (an "
                                    "aggregation's running rows, or the latest row per key), and a join or aggregation "
                                    "over them would take each update as one more row: put both in one query (an "
@@ -276,12 +294,16 @@ def _join(streams: dict[str, DataStream], how: StreamJoin, name: str, parallelis
         params["side_schemas"] = list(how.side_schemas)
     elif ttl:
         params["state_ttl_ms"] = ttl
+    if how.result_key is not None:
+        params.update(upsert_keys=list(how.upserts), row_ids=list(how.row_ids))
     joined = two_input(how.kind, f"{name}: {how.clause}", keyed_edges(sides[0]), keyed_edges(sides[1]), env, params,
                        None, parallelism, where)
-    _pin_state_uid(joined, repr((how.pre, how.keys, how.bounds, how.how, how.inclusive)))
+    _pin_state_uid(joined, repr((how.pre, how.keys, how.bounds, how.how, how.inclusive, how.upserts)))
     assert joined.node is not None
-    out = joined._then("spark", f"{name}: {result}", params={"sql": how.final}, parallelism=joined.node.parallelism)
+    final: dict = {"sql": how.final} if how.result_key is None else {"sql": how.final, "upsert_key": how.result_key}
+    out = joined._then("spark", f"{name}: {result}", params=final, parallelism=joined.node.parallelism)
     out.rowtime = how.rowtime
+    out.deletes = how.deletes
     out.sql_plan = dataclasses.replace(how, state_ttl_ms=0 if how.bounds is not None else ttl)
     return out
 

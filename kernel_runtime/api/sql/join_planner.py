@@ -16,8 +16,9 @@ planned as Flink SQL plans a streaming join:
   select list.
 
 An inner join of two append streams is an append stream: each pair of rows once, when the later of
-the two arrives. Outer joins, joins of more than two relations and joins without an equality are
-refused, naming the clause.
+the two arrives; a side whose rows update their key makes it an upsert stream (join_updates).
+Outer joins, joins of more than two relations and joins without an equality are refused, naming
+the clause.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from typing import Callable, Optional, Sequence
 
 from cluster.graph.schema import quoted
 
+from kernel_runtime.api.sql.join_updates import keyed_final, upsert_positions, upserting_fields
 from kernel_runtime.api.sql.join_windows import check_windows_read_event_time, computes_window, rows_per_batch, \
     side_rows, window_end_keys
 from kernel_runtime.api.sql.plan import Column, Expr, Node, WindowCall
@@ -66,6 +68,10 @@ class StreamJoin:
     inclusive: tuple[bool, bool] = (True, True)  # whether each bound joins a pair right at it
     state_ttl_ms: int = 0                   # a regular join's table.exec.state.ttl (0: rows kept for ever)
     windowed: bool = False                  # a window join: each side's time is its rows' window's end
+    upserts: tuple[Optional[list[str]], Optional[list[str]]] = (None, None)  # an updating side's key in pre's rows
+    row_ids: tuple[Optional[str], Optional[str]] = (None, None)  # the id the join gives an append side's rows
+    result_key: Optional[list[str]] = None  # the upsert key of final's rows, if a side updates
+    deletes: bool = False                   # final marks a pair that stops passing the conditions '-D'
 
     @property
     def kind(self) -> str:
@@ -92,9 +98,14 @@ class StreamJoin:
         if self.bounds is not None and self.how != "inner":
             outer = " or ".join(side for side, is_outer in zip(("left", "right"), preserved(self.how)) if is_outer)
             lines.append(f"  a {outer} row that met none leaves then, with the other side's columns null")
-        lines += ["per batch, on Spark: the result over the joined rows", f"  {self.final}",
-                  "output: every joined pair once, when its later row arrives (append)"
-                  + ("" if self.how == "inner" else "; a row without a match once its bound passed")]
+        if self.result_key is not None:
+            output = ("output: an upsert stream keyed by each side's key (an append side's by a row id): a side's new "
+                      "row replaces its old one, and its pairs the old ones"
+                      + ("; a pair that stops passing the conditions is deleted" if self.deletes else ""))
+        else:
+            output = ("output: every joined pair once, when its later row arrives (append)"
+                      + ("" if self.how == "inner" else "; a row without a match once its bound passed"))
+        lines += ["per batch, on Spark: the result over the joined rows", f"  {self.final}", output]
         return "\n".join(lines)
 
 
@@ -120,13 +131,14 @@ class JoinedAggregate:
 
 
 def plan_join(query: str, root: Node, rowtimes: dict[str, Optional[str]], offset: Offset, carry: Sequence[str] = (),
-              calls: Sequence[WindowCall] = ()):
+              calls: Sequence[WindowCall] = (), upserts: Optional[dict[str, Optional[list[str]]]] = None):
     """The StreamJoin of ``root`` (Project? Filter? Join of two per-batch sides), or the
     JoinedAggregate of an Aggregate over Filter? Join; ``rowtimes``: each view's event-time column
     (None: the stream has none); ``carry``: as planner.plan's, of the aggregation; ``calls``: the
-    query's window calls as written."""
+    query's window calls as written; ``upserts``: the key of each view whose rows update earlier
+    rows of their key."""
     if root.kind != "Aggregate":
-        return _plan(query, root, rowtimes, offset, calls=calls)
+        return _plan(query, root, rowtimes, offset, calls=calls, upserts=upserts or {})
     if any(_is_window(g.data_type) for g in root.grouping):
         raise UnsupportedQuery(query, root, "a time window over a join of streams is not planned yet: window "
                                "each stream, or aggregate the joined rows without a window")
@@ -137,7 +149,8 @@ def plan_join(query: str, root: Node, rowtimes: dict[str, Optional[str]], offset
 
 
 def _plan(query: str, root: Node, rowtimes: dict[str, Optional[str]], offset: Offset,
-          aggregated: Optional[set] = None, calls: Sequence[WindowCall] = ()) -> StreamJoin:
+          aggregated: Optional[set] = None, calls: Sequence[WindowCall] = (),
+          upserts: Optional[dict[str, Optional[list[str]]]] = None) -> StreamJoin:
     """``aggregated``: the side columns an aggregation above reads (the result is then each side's
     columns as a struct), or None (the result is the select list above the join)."""
     above, join = _above_join(query, root, aggregated is not None)
@@ -163,6 +176,7 @@ def _plan(query: str, root: Node, rowtimes: dict[str, Optional[str]], offset: Of
     times = [_time_column(side, rowtimes.get(view)) for side, view in zip(sides, views)]
     check_windows_read_event_time(query, join, sides, [rowtimes.get(view) for view in views], calls)
     windowing = [computes_window(side) for side in sides]  # each side's own select computes window()
+    updating = [(upserts or {}).get(view) for view in views]  # each side's upsert key, if its rows update
 
     keys: tuple[list[str], list[str]] = ([], [])
     pushed: tuple[list[str], list[str]] = ([], [])
@@ -170,6 +184,7 @@ def _plan(query: str, root: Node, rowtimes: dict[str, Optional[str]], offset: Of
     lower: list[tuple[int, bool]] = []  # (µs, strict)
     upper: list[tuple[int, bool]] = []
     ends: Optional[list[int]] = None  # a window join: the position of each side's window end among its keys
+    plain: tuple[list, list] = ([], [])  # per side, each key's column name if it is a column as it is
     for condition, after in conditions:
         reads = {owner.get(a) for a in _attributes(condition)}
         if None in reads:
@@ -177,7 +192,8 @@ def _plan(query: str, root: Node, rowtimes: dict[str, Optional[str]], offset: Of
         if after:
             residual.append(condition)
             continue
-        if len(reads) == 1 and not kept[0 if 0 in reads else 1]:
+        # an updating side's condition is judged on each version, after the join (a pair may stop passing)
+        if len(reads) == 1 and not kept[0 if 0 in reads else 1] and updating[0 if 0 in reads else 1] is None:
             # one side's own condition: its rows are cut before they wait
             pushed[0 if 0 in reads else 1].append(_sql(query, join, condition))
             continue
@@ -188,6 +204,8 @@ def _plan(query: str, root: Node, rowtimes: dict[str, Optional[str]], offset: Of
         if aligned is not None:
             keys[0].extend(aligned[0])
             keys[1].extend(aligned[1])
+            plain[0].extend([None] * len(aligned[0]))
+            plain[1].extend([None] * len(aligned[1]))
             continue
         if pair is not None:
             if any(_is_window(e.data_type) for e in pair):
@@ -196,6 +214,8 @@ def _plan(query: str, root: Node, rowtimes: dict[str, Optional[str]], offset: Of
                                        "times (a windowed aggregation's window.end AS ...)")
             keys[0].append(pair[0].sql)
             keys[1].append(pair[1].sql)
+            for i, e in enumerate(pair):
+                plain[i].append(e.name if e.kind == "AttributeReference" else None)
             continue
         # a window join's times are its windows' ends, not the times a bound reads
         bound = _bound(condition, owner, times, offset) if not any(windowing) else None
@@ -228,6 +248,8 @@ def _plan(query: str, root: Node, rowtimes: dict[str, Optional[str]], offset: Of
     if interval and (low[0] > high[0] or (low[0] == high[0] and (low[1] or high[1]))):
         raise UnsupportedQuery(query, join, f"the join's time bound is empty: the right time less the left from "
                                f"{low[0] / 1000:g} ms to {high[0] / 1000:g} ms")
+    if any(u is not None for u in updating):
+        upsert_at = upsert_positions(query, join, views, updating, plain, interval or how != "inner")
     project = next((n for n in above if n.kind == "Project"), None)
     read = {a for e in (project.expressions if project is not None else ()) + tuple(residual) for a in _attributes(e)}
     read |= aggregated or set()
@@ -261,12 +283,18 @@ def _plan(query: str, root: Node, rowtimes: dict[str, Optional[str]], offset: Of
         # ... and a window join's left time is its window's end, not a column selected
         left_time = times[0] if interval and not kept[1] and not windowing[0] else None
         final, rowtime = _final(project, join, renamed, left_time)
-    final += f" WHERE {after_join}" if after_join else ""
+    upserting: dict = {}
+    if any(u is not None for u in updating):
+        upserting = upserting_fields(keys, upsert_at)
+        final, upserting["result_key"] = keyed_final(final, upserting.pop("pairs"), after_join)
+        upserting["deletes"] = bool(after_join)
+    elif after_join:
+        final += f" WHERE {after_join}"
     bounds = (low[0] // 1000, -(-high[0] // 1000)) if interval else None
     inclusive = (True, True) if how == "inner" else (not low[1], not high[1])  # inner: WHERE checks exactly
     return StreamJoin((views[0], views[1]), (pre[0], pre[1]), keys, (rowtime_names[0], rowtime_names[1]), bounds,
                       final, rowtime, join.origin.clause(query) or "JOIN", on, how=how, inclusive=inclusive,
-                      windowed=ends is not None)
+                      windowed=ends is not None, **upserting)
 
 
 # ------------------------------------------------------------------ the plan's shape
