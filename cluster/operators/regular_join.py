@@ -12,19 +12,21 @@ row for an upsert key replaces the one kept before, and is joined anew with the 
 which its old version met. The upsert key lies within the side's join key, so every version of a
 row comes to one key group and meets the same rows, and an update's pairs replace the old ones by
 the result's key: each updating side's upsert key, and for an append side a row id the join gives
-each row it keeps (``row_ids``). Thread use: the task thread only.
+each row it keeps (``row_ids``). The id is the row's content hashed with how many rows of that
+content came before it, so that a replay after a restore gives a row its id again (a result view
+then converges on the pairs, as it does for every upsert key). Thread use: the task thread only.
 """
 from __future__ import annotations
 
 from typing import Optional
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 
 from cluster.common import clock
-from cluster.operators.base import OperatorSnapshot
 from cluster.operators.join_state import Chunks, concat
-from cluster.operators.joins import LEFT, RIGHT, JoinOperator
+from cluster.operators.joins import LEFT, RIGHT, SIDES, JoinOperator
 from cluster.operators.timers import PROCESSING_TIME
 
 
@@ -53,7 +55,6 @@ class RegularJoin(JoinOperator, kind="regular-join"):
                 raise ValueError(f"{self.spec.where()}: the {('left', 'right')[side]} input's upsert key {upsert} must "
                                  f"lie within its join key {self.keys[side]}: each version of a row must meet the "
                                  "rows its old version met")
-        self.next_row = 0  # the number of the next row this subtask numbers (row_ids)
 
     def process_side(self, side: int, table: pa.Table) -> list[pa.Table]:
         if self.row_ids[side] is not None:
@@ -70,12 +71,23 @@ class RegularJoin(JoinOperator, kind="regular-join"):
         return out
 
     def _numbered(self, side: int, table: pa.Table) -> pa.Table:
-        """The rows with an id unique in the job: the key group (which one subtask owns at a time)
-        above the owner's count of rows, restored as at least any subtask's count."""
-        groups = self._key_groups(side, table).astype(np.int64)
-        ids = (groups << 44) | np.arange(self.next_row, self.next_row + table.num_rows, dtype=np.int64)
-        self.next_row += table.num_rows
-        return table.append_column(self.row_ids[side], pa.array(ids, pa.int64()))
+        """The rows with an id: the hash of a row's content and of the number of rows of that
+        content its key group had before it (kept in keyed state, so a restore keeps counting)."""
+        if table.num_rows == 0:
+            return table.append_column(self.row_ids[side], pa.array([], pa.int64()))
+        content = pd.Series(pd.util.hash_pandas_object(table.to_pandas(), index=False).to_numpy().view(np.int64))
+        groups = self._key_groups(side, table)
+        frame = pd.DataFrame({"group": groups, "content": content})
+        frame["before"] = frame.groupby(["group", "content"], sort=False).cumcount()
+        seen = frame.drop_duplicates(["group", "content"], keep="last")
+        state = f"{SIDES[side]}-row-counts"
+        counts = self.backend.get_many(state, seen["group"].tolist(), seen["content"].tolist())
+        had = dict(zip(zip(seen["group"].tolist(), seen["content"].tolist()), [c or 0 for c in counts]))
+        frame["before"] += [had[key] for key in zip(frame["group"].tolist(), frame["content"].tolist())]
+        self.backend.put_many(state, seen["group"].tolist(), seen["content"].tolist(),
+                              (frame.loc[seen.index, "before"] + 1).tolist())
+        occurrence = pd.util.hash_pandas_object(frame[["content", "before"]], index=False).to_numpy().view(np.int64)
+        return table.append_column(self.row_ids[side], pa.array(occurrence, pa.int64()))
 
     def _latest(self, side: int, table: pa.Table) -> pa.Table:
         """A batch's last row per upsert key: the versions before it are replaced at once."""
@@ -135,16 +147,6 @@ class RegularJoin(JoinOperator, kind="regular-join"):
             for group in dict.fromkeys(t.key_group for t in due if t.key == side):
                 self._forget(side, group, now_ms)
         return []
-
-    def snapshot_state(self, checkpoint_id: int) -> OperatorSnapshot:
-        snapshot = super().snapshot_state(checkpoint_id)
-        snapshot.handle["next_row"] = self.next_row
-        return snapshot
-
-    def restore_state(self, handles: list[dict]) -> None:
-        super().restore_state(handles)
-        # ids are unique within a key group: new ones come after every restored one
-        self.next_row = max((h.get("next_row", 0) for h in handles), default=0)
 
     def _forget(self, side: int, group: int, now_ms: int) -> None:
         """The rows of ``side`` in key group ``group`` that arrived a TTL or more before ``now_ms``."""

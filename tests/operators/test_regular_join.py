@@ -132,19 +132,27 @@ def test_two_upsert_sides_keep_one_pair_per_key(backend, tmp_path):  # noqa: F81
 
 
 def test_row_ids_and_upserts_survive_a_restore_at_another_parallelism(backend, tmp_path):  # noqa: F811
-    left, right = updates(25, 240), appends(26, 240)
+    left, once = updates(25, 240), appends(26, 120)
+    right = pd.concat([once, once], ignore_index=True)  # every row twice, the copy after the checkpoint
     before = Subtasks("regular-join", UPSERT, backend, tmp_path / "before", parallelism=2)
     feed(before, left, right, chunk=20, stop=6)
     directory = tmp_path / "checkpoint"
     directory.mkdir()
     handles = before.snapshot(directory)
+    seen = len(before.out)
+    feed(before, left, right, chunk=20, start=6)  # the first attempt goes on, then fails
+    first_attempt = before.result().iloc[sum(t.num_rows for t in before.out[:seen]):]
     after = Subtasks("regular-join", UPSERT, backend, tmp_path / "after", parallelism=1)
     after.restore(handles)
-    feed(after, left, right, chunk=20, start=6)
-    got = pd.concat([before.result(), after.result()], ignore_index=True)
-    assert got["__rid"].nunique() == len(right)  # ids numbered after the restore are new ones
+    feed(after, left.iloc[120:], right.iloc[120:], chunk=30)  # the replay, in other batches
+    replay = after.result()
+    # a replayed row has the id it had in the failed attempt: its pairs replace the attempt's
+    assert set(replay["__rid"]) == set(first_attempt["__rid"])
+    got = pd.concat([before.result(), replay], ignore_index=True)  # as a result view keeps them
+    assert got["__rid"].nunique() == len(right)  # one id per row, each copy its own
     expected = applied(left, ["k"]).merge(right, on="k")
-    pd.testing.assert_frame_equal(canon(applied(got, ["k", "__rid"]), ["rid"]), canon(expected, ["rid"]))
+    pd.testing.assert_frame_equal(canon(applied(got, ["k", "__rid"]), ["rid", "total"]),
+                                  canon(expected, ["rid", "total"]))
 
 
 def test_an_upsert_key_outside_the_join_key_is_refused(tmp_path):
