@@ -80,8 +80,10 @@ def test_quickstart_runs_and_its_dashboard_moves(jupyterlab):
     running = [s for s in samples if s["state"] == "RUNNING"]
     assert running, f"the dashboard never showed the job RUNNING: {samples[:3]} ... {samples[-3:]}"
     assert max(s["busySlots"] for s in running) >= 1, "no busy slot shown while the job ran"
-    counts = sorted({s["rows"] for s in running if s["rows"] > 0})
-    assert len(counts) >= 3, f"the row count did not grow while the job ran: {counts}"
+    # two counts between none and all: it grew while the job ran (a loaded CI machine samples the
+    # page only every second or two, and the job's rows take about ten)
+    counts = sorted({s["rows"] for s in running if 0 < s["rows"] < 9000})
+    assert len(counts) >= 2, f"the row count did not grow while the job ran: {counts}"
     assert max(s["tableRows"] for s in running) >= 5, "the result table did not fill while the job ran"
     final = samples[-1]
     assert (final["state"], final["rows"], final["sourceRows"]) == ("FINISHED", 9000, 10000), final
