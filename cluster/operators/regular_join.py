@@ -25,7 +25,7 @@ import pandas as pd
 import pyarrow as pa
 
 from cluster.common import clock
-from cluster.operators.join_state import Chunks, concat
+from cluster.operators.join_state import Chunks, by_key_group, concat
 from cluster.operators.joins import LEFT, RIGHT, SIDES, JoinOperator
 from cluster.operators.timers import PROCESSING_TIME
 
@@ -57,49 +57,53 @@ class RegularJoin(JoinOperator, kind="regular-join"):
                                  "rows its old version met")
 
     def process_side(self, side: int, table: pa.Table) -> list[pa.Table]:
+        groups = self._key_groups(side, table) if table.num_rows else np.empty(0, np.int64)  # of each row
         if self.row_ids[side] is not None:
-            table = self._numbered(side, table)
+            table = self._numbered(side, table, groups)
         self._read(side, table)  # learns the schema and the newest event time, if the side has one
         if table.num_rows == 0:
             return []
         table = table.replace_schema_metadata(None)
         if self.upsert_keys[side] is not None:
-            table = self._latest(side, table)
-        parts = self._by_key_group(side, table)
+            table, groups = self._latest(side, table, groups)
+        parts = by_key_group(groups)
         out = self._match(side, table, [group for group, _ in parts])
-        (self._keep if self.upsert_keys[side] is None else self._upsert)(side, table, parts)
+        if self.upsert_keys[side] is None:
+            self._keep(side, table, parts)
+        else:
+            self._upsert(side, table, groups, [group for group, _ in parts])
         return out
 
-    def _numbered(self, side: int, table: pa.Table) -> pa.Table:
-        """The rows with an id: the hash of a row's content and of the number of rows of that
-        content its key group had before it (kept in keyed state, so a restore keeps counting)."""
+    def _numbered(self, side: int, table: pa.Table, groups: np.ndarray) -> pa.Table:
+        """The rows (of key groups ``groups``) with an id: the hash of a row's content and of the
+        number of rows of that content its key group had before it (kept in keyed state, so a
+        restore keeps counting)."""
         if table.num_rows == 0:
             return table.append_column(self.row_ids[side], pa.array([], pa.int64()))
-        content = pd.Series(pd.util.hash_pandas_object(table.to_pandas(), index=False).to_numpy().view(np.int64))
-        groups = self._key_groups(side, table)
+        content = pd.util.hash_pandas_object(table.to_pandas(), index=False).to_numpy().view(np.int64)
         frame = pd.DataFrame({"group": groups, "content": content})
         frame["before"] = frame.groupby(["group", "content"], sort=False).cumcount()
         seen = frame.drop_duplicates(["group", "content"], keep="last")
+        seen_groups, seen_contents = seen["group"].tolist(), seen["content"].tolist()
         state = f"{SIDES[side]}-row-counts"
-        counts = self.backend.get_many(state, seen["group"].tolist(), seen["content"].tolist())
-        had = dict(zip(zip(seen["group"].tolist(), seen["content"].tolist()), [c or 0 for c in counts]))
+        had = dict(zip(zip(seen_groups, seen_contents),
+                       [c or 0 for c in self.backend.get_many(state, seen_groups, seen_contents)]))
         frame["before"] += [had[key] for key in zip(frame["group"].tolist(), frame["content"].tolist())]
-        self.backend.put_many(state, seen["group"].tolist(), seen["content"].tolist(),
-                              (frame.loc[seen.index, "before"] + 1).tolist())
+        self.backend.put_many(state, seen_groups, seen_contents, (frame.loc[seen.index, "before"] + 1).tolist())
         occurrence = pd.util.hash_pandas_object(frame[["content", "before"]], index=False).to_numpy().view(np.int64)
         return table.append_column(self.row_ids[side], pa.array(occurrence, pa.int64()))
 
-    def _latest(self, side: int, table: pa.Table) -> pa.Table:
-        """A batch's last row per upsert key: the versions before it are replaced at once."""
+    def _latest(self, side: int, table: pa.Table, groups: np.ndarray) -> tuple[pa.Table, np.ndarray]:
+        """A batch's last row per upsert key, and its key group: the versions before it are replaced at once."""
         keys = table.select(self.upsert_keys[side]).to_pandas()
         last = ~keys.duplicated(keep="last").to_numpy()
-        return table if last.all() else table.filter(pa.array(last))
+        return (table, groups) if last.all() else (table.filter(pa.array(last)), groups[last])
 
-    def _upsert(self, side: int, table: pa.Table, parts: list) -> None:
-        """The batch's rows replace the kept rows of their upsert keys: one chunk per key group."""
-        groups = [group for group, _ in parts]
+    def _upsert(self, side: int, table: pa.Table, row_groups: np.ndarray, groups: list[int]) -> None:
+        """The batch's rows (of key groups ``row_groups``) replace the kept rows of their upsert keys
+        in ``groups``: one chunk per key group."""
         arrived = np.full(table.num_rows, clock.now_ms(), dtype=np.int64)
-        row_groups, ts, rows = self._key_groups(side, table), arrived, table
+        ts, rows = arrived, table
         kept = self.rows[side].read(groups)
         if kept:
             old_groups, old_ts, old = concat(kept)
@@ -113,6 +117,10 @@ class RegularJoin(JoinOperator, kind="regular-join"):
             rows = pa.concat_tables([old.filter(pa.array(stays)), table], promote_options="default")
         times = self._replace(self.rows[side], groups, (row_groups, ts, rows),
                               (lambda t: int(t.min()) + self.ttl) if self.ttl else (lambda t: None))
+        self._forget_at(side, groups, times)
+
+    def _forget_at(self, side: int, groups: list[int], times: list[Optional[int]]) -> None:
+        """A processing-time timer per key group at which the TTL forgets its rows (None: none)."""
         due = [(group, time) for group, time in zip(groups, times) if time is not None]
         if due:
             self.timers.register_many(PROCESSING_TIME, [g for g, _ in due], [side] * len(due), [t for _, t in due],
@@ -132,9 +140,7 @@ class RegularJoin(JoinOperator, kind="regular-join"):
         groups = [group for group, _ in parts]
         self.rows[side].add(groups, self._chunk_numbers(len(groups)),
                             [(arrived[rows], table.take(rows)) for _, rows in parts], [expiry] * len(groups))
-        if expiry is not None:
-            self.timers.register_many(PROCESSING_TIME, groups, [side] * len(groups), [expiry] * len(groups),
-                                      [None] * len(groups))
+        self._forget_at(side, groups, [expiry] * len(groups))
 
     def process_watermark(self, watermark: int) -> tuple[list[pa.Table], Optional[int]]:
         # no row is late to a join without a time bound: the watermark only passes on
