@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import pyarrow as pa
 
@@ -125,10 +125,8 @@ UPDATING = frozenset({"keyed-count", "keyed-aggregate", "keyed-reduce", "keyed-c
 def updates(stream: DataStream) -> bool:
     """Whether the stream's rows update earlier rows of their key: the nearest stateful operator
     above it (through per-row steps) keeps a running row or the latest row per key. A window's
-    rows, a join's and a first-to-arrive deduplication's are each final."""
-    nodes = {n.uid: n for n in stream.env._nodes}
-    node = stream.node
-    while node is not None:
+    rows, a join's of append streams and a first-to-arrive deduplication's are each final."""
+    for node in _steps_above(stream):
         kind = node.spec.kind
         if kind in UPDATING:
             return True
@@ -136,25 +134,26 @@ def updates(stream: DataStream) -> bool:
             return any(node.spec.params.get("upsert_keys") or ())
         if kind == "keyed-deduplicate":
             return bool(node.spec.params.get("order") or node.spec.params.get("keep_latest"))
-        if KINDS[kind].stateful or len(node.inputs) != 1:
-            return False
-        node = nodes.get(node.inputs[0].source)
     return False
 
 
 def upsert_key(stream: DataStream) -> list[str]:
     """The columns an updating stream's rows are keyed by: the nearest upsert step's above it,
     through per-row steps (a hidden one where the query that made it does not select its key)."""
+    keys = (upsert_key_of(node.spec.kind, node.spec.params) for node in _steps_above(stream))
+    return next((key for key in keys if key is not None), [])
+
+
+def _steps_above(stream: DataStream) -> Iterator:
+    """The stream's operator, then those above it through per-row steps, up to the first stateful
+    or many-input one (included)."""
     nodes = {n.uid: n for n in stream.env._nodes}
     node = stream.node
     while node is not None:
-        key = upsert_key_of(node.spec.kind, node.spec.params)
-        if key is not None:
-            return key
+        yield node
         if KINDS[node.spec.kind].stateful or len(node.inputs) != 1:
-            break
+            return
         node = nodes.get(node.inputs[0].source)
-    return []
 
 
 def _input_schema(stream: DataStream) -> Optional[pa.Schema]:

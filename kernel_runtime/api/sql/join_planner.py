@@ -28,14 +28,13 @@ from typing import Callable, Optional, Sequence
 
 from cluster.graph.schema import quoted
 
-from kernel_runtime.api.sql.join_updates import keyed_final, upsert_positions, upserting_fields
+from kernel_runtime.api.sql.join_updates import SIDES, keyed_final, upsert_positions, upserting_fields
 from kernel_runtime.api.sql.join_windows import check_windows_read_event_time, computes_window, rows_per_batch, \
     side_rows, window_end_keys
 from kernel_runtime.api.sql.plan import Column, Expr, Node, WindowCall
 from kernel_runtime.api.sql.planner import ContinuousAggregate, UnsupportedQuery, _aggregate, _from_item, \
     _is_window, _per_batch, _refusal, _replace, quoted_if_needed
 
-SIDES = ("l", "r")
 HOW = {"INNER": "inner", "LEFT OUTER": "left", "RIGHT OUTER": "right", "FULL OUTER": "full"}
 # times a bound's constant is measured at: a function of the time (date_trunc, a month's interval)
 # gives different ones, and is no bound
@@ -248,7 +247,7 @@ def _plan(query: str, root: Node, rowtimes: dict[str, Optional[str]], offset: Of
     if interval and (low[0] > high[0] or (low[0] == high[0] and (low[1] or high[1]))):
         raise UnsupportedQuery(query, join, f"the join's time bound is empty: the right time less the left from "
                                f"{low[0] / 1000:g} ms to {high[0] / 1000:g} ms")
-    if any(u is not None for u in updating):
+    if any_updating := any(u is not None for u in updating):
         upsert_at = upsert_positions(query, join, views, updating, plain, interval or how != "inner")
     project = next((n for n in above if n.kind == "Project"), None)
     read = {a for e in (project.expressions if project is not None else ()) + tuple(residual) for a in _attributes(e)}
@@ -284,7 +283,7 @@ def _plan(query: str, root: Node, rowtimes: dict[str, Optional[str]], offset: Of
         left_time = times[0] if interval and not kept[1] and not windowing[0] else None
         final, rowtime = _final(project, join, renamed, left_time)
     upserting: dict = {}
-    if any(u is not None for u in updating):
+    if any_updating:
         upserting = upserting_fields(keys, upsert_at)
         final, upserting["result_key"] = keyed_final(final, upserting.pop("pairs"), after_join)
         upserting["deletes"] = bool(after_join)

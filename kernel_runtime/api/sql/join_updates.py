@@ -19,7 +19,7 @@ from cluster.graph.schema import quoted
 from kernel_runtime.api.sql.plan import Node
 from kernel_runtime.api.sql.planner import UnsupportedQuery
 
-SIDES = ("l", "r")
+SIDES = ("l", "r")  # the sides' prefixes in the names of the join's columns (__sql_l0, __sql_rk0)
 
 
 def upsert_positions(query: str, join: Node, views: Sequence[str], updating: Sequence[Optional[list[str]]],
