@@ -15,6 +15,7 @@ the first one's traffic. Each process makes fresh ids, so a restart never needs 
 """
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import logging
@@ -36,6 +37,11 @@ from cluster.protocol.sockets import bind_socket, connect_socket, inproc_pair, m
 
 log = logging.getLogger(__name__)
 R = TypeVar("R", bound=Message)
+
+# A loop step this long, or a timer this late, is logged: heartbeats wait behind it, and a peer's
+# heartbeat.timeout may judge this process lost though it lives. The log tells which it was: one
+# step that took the time, or a process that got no CPU (or no GIL) at all.
+STALL_WARN_S = 1.0
 
 
 class RpcError(Exception):
@@ -193,6 +199,7 @@ class RpcEndpoint:
             entry[4] = False
 
     def call_every(self, interval: float, fn: Callable) -> None:
+        @functools.wraps(fn)  # a late or slow tick is logged by the name of what it runs
         def tick():
             try:
                 fn()
@@ -255,8 +262,11 @@ class RpcEndpoint:
     def _run_due_timers(self) -> None:
         now = time.monotonic()
         while self._timers and self._timers[0][0] <= now:
-            _, _, fn, args, live = heapq.heappop(self._timers)
+            due, _, fn, args, live = heapq.heappop(self._timers)
             if live:
+                late = time.monotonic() - due
+                if late > STALL_WARN_S:
+                    log.warning("%s: a timer (%s) ran %.0f ms late", self.name, _name(fn), late * 1000)
                 self._guard(fn, *args)
 
     def _next_timer_ms(self) -> int:
@@ -273,10 +283,18 @@ class RpcEndpoint:
             self._guard(fn, *args)
 
     def _guard(self, fn, *args) -> None:
+        started = time.monotonic()
         try:
             fn(*args)
         except Exception:
-            log.exception("%s: error in %s", self.name, getattr(fn, "__qualname__", fn))
+            log.exception("%s: error in %s", self.name, _name(fn))
+        self._took(_name(fn), started)
+
+    def _took(self, step: str, started: float) -> None:
+        took = time.monotonic() - started
+        if took > STALL_WARN_S:
+            log.warning("%s: %s took %.0f ms on the loop thread; timers and messages waited", self.name,
+                        step, took * 1000)
 
     def _drain(self, sock: zmq.Socket) -> None:
         # Bounded so one busy socket cannot starve timers and the others.
@@ -302,6 +320,7 @@ class RpcEndpoint:
             if cid is not None:
                 self.send(peer, ErrorResponse(f"{self.name} does not handle {msg.op}"), cid)
             return
+        started = time.monotonic()
         try:
             reply = handler(msg, peer)
         except RpcError as exc:
@@ -309,10 +328,15 @@ class RpcEndpoint:
         except Exception as exc:
             log.error("%s: handler for %s failed:\n%s", self.name, msg.op, traceback.format_exc())
             reply = ErrorResponse(f"internal error handling {msg.op}: {exc}")
+        self._took(msg.op, started)
         if isinstance(reply, DeferredReply):
             reply._bind(self, peer, cid)
         elif reply is not None and cid is not None:
             self.send(peer, reply, cid)
+
+
+def _name(fn: Callable) -> str:
+    return getattr(fn, "__qualname__", repr(fn))
 
 
 class RpcClient:

@@ -91,3 +91,30 @@ def test_a_message_that_came_during_a_long_step_is_handled_before_a_due_timer_ju
     finally:
         sender.stop()
     assert judged == {"heard": True}
+
+
+def test_a_long_step_and_the_late_timers_behind_it_are_logged_by_name(endpoint, caplog, monkeypatch):
+    """A TaskManager judged lost though it lived: its log must say whether one step held its loop
+    (which one) or the process got no CPU, so a heartbeat timeout can be told from a death."""
+    import logging
+    import time
+
+    from cluster.protocol import endpoint as module
+    monkeypatch.setattr(module, "STALL_WARN_S", 0.05)
+    ticked = threading.Event()
+
+    def heartbeat():
+        ticked.set()
+
+    def deploy_many_tasks():
+        endpoint.call_later(0, heartbeat)  # due at once, run only after this step
+        time.sleep(2 * module.STALL_WARN_S)  # a step that holds the loop past STALL_WARN_S
+
+    with caplog.at_level(logging.WARNING, logger=module.__name__):
+        endpoint.call_soon(deploy_many_tasks)
+        assert ticked.wait(10)
+        endpoint.call(lambda: None)  # the warnings are written before the next step
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("deploy_many_tasks took" in m and "on the loop thread" in m for m in messages), messages
+    assert any("a timer (test_a_long_step_and_the_late_timers_behind_it_are_logged_by_name.<locals>.heartbeat) "
+               "ran" in m and "ms late" in m for m in messages), messages
