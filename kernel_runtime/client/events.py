@@ -29,7 +29,8 @@ import zmq
 from cluster.protocol.states import JobState
 from cluster.protocol import messages as m
 from cluster.protocol.curve import cluster_codec
-from cluster.protocol.endpoint import RpcClient, RpcError
+from cluster.protocol.endpoint import RpcError
+from cluster.protocol.rpc_client import RpcClient
 from cluster.protocol.sockets import inproc_pair, make_socket, subscribe_to
 
 from kernel_runtime.client.leader import LeaderWatch

@@ -15,7 +15,8 @@ from typing import Callable, ClassVar, Optional
 from cluster.graph.job_graph import MAX_SIZE_KEY, JobGraph
 from cluster.protocol import messages as m
 from cluster.protocol.curve import cluster_codec
-from cluster.protocol.endpoint import R, RpcClient, RpcError
+from cluster.protocol.endpoint import R, RpcError
+from cluster.protocol.rpc_client import RpcClient
 from cluster.protocol.sockets import local_address_towards
 
 from kernel_runtime.client.cluster_info import ClusterInfo

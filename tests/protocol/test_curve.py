@@ -13,7 +13,8 @@ from cluster.conf import Configuration
 from cluster.protocol import messages as m
 from cluster.protocol.codec import Codec
 from cluster.protocol.curve import CurveKeys, cluster_codec
-from cluster.protocol.endpoint import RpcClient, RpcEndpoint
+from cluster.protocol.endpoint import RpcEndpoint
+from cluster.protocol.rpc_client import RpcClient
 
 SECRET = b"c" * 32
 OTHER = b"o" * 32
