@@ -74,7 +74,10 @@ def spark_conf(config: TaskConfig) -> dict[str, str]:
         # concurrent threads took CPU from the batches (5M rows of the stateless .sql benchmark:
         # a fresh JVM's first job 1.0-1.1 M rows/s with G1, 1.3-1.5 M with this; later jobs 2.15 M
         # and 2.2-2.3 M). A user's own spark.driver.extraJavaOptions (taskmanager.spark.conf) wins.
-        "spark.driver.extraJavaOptions": "-XX:+UseParallelGC",
+        # An OutOfMemoryError ends the JVM, which the TaskManager sees (SparkRunner._watch): thrown
+        # in one of Spark's scheduler threads, it had killed that thread only, and the job waited
+        # forever for tasks that thread would have started.
+        "spark.driver.extraJavaOptions": "-XX:+UseParallelGC -XX:+ExitOnOutOfMemoryError",
     }
     if config.spark_local:
         # A task's result up to this size goes to the driver in the task's own status message, not
@@ -126,6 +129,36 @@ def write_start_seconds(config: TaskConfig, seconds: float) -> None:
         log.warning("could not keep the SparkSession's start time in %s: %s", path, exc)
 
 
+# The JVM's exit codes for running out of heap: ExitOnOutOfMemoryError's, and Spark's own
+# (SparkExitCode.OOM: an executor's uncaught OutOfMemoryError, local mode's executor being the driver)
+OUT_OF_MEMORY_EXIT_CODES = (3, 52)
+# How long a task whose call into the JVM broke off waits for the watch to see the JVM's end (the
+# socket closes as the process exits: the watch learns of it within milliseconds)
+LOST_JVM_WAIT_S = 2.0
+
+
+def jvm_exit_reason(code: int, driver_memory: str) -> str:
+    if code in OUT_OF_MEMORY_EXIT_CODES:
+        return (f"the TaskManager's Spark JVM ran out of memory (exit code {code}): raise "
+                f"taskmanager.spark.driver-memory ({driver_memory}), or give it smaller batches")
+    return f"the TaskManager's Spark JVM exited with code {code}; its output is in the TaskManager's .out file"
+
+
+def lost_jvm_behind(exc: BaseException) -> Optional[str]:
+    """Why the TaskManager's Spark JVM ended, if ``exc`` (a task's failure) is a call into it that
+    broke off because it did: the task's failure should say so, not that a socket was refused."""
+    from py4j.protocol import Py4JJavaError, Py4JNetworkError
+    runner = SparkRunner.running()
+    if runner is None or runner.session is None:
+        return None
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, (Py4JNetworkError, ConnectionError, EOFError)) and not isinstance(seen, Py4JJavaError):
+            return runner.lost_reason(LOST_JVM_WAIT_S)
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 class SparkRunner:
     """The TaskManager's SparkSession: started once, shared by every slot."""
 
@@ -141,6 +174,9 @@ class SparkRunner:
     # Called with the new phase when the session's phase changes, on the thread that starts it:
     # the TaskManager tells the ResourceManager at once, which prefers its slots as it gets ready
     on_phase: Optional[Callable[[str], None]] = None
+    # Called with what happened when the session's JVM ends while the TaskManager runs, on the
+    # thread that watches it: the TaskManager cannot go on without it (TaskExecutor.fatal_error)
+    on_lost: Optional[Callable[[str], None]] = None
 
     def __init__(self, config: TaskConfig, conf: Optional[dict[str, str]] = None):
         self.config = config
@@ -160,6 +196,9 @@ class SparkRunner:
         self.local_batches: Optional[LocalBatches] = None  # small batches without a Spark job, if it works
         self.batch_jobs: Optional[BatchJobs] = None  # a batch of a kept plan as a job in one call, if it works
         self.fast_paths: frozenset[str] = frozenset()  # catalyst.FAST_PATHS that work here (the start's probe)
+        self.lost: Optional[str] = None  # why the session's JVM ended, if it did while in use
+        self._lost = threading.Event()
+        self._stopping = False
         self._thread = threading.Thread(target=self._start, name="spark-start", daemon=True)
 
     @classmethod
@@ -221,6 +260,7 @@ class SparkRunner:
             self.local_batches = local_batches if catalyst.LOCAL_BATCH in self.fast_paths else None
             self.batch_jobs = batch_jobs if catalyst.BATCH_JOB in self.fast_paths else None
             self.session = session
+            self._watch(session)
             # What Python holds by now (pyspark, py4j, pandas: some 100k objects) lives as long as the
             # TaskManager: out of the collector's sight, a full collection, which stops every task
             # of the process, took 50-110 ms here with them and next to nothing without
@@ -279,6 +319,32 @@ class SparkRunner:
             raise RuntimeError("the TaskManager's SparkSession is marked ready but was never set")
         return self.session.newSession()
 
+    def _watch(self, session) -> None:
+        """A thread that waits for the session's JVM to end: it does only if it failed (an
+        OutOfMemoryError, with ExitOnOutOfMemoryError; a crash; a kill), and then every task that
+        needs Spark here fails, so the TaskManager must start again with a new one."""
+        proc = getattr(session.sparkContext._gateway, "proc", None)  # PySpark's spark-submit, exec'd into java
+        if proc is None:
+            return  # a JVM PySpark did not start (PYSPARK_GATEWAY_PORT): not ours to watch
+
+        def wait() -> None:
+            code = proc.wait()
+            if self._stopping:
+                return
+            self.lost = jvm_exit_reason(code, self.config.spark_driver_memory)
+            self._lost.set()
+            log.critical("%s", self.lost)
+            if SparkRunner.on_lost is not None:
+                SparkRunner.on_lost(self.lost)
+        threading.Thread(target=wait, name="spark-jvm-watch", daemon=True).start()
+
+    def lost_reason(self, wait_s: float) -> Optional[str]:
+        """Why the JVM ended, waiting up to ``wait_s`` for its end to be seen: a task whose call
+        into the JVM broke off asks, since the watch may learn of the exit a moment after it."""
+        self._lost.wait(wait_s)
+        return self.lost
+
     def stop(self) -> None:
+        self._stopping = True
         if self.session is not None:
             self.session.stop()

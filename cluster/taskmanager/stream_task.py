@@ -46,6 +46,7 @@ from cluster.protocol.latency import oldest_of
 from cluster.protocol.metrics import (CURRENT_INPUT_WATERMARK, CURRENT_OUTPUT_WATERMARK, INPUT_WATERMARKS,
                                      EVENT_TIME_LAG, KEY_GROUP_ROWS_OUT, LATENCY, OUTPUT_IDLE)
 from cluster.protocol.serde import ipc_to_table
+from cluster.spark.runner import lost_jvm_behind
 from cluster.taskmanager.network import WAIT_SLICE, ChannelSender, InputGate, NetworkEnvironment
 from cluster.taskmanager.operator_chain import OperatorChain
 from cluster.taskmanager.subtask_checkpoint_coordinator import SubtaskCheckpointCoordinator
@@ -90,6 +91,10 @@ class StreamTask:
         self._gate: Optional[InputGate] = None  # every channel of every input edge
         self._producer_address: dict[str, str] = {}
         self._sides: dict[str, int] = {}            # channel -> input side, for a two-input head (joins)
+        # the figures as last sampled (sample_metrics): the TaskManager's loop reads these for its
+        # heartbeats, and those of a state change for its report, and never waits for a JVM
+        self._sampling_failed = False
+        self.last_metrics = self.reported_metrics = self.metrics_snapshot()  # no chain yet: no JVM
 
     # ------------------------------------------------------------------ the TaskManager's loop thread
     def start(self) -> None:
@@ -127,8 +132,21 @@ class StreamTask:
     def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
         self._control.put(("aborted", checkpoint_id))
 
+    def sample_metrics(self) -> dict:
+        """Any thread but the TaskManager's loop (the metrics thread, and the task's own as it
+        reports a state): a Spark chain's figures ask its JVM, which may be busy collecting its
+        heap, or gone. What cannot be read keeps its last value."""
+        try:
+            self.last_metrics = self.metrics_snapshot()
+        except Exception as exc:
+            if not self._sampling_failed:
+                log.warning("%s: its metrics could not be read (%s: %s); they keep their last values",
+                            self.name, type(exc).__name__, exc)
+            self._sampling_failed = True
+        return self.last_metrics
+
     def metrics_snapshot(self) -> dict:
-        """Any thread (the TaskManager's loop, for heartbeats and state reports)."""
+        """Any thread but the TaskManager's loop: see ``sample_metrics``."""
         chain = self._chain
         operator_metrics = {} if chain is None else chain.operator_metrics()
         clock = None if chain is None else chain.time
@@ -155,6 +173,7 @@ class StreamTask:
     def _set_state(self, state: ExecutionState, error: Optional[str] = None) -> None:
         self.metrics.publish()  # the report carries the task's counters as of now
         self.state = state
+        self.reported_metrics = self.sample_metrics()
         self.report(self, state, error)
 
     def _run(self) -> None:
@@ -211,6 +230,9 @@ class StreamTask:
         # the TaskManager's log keeps every frame; the job's failure shows the user's only
         log.info("%s failed", self.name, exc_info=exc)
         try:
+            lost = lost_jvm_behind(exc)
+            if lost is not None:
+                return f"{lost}\n(the task's call into it broke off: {type(exc).__name__}: {exc})"
             return failures.describe(exc, self.tdd.cells)
         except Exception:  # a failure must be reported even if describing it fails
             log.exception("%s: describing its failure failed", self.name)

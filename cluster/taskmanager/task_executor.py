@@ -113,6 +113,8 @@ class TaskExecutor:
         # a heartbeat at once when its SparkSession queues, starts or is ready: the ResourceManager
         # gives slots to the TaskManagers furthest along (slot_manager.SPARK_ORDER)
         SparkRunner.on_phase = lambda phase: self.endpoint.call_soon(self._heartbeat)
+        # a JVM that ended leaves every Spark task here failing: start again, with a new one
+        SparkRunner.on_lost = lambda reason: self.endpoint.call_soon(self.fatal_error, reason)
         if self.conf.get(SparkOptions.STARTUP) == "eager":
             SparkRunner.get(self.spark_config)  # starts in the background
 
@@ -153,6 +155,8 @@ class TaskExecutor:
             # the heartbeat carries the task metrics, so it goes at least as often as they are due
             interval_ms = min(msg.heartbeat_interval_ms, self.conf.get(MetricOptions.METRIC_FETCHER_UPDATE_INTERVAL))
             self.endpoint.call_every(interval_ms / 1000, self._heartbeat)
+            threading.Thread(target=self._sample_metrics, args=(interval_ms / 1000,), name="metrics",
+                             daemon=True).start()
             self.endpoint.call_every(min(1.0, self.heartbeat_timeout_s / 4), self._check_job_manager)
 
     def registration_rejected(self, msg: m.RegistrationRejected, peer: Peer) -> None:
@@ -202,7 +206,19 @@ class TaskExecutor:
     def _heartbeat(self) -> None:
         if self.registered:
             self.jobmanager.heartbeat_from_task_manager(
-                self.task_manager_id, [t.metrics_snapshot() for t in self.tasks.values()], SparkRunner.phase_now())
+                self.task_manager_id, [t.last_metrics for t in self.tasks.values()], SparkRunner.phase_now())
+
+    def _sample_metrics(self, interval_s: float) -> None:
+        """The metrics thread: each task's figures, for the heartbeats. Not on the loop: a Spark
+        chain's figures ask its JVM, and a JVM busy collecting its heap, or gone, held the loop
+        and so the heartbeats (the ResourceManager judged a live TaskManager lost)."""
+        while not self.stopped.wait(interval_s):
+            try:
+                tasks = self.endpoint.call(lambda: list(self.tasks.values()))
+            except Exception:  # the loop stopping, or too busy to answer now: the next round asks again
+                continue
+            for task in tasks:
+                task.sample_metrics()
 
     # ------------------------------------------------------------------ slots and tasks
     def _run(self, instructions: list, deployment: Optional[TaskDeploymentDescriptor] = None) -> None:
@@ -223,7 +239,7 @@ class TaskExecutor:
                 self.tasks.pop(i.execution_id, None)
             elif isinstance(i, ReportTaskState):
                 reporting = self.tasks.get(i.execution_id)
-                metrics = reporting.metrics_snapshot() if reporting is not None else {}
+                metrics = reporting.reported_metrics if reporting is not None else {}
                 if i.state == ExecutionState.FAILED:
                     log.warning("task %s failed:\n%s", reporting.name if reporting else i.execution_id, i.error)
                 self.jobmanager.update_task_execution_state(i.job_id, i.execution_id, i.state, i.error, metrics)

@@ -37,15 +37,20 @@ def network():
     env.stop()
 
 
-def run_task(network, job_config: dict) -> tuple[str, str, list]:
-    """Run a generator -> print-sink task to its end: (final state, error, other events)."""
-    tdd = TaskDeploymentDescriptor(
+def generator_to_print(job_config: dict) -> TaskDeploymentDescriptor:
+    """A task of ten generated rows into a print sink."""
+    return TaskDeploymentDescriptor(
         job_id="job", job_name="test", attempt=0, execution_id="e1", allocation_id="a1",
         vertex={"id": "v", "name": "v", "parallelism": 1, "max_parallelism": 128, "operators": [
             {"uid": "src", "kind": "generator-source", "name": "gen", "call_site": "t.py:1",
              "params": {"count": 10, "batch_size": 5}, "udf": None},
             {"uid": "out", "kind": "print-sink", "name": "print", "call_site": "t.py:2", "params": {}, "udf": None}]},
         subtask=0, inputs=[], outputs=[], job_config=job_config)
+
+
+def run_task(network, job_config: dict) -> tuple[str, str, list]:
+    """Run a generator -> print-sink task to its end: (final state, error, other events)."""
+    tdd = generator_to_print(job_config)
     events: queue.Queue = queue.Queue()
     with ThreadPoolExecutor(1) as executor:
         task = StreamTask(tdd, network, lambda t, state, error: events.put((state, error)), Responder(events), executor)
@@ -99,3 +104,29 @@ def test_a_source_reads_only_once_its_consumers_have_opened(network):
         assert states.get(timeout=30) == ExecutionState.RUNNING
         assert states.get(timeout=30) == ExecutionState.FINISHED
         assert task.metrics_snapshot()["records-in"] == 10
+
+
+def test_a_state_report_carries_the_figures_the_task_thread_read_and_a_failed_read_keeps_the_last(network, caplog):
+    """The TaskManager's loop sends what the task read (its heartbeats, its state reports) and never
+    reads a Spark chain's figures itself: a JVM busy collecting, or gone, held its heartbeats."""
+    import logging
+    reported: dict = {}
+
+    def report(task, state, error):
+        reported[state] = task.reported_metrics
+    with ThreadPoolExecutor(1) as executor:
+        task = StreamTask(generator_to_print({}), network, report, Responder(queue.Queue()), executor)
+        task.start()
+        task._thread.join(30)
+    assert reported[ExecutionState.FINISHED]["records-in"] == 10  # as the task thread read them at its end
+    assert reported[ExecutionState.INITIALIZING]["records-in"] == 0
+
+    def broken():
+        raise ConnectionRefusedError(111, "Connection refused")
+    task.metrics_snapshot = broken
+    with caplog.at_level(logging.WARNING):
+        assert task.sample_metrics()["records-in"] == 10
+        assert task.sample_metrics()["records-in"] == 10
+    warned = [r.getMessage() for r in caplog.records if "could not be read" in r.getMessage()]
+    assert warned == ["v (1/1): its metrics could not be read (ConnectionRefusedError: "
+                      "[Errno 111] Connection refused); they keep their last values"]
