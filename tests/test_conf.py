@@ -101,10 +101,13 @@ def test_spark_settings_pass_through_by_sparks_names(tmp_path):
 
 
 def test_the_session_jvm_uses_the_parallel_collector_unless_the_user_says_otherwise():
+    """And it ends at its first OutOfMemoryError (docs/spark.md), unless the user's own options say
+    otherwise after it."""
     from cluster.spark.runner import spark_conf
-    assert spark_conf(TaskConfig.from_dict({}))["spark.driver.extraJavaOptions"] == "-XX:+UseParallelGC"
+    assert spark_conf(TaskConfig.from_dict({}))["spark.driver.extraJavaOptions"] == \
+        "-XX:+ExitOnOutOfMemoryError -XX:+UseParallelGC"
     own = TaskConfig.from_dict({"taskmanager.spark.conf.spark.driver.extraJavaOptions": "-XX:+UseG1GC -Xss4m"})
-    assert spark_conf(own)["spark.driver.extraJavaOptions"] == "-XX:+UseG1GC -Xss4m"
+    assert spark_conf(own)["spark.driver.extraJavaOptions"] == "-XX:+ExitOnOutOfMemoryError -XX:+UseG1GC -Xss4m"
 
 
 @pytest.mark.parametrize("values,expected", [

@@ -24,7 +24,7 @@ import pyarrow as pa
 from cluster.conf import TaskConfig
 from cluster.operators.base import TaskCancelled
 from cluster.spark import catalyst
-from cluster.spark.class_data import driver_conf
+from cluster.spark.class_data import JAVA_OPTIONS, driver_conf
 from cluster.spark.helpers import cache_root
 from cluster.spark.local import LocalBatches
 from cluster.spark.memory import BatchMemory, budget_of_heap
@@ -51,6 +51,9 @@ def driver_host(config: TaskConfig) -> str:
     return "127.0.0.1" if config.spark_local else config.host
 
 
+EXIT_ON_OOM = "-XX:+ExitOnOutOfMemoryError"
+
+
 def spark_conf(config: TaskConfig) -> dict[str, str]:
     conf = {
         "spark.master": config.spark_master,
@@ -74,10 +77,7 @@ def spark_conf(config: TaskConfig) -> dict[str, str]:
         # concurrent threads took CPU from the batches (5M rows of the stateless .sql benchmark:
         # a fresh JVM's first job 1.0-1.1 M rows/s with G1, 1.3-1.5 M with this; later jobs 2.15 M
         # and 2.2-2.3 M). A user's own spark.driver.extraJavaOptions (taskmanager.spark.conf) wins.
-        # An OutOfMemoryError ends the JVM, which the TaskManager sees (SparkRunner._watch): thrown
-        # in one of Spark's scheduler threads, it had killed that thread only, and the job waited
-        # forever for tasks that thread would have started.
-        "spark.driver.extraJavaOptions": "-XX:+UseParallelGC -XX:+ExitOnOutOfMemoryError",
+        JAVA_OPTIONS: "-XX:+UseParallelGC",
     }
     if config.spark_local:
         # A task's result up to this size goes to the driver in the task's own status message, not
@@ -92,7 +92,13 @@ def spark_conf(config: TaskConfig) -> dict[str, str]:
                            ("spark.cores.max", config.spark_cores_max)):
             if value:  # 0 or empty: Spark's default
                 conf[key] = str(value)
-    return conf | config.spark_properties
+    conf |= config.spark_properties
+    # An OutOfMemoryError ends the JVM, which the TaskManager sees (SparkRunner._watch): thrown in
+    # one of Spark's scheduler threads, it had killed that thread only, and the job waited forever
+    # for tasks that thread would have started. First, so that a user's own options can turn it off
+    # (-XX:-ExitOnOutOfMemoryError: the JVM takes the last of a flag).
+    conf[JAVA_OPTIONS] = f"{EXIT_ON_OOM} {conf[JAVA_OPTIONS]}"
+    return conf
 
 
 def session_conf(config: TaskConfig) -> dict[str, str]:
