@@ -108,9 +108,6 @@ def step_of(spec: OperatorSpec) -> Step:
     if "partial_aggregate" in spec.params:
         from cluster.operators.keyed import spark_partial_aggregate
         return spark_partial_aggregate(spec.params["key"], spec.params["partial_aggregate"])
-    if "window_partial" in spec.params:
-        from cluster.spark.window_partials import spark_window_partials
-        return spark_window_partials(spec.params["window_partial"])
     if spec.udf is None:
         raise TypeError(f"Spark step '{spec.name}' has neither SQL nor a function")
     return cloudpickle.loads(spec.udf)

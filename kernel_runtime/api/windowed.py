@@ -103,12 +103,14 @@ class WindowedStream:
                 slices = math.gcd(spec["size"], spec["slide"])
                 partial["assigner"] = {"type": "tumbling", "size": slices, "offset": (spec.get("offset") or 0) % slices}
                 params["slices"] = slices
-            if upstream.spec.kind == "spark":
-                source = stream._then("spark", f"{name} (partial)", params={"key": key, "window_partial": partial},
-                                      parallelism=upstream.parallelism)
-            else:
-                source = stream._then("window-partial", f"{name} (partial)", params=partial,
-                                      parallelism=upstream.parallelism)
+            # After a Spark step too, by Arrow in the task: its partials as a step of the Spark plan
+            # (an Aggregate) kept the step's projections and filters from running by Arrow, and
+            # held a window's watermark behind Spark jobs. Measured (bench/windows.py's shapes, 3M
+            # rows): tumbling 1 s after .sql 0.63-1.02M -> 1.75-1.85M rows/s, the highest bid
+            # 1.78-1.92M -> 4.3-5.1M, sliding the same; after SQL that Spark must run, 0.47-0.72M ->
+            # 0.47-0.98M; window results p99 640-1,400 ms -> 280 ms after the window could close.
+            source = stream._then("window-partial", f"{name} (partial)", params=partial,
+                                  parallelism=upstream.parallelism)
             params["pre_aggregated"] = True
         partitioning = (ShipStrategy.HASH, key) if key else (ShipStrategy.REBALANCE, [])
         out = source._then("window", name, fn, params, parallelism, partitioning)

@@ -24,13 +24,14 @@ def vertex_names(env) -> list[str]:
     return [v.name for v in env.get_job_graph().vertices]
 
 
-def test_the_watermark_strategy_is_chained_to_its_source_and_partials_to_spark():
+def test_the_watermark_strategy_is_chained_to_its_source_and_the_partials_after_spark():
     env = StreamEnvironment(parallelism=2)
     (env.from_generator(events, watermark_strategy=strategy())
         .sql("SELECT k, v, ts FROM input")
         .key_by("k").window(TumblingEventTimeWindows.of(Time.seconds(1))).aggregate(total=("v", "sum")).collect())
     assert vertex_names(env) == ["Source: generator -> Timestamps/Watermarks -> sql -> window (partial)",
                                  "window -> collect"]
+    assert [op.kind for op in env.get_job_graph().vertices[0].operators][-2:] == ["spark", "window-partial"]
     window = env.get_job_graph().vertices[1].operators[0]
     assert window.params["upsert_key"] == ["k", "window_start", "window_end"]
     assert window.params["pre_aggregated"] is True and window.params["assigner"] == {

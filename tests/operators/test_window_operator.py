@@ -561,31 +561,3 @@ def test_a_missing_or_non_time_rowtime_column_is_a_clear_error(backend, tmp_path
 def test_a_session_gap_of_zero_is_refused_naming_the_operator(backend, tmp_path):
     with pytest.raises(ValueError, match=r"operator 'windowed' \(test.py:7\): a session window: gap must be"):
         Driven("window", window_params({"type": "session", "gap": 0}), backend, tmp_path)
-
-
-# --------------------------------------------------------------------------- the Spark pre-aggregation
-# (on the test session's SparkSession, tests/conftest.py: a module's own, stopped after the module,
-# stopped the one every later test in the process got from getOrCreate)
-
-
-def test_the_spark_step_makes_the_same_partial_rows_as_pandas(spark, tmp_path):
-    from cluster.spark.window_partials import spark_window_partials
-    (frame, _), = scenario(seed=9, n=600, batch=600)
-    as_ms = frame.assign(ts=frame["ts"].astype("datetime64[ms]").astype("int64"))
-    # a timestamp, then epoch ms; sliding by a slide that does not divide the size, then by one that does (panes)
-    for assigner, rows in (({"type": "sliding", "size": 1000, "slide": 300, "offset": 100}, frame),
-                           ({"type": "tumbling", "size": 500}, as_ms),
-                           ({"type": "sliding", "size": 1000, "slide": 250, "offset": 50}, frame)):
-        spec = {"key": ["k"], "rowtime": "ts", "assigner": assigner, "aggregations": AGGREGATIONS}
-        table = pa.Table.from_pandas(rows, preserve_index=False)
-        got = spark_window_partials(spec)(spark.createDataFrame(rows)).toArrow().to_pandas()
-        pandas_step = Driven("window-partial", spec, "hashmap", tmp_path)
-        want = pandas_step.op.process(table)[0].to_pandas()
-        by = ["k", "window_start"]
-        assert list(got.columns) == list(want.columns)
-        pd.testing.assert_frame_equal(got.sort_values(by).reset_index(drop=True),
-                                      want.sort_values(by).reset_index(drop=True), check_dtype=False)
-        assert got["__latest__"].sum() == len(rows)  # each row is the latest in one window
-        if assigner.get("slide") == 300:  # rows with (ts - offset) % slide < size % slide are in 4 windows, others 3
-            ts = as_ms["ts"].to_numpy()
-            assert got["__rows__"].sum() == 3 * len(rows) + int(((ts - 100) % 300 < 100).sum())

@@ -1,8 +1,7 @@
 """Window pre-aggregation in pandas: partial aggregates per key and window of each batch, computed
 upstream of the exchange (the "window-partial" kind) so that the shuffle carries one row per key,
 window and batch instead of the rows; the window operator merges them into its state
-(params["pre_aggregated"]). The same rows made by a step of a Spark plan are
-cluster.spark.window_partials'.
+(params["pre_aggregated"]). After a Spark step too (kernel_runtime.api.windowed says why).
 
 A partial row: the key, window_start, window_end, the partial columns of the aggregations
 (cluster.operators.keyed.partial_columns), ``__rows__`` (the rows it stands for) and, for the

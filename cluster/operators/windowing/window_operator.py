@@ -16,9 +16,9 @@ Batches are handled whole, not row by row: the watermark does not move within a 
 decision Flink makes per row is the same for the batch's rows; a window that several rows of one
 batch fire again gives one updated row.
 
-Pre-aggregation: upstream of the exchange, ``window-partial`` (pre_aggregation.py, pandas) or a
-Spark step (cluster.spark.window_partials) assign windows and aggregate per key and window; the
-operator merges these partial rows into state (params["pre_aggregated"]).
+Pre-aggregation: upstream of the exchange, ``window-partial`` (pre_aggregation.py, Arrow or
+pandas, after a Spark step too) assigns windows and aggregates per key and window; the operator
+merges these partial rows into state (params["pre_aggregated"]).
 
 Processing time comes from ``clock`` (epoch ms), given to the operator: the wall clock unless the
 task or a test gives another.
