@@ -1,10 +1,9 @@
 """Shared fixtures: one real cluster per test session, checked after every test that used it.
 
 ``cluster`` is 2 TaskManagers x 2 slots on free ports of 127.0.0.1 with fast heartbeats (but a
-patient timeout). After
-each test it must be back to its resting state (every slot free, no job running), as dask's
-``gen_cluster`` validates its state: a test that leaks slots fails, not the next one. When a test
-fails, the tail of every process log is printed.
+patient timeout). After each test it must be back to its resting state (every slot free, no job
+running), as dask's ``gen_cluster`` validates its state: a test that leaks slots fails, not the
+next one. When a test fails, the tail of every process log is printed.
 """
 from __future__ import annotations
 

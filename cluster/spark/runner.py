@@ -153,13 +153,13 @@ def jvm_exit_reason(code: int, driver_memory: str) -> str:
 def lost_jvm_behind(exc: BaseException) -> Optional[str]:
     """Why the TaskManager's Spark JVM ended, if ``exc`` (a task's failure) is a call into it that
     broke off because it did: the task's failure should say so, not that a socket was refused."""
-    from py4j.protocol import Py4JJavaError, Py4JNetworkError
+    from py4j.protocol import Py4JNetworkError  # not a Py4JJavaError (Java's answer): the socket's end
     runner = SparkRunner.running()
     if runner is None or runner.session is None:
         return None
     seen: BaseException | None = exc
     while seen is not None:
-        if isinstance(seen, (Py4JNetworkError, ConnectionError, EOFError)) and not isinstance(seen, Py4JJavaError):
+        if isinstance(seen, (Py4JNetworkError, ConnectionError, EOFError)):
             return runner.lost_reason(LOST_JVM_WAIT_S)
         seen = seen.__cause__ or seen.__context__
     return None
