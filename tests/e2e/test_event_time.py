@@ -185,7 +185,7 @@ def test_session_windows_equal_the_reference(cluster, client):
     pd.testing.assert_frame_equal(sorted_windows(result), expected, check_dtype=False)
 
 
-def test_windows_after_spark_are_pre_aggregated_in_its_plan(cluster, client):
+def test_windows_after_spark_are_pre_aggregated_before_the_exchange(cluster, client):
     env = StreamEnvironment(parallelism=2, cluster=cluster.cluster_dir)
     (env.from_generator(bursts, count=20_000, watermark_strategy=strategy(200))
         .sql("SELECT k, v * 2 AS v, ts FROM input")
