@@ -100,12 +100,13 @@ def test_spark_settings_pass_through_by_sparks_names(tmp_path):
     assert TaskConfig.from_dict(conf.to_dict()).spark_properties == config.spark_properties
 
 
-def test_the_session_jvm_uses_the_parallel_collector_unless_the_user_says_otherwise():
+def test_the_session_jvm_uses_the_parallel_collector_and_a_late_c2_unless_the_user_says_otherwise():
     """And it ends at its first OutOfMemoryError (docs/spark.md), unless the user's own options say
     otherwise after it."""
-    from cluster.spark.runner import spark_conf
+    from cluster.spark.runner import LATE_C2, spark_conf
+    assert "-XX:Tier4InvocationThreshold=50000" in LATE_C2
     assert spark_conf(TaskConfig.from_dict({}))["spark.driver.extraJavaOptions"] == \
-        "-XX:+ExitOnOutOfMemoryError -XX:+UseParallelGC"
+        f"-XX:+ExitOnOutOfMemoryError -XX:+UseParallelGC {LATE_C2}"
     own = TaskConfig.from_dict({"taskmanager.spark.conf.spark.driver.extraJavaOptions": "-XX:+UseG1GC -Xss4m"})
     assert spark_conf(own)["spark.driver.extraJavaOptions"] == "-XX:+ExitOnOutOfMemoryError -XX:+UseG1GC -Xss4m"
 

@@ -58,8 +58,8 @@ class JobManagerGateway:
         self._endpoint.send(self._peer, msg)
 
     def register_task_manager(self, tm_id: str, data_address: str, slots: int, pid: int, hardware: dict,
-                              registration_id: str) -> None:
-        self._send(m.RegisterTaskManager(tm_id, data_address, slots, pid, hardware, registration_id))
+                              registration_id: str, spark: str) -> None:
+        self._send(m.RegisterTaskManager(tm_id, data_address, slots, pid, hardware, registration_id, spark))
 
     def heartbeat_from_task_manager(self, tm_id: str, tasks: list[dict], spark: str) -> None:
         self._send(m.HeartbeatFromTaskManager(tm_id, tasks, spark))

@@ -22,6 +22,9 @@ class RegisterTaskManager(Message, op="register-task-manager"):
     # one per registration round: the retries of a round repeat it; a TaskManager that gave its
     # JobManager up (and cancelled its tasks) registers with a new one
     registration_id: str
+    # its SparkSession's phase as HeartbeatFromTaskManager's: the first job's slots may be asked
+    # for before the first heartbeat comes
+    spark: str
 
 
 @dataclass(frozen=True)

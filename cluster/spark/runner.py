@@ -1,7 +1,7 @@
 """The Spark runner: one SparkSession per TaskManager, started and warmed up in the background.
 
-Spark's start costs 5-15 s here, so the session starts when the TaskManager does (a first query
-warms it), and a task deployed earlier waits for it and says so. Every task gets its own
+Spark's start costs 5-15 s here, so the session starts when the TaskManager does (the fast
+paths' probe warms it), and a task deployed earlier waits for it and says so. Every task gets its own
 ``newSession()`` (its own temp views and SQL conf, one shared JVM). At its start the session's
 fast paths into Spark's internals are probed once (probe.py, catalyst.py): one that does not work
 is off for every chain, with a warning. The settings come from ../shared/notes/spark.md (measured
@@ -17,9 +17,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional
-
-import pyarrow as pa
+from typing import IO, TYPE_CHECKING, Callable, Optional
 
 from cluster.conf import TaskConfig
 from cluster.operators.base import TaskCancelled
@@ -43,6 +41,17 @@ log = logging.getLogger(__name__)
 # outlived the young collections and was promoted, and at 1M rows/s the old generation filled every
 # ~10 s, with full collections of 110-190 ms in the latency's p99. An idle wake-up costs microseconds.
 PY4J_RELEASE_POLL_S = 0.01
+
+# How long a JVM start keeps its turn after the session is ready, when a task waits for it (_end_turn).
+FIRST_BATCHES_S = 2.0
+
+# C2, the JIT's optimising tier, compiles a method once it has run 10x Java's default thresholds:
+# a JVM's start runs Spark's start-up code thousands of times, and C2 compiling it took a third of
+# the JVM's CPU while a notebook's first row waited (ready in 4.3 s instead of 5.2-5.5 s, 6.1 s of
+# CPU instead of 9 s); a batch's code runs millions of times, and got as fast as before (a GROUP BY
+# with string functions over 1M rows: 484-489 ms a batch after warm-up, 520-533 with the defaults).
+LATE_C2 = ("-XX:Tier4InvocationThreshold=50000 -XX:Tier4MinInvocationThreshold=6000 "
+           "-XX:Tier4CompileThreshold=150000 -XX:Tier4BackEdgeThreshold=400000")
 
 
 def driver_host(config: TaskConfig) -> str:
@@ -77,7 +86,7 @@ def spark_conf(config: TaskConfig) -> dict[str, str]:
         # concurrent threads took CPU from the batches (5M rows of the stateless .sql benchmark:
         # a fresh JVM's first job 1.0-1.1 M rows/s with G1, 1.3-1.5 M with this; later jobs 2.15 M
         # and 2.2-2.3 M). A user's own spark.driver.extraJavaOptions (taskmanager.spark.conf) wins.
-        JAVA_OPTIONS: "-XX:+UseParallelGC",
+        JAVA_OPTIONS: f"-XX:+UseParallelGC {LATE_C2}",
     }
     if config.spark_local:
         # A task's result up to this size goes to the driver in the task's own status message, not
@@ -171,7 +180,7 @@ class SparkRunner:
     _instance: Optional["SparkRunner"] = None
     _lock = threading.Lock()
     # The cluster's directory, set by the TaskManager: the TaskManagers of one machine start
-    # their JVMs a few at a time (see _start_slot). None: no coordination.
+    # their JVMs a few at a time (see _wait_for_turn). None: no coordination.
     lock_dir: Optional[Path] = None
     # The TaskManager's own configuration, set by it: the session is the TaskManager's, so its
     # master and driver address are its own even when a job's task starts the session (lazy
@@ -191,7 +200,7 @@ class SparkRunner:
         self.error: Optional[str] = None
         self.session: Optional[SparkSession] = None
         self.started_at = time.monotonic()
-        # queued (until its turn to start a JVM: _start_slot), starting, ready or failed. Written
+        # queued (until its turn to start a JVM: _wait_for_turn), starting, ready or failed. Written
         # by the starting thread, read by any (a str: one reference swapped)
         self.phase = "queued"
         self.startup_seconds: Optional[float] = None
@@ -206,6 +215,8 @@ class SparkRunner:
         self._lost = threading.Event()
         self._stopping = False
         self._thread = threading.Thread(target=self._start, name="spark-start", daemon=True)
+        self._turn: Optional[IO] = None  # its turn to start a JVM (_try_turn), if start() got it at once
+        self.task_waited = False  # whether a task waited for the start (set by task threads)
 
     @classmethod
     def get(cls, config: TaskConfig) -> "SparkRunner":
@@ -216,6 +227,11 @@ class SparkRunner:
             return cls._instance
 
     def start(self) -> "SparkRunner":
+        # whether it starts a JVM now or queues is known before the TaskManager registers, which
+        # says so: the first job's slots go to the TaskManager that starts first
+        self._turn = self._try_turn()
+        if self._turn is not None:
+            self.phase = "starting"
         self._thread.start()
         return self
 
@@ -248,9 +264,10 @@ class SparkRunner:
         # Python workers (UDFs) must run this interpreter, which has pandas and pyarrow.
         os.environ["PYSPARK_PYTHON"] = sys.executable
         os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-        slot = None
+        turn = self._turn
         try:
-            slot = self._start_slot()
+            if turn is None and self.lock_dir is not None:
+                turn = self._wait_for_turn()
             jvm_started = time.monotonic()
             self._enter("starting")
             log.info("starting the SparkSession")
@@ -260,9 +277,13 @@ class SparkRunner:
             for key, value in (self.conf or session_conf(self.config)).items():
                 builder = builder.config(key, value)
             session = builder.getOrCreate()
-            session.createDataFrame(pa.table({"warm": [1, 2]})).selectExpr("sum(warm)").toArrow()
+            created = time.monotonic()
+            # no warm-up query of its own: the probe's queries warm the JVM as well, and the paths
+            # a task's batches take better (a query before it made the session ready 0.6-0.9 s later,
+            # and the first row only 0.3 s sooner after that)
             local_batches, batch_jobs = LocalBatches.load(session), BatchJobs.load(session)
             self.fast_paths = working_paths(session, local_batches, batch_jobs)
+            probed = time.monotonic()
             self.local_batches = local_batches if catalyst.LOCAL_BATCH in self.fast_paths else None
             self.batch_jobs = batch_jobs if catalyst.BATCH_JOB in self.fast_paths else None
             self.session = session
@@ -272,48 +293,69 @@ class SparkRunner:
             # of the process, took 50-110 ms here with them and next to nothing without
             gc.freeze()
             self.startup_seconds = time.monotonic() - self.started_at
-            log.info("SparkSession ready in %.1f s", self.startup_seconds)
+            log.info("SparkSession ready in %.1f s (JVM and session %.1f s, fast paths' probe %.1f s)",
+                     self.startup_seconds, created - jvm_started, probed - created)
             write_start_seconds(self.config, time.monotonic() - jvm_started)
         except Exception as exc:  # reported to every task that needs Spark
             self.error = f"the TaskManager's SparkSession failed to start: {type(exc).__name__}: {exc}"
             log.exception("SparkSession failed to start")
         finally:
-            if slot is not None:
-                slot.close()  # releases the lock
             self.ready.set()
             self._enter("failed" if self.error else "ready")
+            if turn is not None:
+                self._end_turn(turn)
 
-    def _start_slot(self):
-        """A lock file of the cluster directory held while this JVM starts, one per two cores.
+    def _wait_for_turn(self) -> IO:
+        """A JVM start's turn among this machine's TaskManagers (those of lock_dir), waited for.
 
         A JVM start is CPU-bound for seconds: two at once on 2 cores made both ready after
         135 s where one alone took 50 s (a loaded machine; see bench/first_spark_cell.py), so
-        one after the other makes the first TaskManager ready soonest and the last no later.
-        The kernel drops the lock of a process that dies."""
+        one after the other makes the first TaskManager ready soonest and the last no later."""
+        log.info("another TaskManager's JVM is starting: this one starts after it")
+        self._enter("queued")  # the same phase, said now: the ResourceManager hears it at once
+        while True:
+            turn = self._try_turn()
+            if turn is not None:
+                return turn
+            time.sleep(0.1)
+
+    def _try_turn(self) -> Optional[IO]:
+        """A free turn: one of lock_dir's lock files (one per two cores), locked, until closed.
+        The kernel drops the lock of a process that dies. None if every turn is taken, or
+        without a lock_dir (no turns)."""
         if self.lock_dir is None:
             return None
         import fcntl
         files = [open(self.lock_dir / f"spark-start-{i}.lock", "a")
                  for i in range(max(1, (os.cpu_count() or 1) // 2))]
-        waited = False
-        while True:
-            for f in files:
-                try:
-                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    continue
-                for other in files:
-                    if other is not f:
-                        other.close()
-                return f
-            if not waited:
-                waited = True
-                log.info("another TaskManager's JVM is starting: this one starts after it")
-                self._enter("queued")  # the same phase, said now: the ResourceManager hears it at once
-            time.sleep(0.1)
+        for f in files:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue
+            for other in files:
+                if other is not f:
+                    other.close()
+            return f
+        for f in files:
+            f.close()
+        return None
+
+    def _end_turn(self, turn: IO) -> None:
+        """Let the next TaskManager start its JVM: at once, or FIRST_BATCHES_S later when a task
+        waited for this one. A JVM start takes both cores for seconds, and right after this start
+        the waiting task's first batches (its plan's analysis, a first call into Spark) need them:
+        the quickstart's first row came 0.3-0.4 s sooner (bench/first_spark_cell.py)."""
+        if not self.task_waited:
+            turn.close()
+            return
+        timer = threading.Timer(FIRST_BATCHES_S, turn.close)
+        timer.daemon = True
+        timer.start()
 
     def session_for_task(self, cancelled: threading.Event, waiting: Callable[[str], None]):
         if not self.ready.is_set():
+            self.task_waited = True
             while not self.ready.wait(0.05):
                 waiting(self.status())  # the seconds count up in the dashboard's header
                 if cancelled.is_set():

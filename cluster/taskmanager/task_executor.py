@@ -141,7 +141,7 @@ class TaskExecutor:
             return
         self.jobmanager.register_task_manager(self.task_manager_id, self.network.data_address,
                                               len(self.slot_table), os.getpid(), hardware_info(),
-                                              self._registration_id)
+                                              self._registration_id, SparkRunner.phase_now())
         self.endpoint.call_later(REGISTRATION_RETRY_S, self._register)
 
     def registration_success(self, msg: m.RegistrationSuccess, peer: Peer) -> None:
@@ -367,6 +367,19 @@ def restart_command_line(argv: list[str], new_id: str) -> list[str]:
     return [*out, "--id", new_id]
 
 
+def published_address(path: Path, timeout_s: float = 120.0) -> str:
+    """The JobManager's address from its jobmanager.json, waiting for it: a local cluster starts
+    its TaskManagers beside its JobManager (kernel_runtime.deploy.local)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return json.loads(path.read_text())["rpc"]
+        except (OSError, ValueError, KeyError):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"no JobManager published its address in {path} within {timeout_s:g} s")
+            time.sleep(0.02)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m cluster.taskmanager")
     parser.add_argument("--cluster-dir", required=True, type=Path)
@@ -377,6 +390,10 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     conf = Configuration.from_file(args.cluster_dir / "config.yaml")
     configure_process_logging(args.log_file, conf)
+    if conf.get(SparkOptions.STARTUP) == "eager":
+        # its JVM starts while the JobManager does, and before this process registers
+        SparkRunner.lock_dir = args.cluster_dir
+        SparkRunner.get(TaskConfig.from_configuration(conf))
     leader = None
     if args.jobmanager == "zk" or ha_enabled(conf):
         # the leader's address comes from ZooKeeper, and again on every change of leader
@@ -385,7 +402,7 @@ def main(argv=None) -> None:
         address = args.jobmanager if args.jobmanager not in (None, "zk") else leader.leader(
             conf.get(HighAvailabilityOptions.ZOOKEEPER_CONNECTION_TIMEOUT) / 1000 + 60)["rpc"]
     else:
-        address = args.jobmanager or json.loads((args.cluster_dir / "jobmanager.json").read_text())["rpc"]
+        address = args.jobmanager or published_address(args.cluster_dir / "jobmanager.json")
     tm = TaskExecutor(conf, load_secret(args.cluster_dir / "secret"), address, args.id,
                       cluster_dir=args.cluster_dir)
     tm.start()

@@ -121,6 +121,11 @@ class LocalCluster:
         self.conf.write(self.cluster_dir / "config.yaml")
         if not self.ha:
             procs = {"jobmanager": self._spawn("cluster.jobmanager", "jobmanager")}
+            self.jobmanagers = list(procs.values())
+            # beside the JobManager, not after it: their imports and first JVM start while it
+            # starts (they wait for its jobmanager.json), a second sooner ready for a notebook's first row
+            for _ in range(self.num_taskmanagers):
+                self.start_taskmanager()
         else:  # all at once: the first to publish jobmanager.json leads, the others stand by
             procs = {f"jobmanager-{i}": self._spawn("cluster.jobmanager", f"jobmanager-{i}")
                      for i in range(self.num_jobmanagers)}
@@ -134,7 +139,7 @@ class LocalCluster:
         for name, proc in procs.items():
             if proc is not leader:
                 wait_until_standing_by(self.cluster_dir, proc, name, deadline - time.monotonic())
-        for _ in range(self.num_taskmanagers):
+        while len(self.taskmanagers) < self.num_taskmanagers:
             self.start_taskmanager()
         self.wait_for_taskmanagers(self.num_taskmanagers, deadline - time.monotonic())
 
@@ -157,10 +162,12 @@ class LocalCluster:
 
     def start_taskmanager(self) -> subprocess.Popen:
         index = len(self.taskmanagers)
-        # with HA a TaskManager follows whichever JobManager leads, as ZooKeeper says
-        jobmanager_at = "zk" if self.ha else self.info.rpc_address
+        # with HA a TaskManager follows whichever JobManager leads, as ZooKeeper says; one started
+        # with the JobManager reads its address from the jobmanager.json it is about to write
+        jobmanager_at = "zk" if self.ha else self._info.rpc_address if self._info is not None else None
         proc = self._spawn("cluster.taskmanager", f"taskmanager-{index}",
-                           "--jobmanager", jobmanager_at, "--id", f"tm-{index}-{os.urandom(3).hex()}")
+                           *(("--jobmanager", jobmanager_at) if jobmanager_at else ()),
+                           "--id", f"tm-{index}-{os.urandom(3).hex()}")
         self.taskmanagers.append(proc)
         self._write_pids()
         return proc

@@ -11,7 +11,9 @@ the ``%%stream`` line), as do the places of a job's failures (kernel_runtime.not
 """
 from __future__ import annotations
 
+import importlib
 import os
+import threading
 from pathlib import Path
 from typing import Optional
 
@@ -253,6 +255,29 @@ def load_ipython_extension(shell) -> None:
         # refused in the cell at once, instead of by the job's first task seconds later
         analysis.warm_up_after = magics.session.wait_for_spark
         analysis.warm_up()
+        import_dashboard_when_spark_is_up(shell, magics.session)
+
+
+DASHBOARD_MODULE = "kernel_runtime.notebook.widgets.dashboard"
+
+
+def import_dashboard_when_spark_is_up(shell, session: StreamSession) -> None:
+    """The dashboard's modules (Bokeh, ipywidgets: a second of imports) imported on the kernel's
+    own thread, between cells, once the cluster's Spark is up: the first cell's dashboard is then
+    shown at once, and its job's TaskManager has the cores meanwhile (bench/first_spark_cell.py,
+    Spark warm: the first row 0.9-1.0 s after the cell began, 1.0-1.4 s with the imports in the cell).
+    Not on a thread of its own: two threads importing Bokeh's modules can deadlock on their locks."""
+    loop = getattr(getattr(shell, "kernel", None), "io_loop", None)
+    if loop is None:
+        return  # not a kernel (IPython in a terminal): the first dashboard imports them
+
+    def when_up() -> None:
+        try:
+            session.wait_for_spark()
+        except Exception:
+            return  # no cluster: nothing to hurry for
+        loop.add_callback(importlib.import_module, DASHBOARD_MODULE)
+    threading.Thread(target=when_up, name="streamlab-dashboard-import", daemon=True).start()
 
 
 def unload_ipython_extension(shell) -> None:

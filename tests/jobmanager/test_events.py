@@ -42,7 +42,7 @@ class Harness:
         self.deferred: list = []
         self.publisher = JobEventPublisher(self.dispatcher, 1000, publisher_send or self._send, self.deferred.append)
         tm = self.tm_peer = Peer(self.tm_socket, TM.encode())
-        self.rm.register_task_manager(m.RegisterTaskManager(TM, "tcp://127.0.0.1:1", 2, 1, {}, "r1"), tm)
+        self.rm.register_task_manager(m.RegisterTaskManager(TM, "tcp://127.0.0.1:1", 2, 1, {}, "r1", ""), tm)
 
     def _send(self, topic: bytes, msg: m.Message) -> None:
         self.sent.append((topic, msg))

@@ -93,3 +93,14 @@ def test_a_released_taskmanager_is_not_asked_back_nor_taken_back_while_it_stops(
     assert isinstance(refused, RejectRegistration) and "released" in refused.reason
     assert set(rm.slot_manager.task_managers) == {"tm-a"}
     assert rm.heartbeat_from_task_manager("tm-gone", [], now=1.0) == [AskToRegister("tm-gone")]  # others still
+
+
+def test_a_first_jobs_slots_go_to_the_taskmanager_whose_spark_starts_as_it_registers():
+    # the job's request can come before either TaskManager's first heartbeat: the phase each gave at
+    # registration decides (the queued one's JVM starts only after the other's is ready)
+    rm = ResourceManagerState(heartbeat_timeout_s=2)
+    for tm_id, spark in (("tm-queued", "queued"), ("tm-starting", "starting")):
+        reg = TaskManagerRegistration(tm_id, "tcp://127.0.0.1:1", 2, 1, 0.0, 0.0, registration_id="r1", spark=spark)
+        rm.register_task_manager(reg, tm_id.encode())
+    (grant,) = of(rm.request_slots("job", 2), GrantSlots)
+    assert {a.task_manager_id for a in grant.allocations} == {"tm-starting"}

@@ -2,9 +2,13 @@
 restarts with: pure, no sockets."""
 from __future__ import annotations
 
+import threading
+
+import pytest
+
 from cluster.taskmanager.slot_table import (CancelTaskThread, ForgetTask, OfferSlot, ReleaseJobNetwork,
                                             ReportTaskState, StartTask, TaskSlotTable)
-from cluster.taskmanager.task_executor import restart_command_line
+from cluster.taskmanager.task_executor import published_address, restart_command_line
 
 
 def _table_with_two_jobs() -> TaskSlotTable:
@@ -58,3 +62,14 @@ def test_restart_command_line_keeps_the_arguments_under_a_fresh_id():
                                                     "--jobmanager", "tcp://x:1", "--id", "tm-new"]
     assert restart_command_line(["p", "--id=tm-1", "--cluster-dir", "/c"], "tm-2") == \
         ["p", "--cluster-dir", "/c", "--id", "tm-2"]
+
+
+def test_a_taskmanager_started_beside_its_jobmanager_waits_for_the_address_it_publishes(tmp_path):
+    path = tmp_path / "jobmanager.json"
+    writer = threading.Thread(target=lambda: (path.write_text('{"rpc": "tcp'), path.write_text(
+        '{"rpc": "tcp://127.0.0.1:6123", "pid": 1}')))  # half a file first: read again
+    writer.start()
+    assert published_address(path) == "tcp://127.0.0.1:6123"
+    writer.join()
+    with pytest.raises(SystemExit, match="no JobManager published its address in .*missing.json within 0.1 s"):
+        published_address(tmp_path / "missing.json", timeout_s=0.1)

@@ -249,7 +249,7 @@ class ResourceManager:
     def register_task_manager(self, msg: m.RegisterTaskManager, peer: Peer) -> None:
         now = self.clock()
         reg = TaskManagerRegistration(msg.task_manager_id, msg.data_address, msg.number_of_slots, msg.pid, now,
-                                      now, dict(msg.hardware), registration_id=msg.registration_id)
+                                      now, dict(msg.hardware), registration_id=msg.registration_id, spark=msg.spark)
         self._run(self.state.register_task_manager(reg, peer.identity or b""), (msg.task_manager_id, peer))
 
     def sent_by(self, tm_id: str, peer: Peer, msg: m.Message) -> bool:

@@ -23,7 +23,7 @@ class TaskManagerRegistration:
     hardware: dict = field(default_factory=dict)
     tasks: list = field(default_factory=list)  # latest per-task metrics from its heartbeat
     registration_id: str = ""  # the TaskManager's registration round (RegisterTaskManager)
-    spark: str = ""  # its SparkSession's phase, from its heartbeats (HeartbeatFromTaskManager)
+    spark: str = ""  # its SparkSession's phase, from its registration and heartbeats
 
 
 @dataclass(frozen=True)
