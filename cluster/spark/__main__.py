@@ -6,6 +6,8 @@ import argparse
 import os
 import sys
 
+import pyarrow as pa
+
 from cluster.conf import TaskConfig
 from cluster.spark.class_data import archive_path, dumping_into
 from cluster.spark.runner import SparkRunner, session_conf
@@ -25,12 +27,15 @@ def make_archive() -> int:
         return 0
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = target.with_name(f".{target.stem}-{os.getpid()}.jsa")
-    # the TaskManager's own start (a first job, the fast paths' probes) loads the classes it archives
+    # the TaskManager's own start (the fast paths' probes) loads the classes it archives, and a
+    # first aggregation the classes of a Spark job's plan (which the probes' plans need not)
     runner = SparkRunner(config, conf=dumping_into(conf, staging)).start()
     runner.ready.wait()
     if runner.error:
         print(runner.error, file=sys.stderr)
         return 1
+    assert runner.session is not None, "a ready runner without an error has its session"
+    runner.session.createDataFrame(pa.table({"k": [1, 2, 1], "v": [1, 2, 3]})).groupBy("k").sum("v").toArrow()
     from pyspark import SparkContext
     gateway = SparkContext._gateway
     assert gateway is not None, "a started session has a gateway"

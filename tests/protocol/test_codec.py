@@ -108,7 +108,7 @@ def _signed(wire, guard: bool = True) -> list:
     ({"op": "cancel-job", "job_id": "a", "extra": 1}, "unexpected"),
     ({"op": "cancel-job", "job_id": 5}, "job_id"),
     ({"op": "register-task-manager", "task_manager_id": "t", "data_address": "a", "number_of_slots": True,
-      "pid": 1, "hardware": {}, "registration_id": "r"}, "number_of_slots"),
+      "pid": 1, "hardware": {}, "registration_id": "r", "spark": ""}, "number_of_slots"),
     ({"op": "heartbeat-from-task-manager", "task_manager_id": "t", "tasks": [1], "spark": ""}, "tasks"),
 ])
 def test_authenticated_but_malformed_messages_are_refused(wire, reason):
