@@ -62,12 +62,10 @@ def hardware_info() -> dict:
 
 
 class TaskExecutor:
-    def __init__(self, conf: Configuration, secret: bytes, jobmanager_address: str,
-                 task_manager_id: Optional[str] = None, cluster_dir: Optional[Path] = None):
+    def __init__(self, conf: Configuration, secret: bytes, jobmanager_address: str, spark_config: TaskConfig,
+                 task_manager_id: Optional[str] = None):
         self.conf = conf
-        if cluster_dir is not None:
-            SparkRunner.lock_dir = cluster_dir  # JVM starts of this machine's TaskManagers take turns
-        self.spark_config = SparkRunner.taskmanager_config = TaskConfig.from_configuration(conf)
+        self.spark_config = spark_config  # prepare_spark's
         self.task_manager_id = task_manager_id or f"tm-{uuid.uuid4().hex[:12]}"
         codec = cluster_codec(conf, secret)
         self.endpoint = RpcEndpoint(self.task_manager_id, codec)
@@ -115,8 +113,6 @@ class TaskExecutor:
         SparkRunner.on_phase = lambda phase: self.endpoint.call_soon(self._heartbeat)
         # a JVM that ended leaves every Spark task here failing: start again, with a new one
         SparkRunner.on_lost = lambda reason: self.endpoint.call_soon(self.fatal_error, reason)
-        if self.conf.get(SparkOptions.STARTUP) == "eager":
-            SparkRunner.get(self.spark_config)  # starts in the background
 
     def stop(self, reason: str = "shut down") -> None:
         if self.stopped.is_set():
@@ -367,6 +363,17 @@ def restart_command_line(argv: list[str], new_id: str) -> list[str]:
     return [*out, "--id", new_id]
 
 
+def prepare_spark(conf: Configuration, cluster_dir: Path) -> TaskConfig:
+    """The TaskManager's SparkRunner settings and, with taskmanager.spark.startup eager, its session
+    started (in the background): before the TaskManager looks for its JobManager, so that its JVM
+    starts while the JobManager does, and its registration says whether it starts or waits its turn."""
+    SparkRunner.lock_dir = cluster_dir  # JVM starts of this machine's TaskManagers take turns
+    config = SparkRunner.taskmanager_config = TaskConfig.from_configuration(conf)
+    if conf.get(SparkOptions.STARTUP) == "eager":
+        SparkRunner.get(config)
+    return config
+
+
 def published_address(path: Path, timeout_s: float = 120.0) -> str:
     """The JobManager's address from its jobmanager.json, waiting for it: a local cluster starts
     its TaskManagers beside its JobManager (kernel_runtime.deploy.local)."""
@@ -390,10 +397,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     conf = Configuration.from_file(args.cluster_dir / "config.yaml")
     configure_process_logging(args.log_file, conf)
-    if conf.get(SparkOptions.STARTUP) == "eager":
-        # its JVM starts while the JobManager does, and before this process registers
-        SparkRunner.lock_dir = args.cluster_dir
-        SparkRunner.get(TaskConfig.from_configuration(conf))
+    spark_config = prepare_spark(conf, args.cluster_dir)
     leader = None
     if args.jobmanager == "zk" or ha_enabled(conf):
         # the leader's address comes from ZooKeeper, and again on every change of leader
@@ -403,8 +407,7 @@ def main(argv=None) -> None:
             conf.get(HighAvailabilityOptions.ZOOKEEPER_CONNECTION_TIMEOUT) / 1000 + 60)["rpc"]
     else:
         address = args.jobmanager or published_address(args.cluster_dir / "jobmanager.json")
-    tm = TaskExecutor(conf, load_secret(args.cluster_dir / "secret"), address, args.id,
-                      cluster_dir=args.cluster_dir)
+    tm = TaskExecutor(conf, load_secret(args.cluster_dir / "secret"), address, spark_config, args.id)
     tm.start()
     gc.freeze()  # the modules and the TaskManager's own objects: full collections skip them (see SparkRunner)
     if leader is not None:

@@ -121,16 +121,16 @@ class LocalCluster:
         self.conf.write(self.cluster_dir / "config.yaml")
         if not self.ha:
             procs = {"jobmanager": self._spawn("cluster.jobmanager", "jobmanager")}
-            self.jobmanagers = list(procs.values())
-            # beside the JobManager, not after it: their imports and first JVM start while it
-            # starts (they wait for its jobmanager.json), a second sooner ready for a notebook's first row
-            for _ in range(self.num_taskmanagers):
-                self.start_taskmanager()
         else:  # all at once: the first to publish jobmanager.json leads, the others stand by
             procs = {f"jobmanager-{i}": self._spawn("cluster.jobmanager", f"jobmanager-{i}")
                      for i in range(self.num_jobmanagers)}
         self.jobmanagers = list(procs.values())
         self._write_pids()
+        if not self.ha:
+            # beside the JobManager, not after it: their imports and first JVM start while it
+            # starts (they wait for its jobmanager.json), a second sooner ready for a notebook's first row
+            for _ in range(self.num_taskmanagers):
+                self.start_taskmanager()
         self._info = wait_for_leader(self.cluster_dir, procs, deadline - time.monotonic())
         leader_pid = published_pid(self.cluster_dir / "jobmanager.json")
         leader = next(p for p in self.jobmanagers if p.pid == leader_pid)
