@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from cluster.graph.event_time import WINDOW_ENDS_PARAM, window_ends
 from cluster.graph.job_graph import JobEdge, JobGraph, JobVertex, OperatorSpec, ShipStrategy, new_id
 from cluster.graph.operator_kinds import KINDS
 
@@ -41,6 +42,10 @@ def _chainable(up: StreamNode, down: StreamNode, edge: StreamEdge, consumers: di
 def build_job_graph(nodes: list[StreamNode], name: str, max_parallelism: int,
                     config: Optional[dict] = None, job_id: Optional[str] = None) -> JobGraph:
     by_uid = {n.uid: n for n in nodes}
+    ends = window_ends(n.spec for n in nodes)
+    for n in nodes:
+        if n.spec.kind == "timestamps-watermarks" and ends:
+            n.spec.params[WINDOW_ENDS_PARAM] = ends
     consumers = {n.uid: 0 for n in nodes}
     for n in nodes:
         for e in n.inputs:

@@ -74,3 +74,34 @@ def timestamps_from(result, rows: int, where: str) -> pa.Array:
 # so that the timestamps-watermarks operator chained after it keeps a watermark per split
 # (Flink's per-split watermarks): JSON {"assigned": [split, ...], "rows": [[split, count], ...]}.
 SPLIT_ROWS_METADATA = b"streamlab.split_rows"
+
+
+# A watermark generator emits every pipeline.auto-watermark-interval, and also, not waiting for
+# the interval, once its watermark passes the end of one of the job's event-time windows: a
+# tumbling or sliding window's result then leaves as soon as its watermark could (on average half
+# the interval sooner: 100 ms at Flink's 200 ms default), and other watermarks keep the interval.
+# WINDOW_ENDS_PARAM holds [period, offset] (ms) per kind of window end in the job.
+WINDOW_ENDS_PARAM = "window_ends"
+
+
+def window_ends(specs) -> list[list[int]]:
+    """[period, offset] of the ends of every event-time tumbling (period: its size) and sliding
+    (period: its slide) window among the operator specs, each once; session windows have no fixed
+    ends."""
+    ends = set()
+    for spec in specs:
+        assigner = spec.params.get("assigner")
+        if not isinstance(assigner, dict) or spec.params.get("time", "event") != "event":
+            continue
+        period = {"tumbling": assigner.get("size"), "sliding": assigner.get("slide")}.get(assigner.get("type"))
+        if isinstance(period, int) and period > 0:
+            ends.add((period, (assigner.get("offset") or 0) % period))
+    return [list(end) for end in sorted(ends)]
+
+
+def passes_window_end(ends: list[list[int]], before: int, after: int) -> bool:
+    """Whether a watermark moving from ``before`` to ``after`` passes the last timestamp (end - 1)
+    of a window ending at offset + n * period for one of ``ends``: a window that fires then."""
+    if after <= before:
+        return False
+    return any((after + 1 - offset) // period > (before + 1 - offset) // period for period, offset in ends)

@@ -110,6 +110,11 @@ class Operator:
         ``pipeline.auto-watermark-interval``; None if it has none to give yet."""
         return None
 
+    def window_end_passed(self) -> bool:
+        """For an operator that generates watermarks: whether its watermark should go out now,
+        before the interval, because it passed the end of a window."""
+        return False
+
     def process_side(self, side: int, table: pa.Table) -> list[pa.Table]:
         """A batch of a two-input operator (joins): ``side`` 0 is the left input, 1 the right."""
         raise TypeError(f"{self.spec.where()} has one input, not two")

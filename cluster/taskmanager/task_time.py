@@ -6,7 +6,8 @@ it, so the task combines its input channels' watermarks (WatermarkValve: the min
 channels) and passes the result through the chain, operator by operator (a window operator fires
 the windows it closes and its output goes on first), then to every output channel. An operator
 that makes watermarks (timestamps-watermarks) is asked for one every
-``pipeline.auto-watermark-interval`` (0: after every batch the task reads). A source ends with
+``pipeline.auto-watermark-interval`` (0: after every batch the task reads), and at once when a
+batch moved its watermark past the end of one of the job's windows. A source ends with
 MAX_WATERMARK, which fires every event-time window downstream.
 
 The Spark stage runs batches on threads of its own, so a watermark that comes while rows before
@@ -119,14 +120,16 @@ class TaskTime:
 
     def periodic(self, read_rows: bool) -> None:
         """Ask the chain's watermark generators, when the interval passed (interval 0: whenever
-        the task read rows)."""
+        the task read rows), or sooner when rows moved a generator's watermark past a window's end."""
         if not self._generators:
             return
         now = self._clock()
         if self._interval > 0:
             if now < self._next_periodic:
-                return
-            self._next_periodic = now + self._interval
+                if not (read_rows and any(self.chain[i].window_end_passed() for i in self._generators)):
+                    return
+            else:
+                self._next_periodic = now + self._interval
         elif not read_rows and now < self._next_periodic:
             return  # idle with interval 0: still look now and then, for idleness
         else:

@@ -36,9 +36,13 @@ class Generator(Step):
     def __init__(self, name, log):
         super().__init__(name, log)
         self.answer: Optional[tuple[int, bool]] = None
+        self.passed_window_end = False
 
     def periodic_watermark(self):
         return self.answer
+
+    def window_end_passed(self):
+        return self.passed_window_end
 
     def process_watermark(self, watermark: int):
         return [], None  # makes its own
@@ -121,6 +125,30 @@ def test_generated_watermarks_are_asked_for_at_the_interval():
     assert statuses == [True]
     time.before_rows()
     assert statuses == [True, False]
+
+
+def test_a_watermark_past_a_window_end_goes_out_before_the_interval():
+    log: list = []
+    now = [0.0]
+    generator = Generator("assigner", log)
+    time, _, emitted, _ = task_time([Step("source", log), generator, Step("after", log)], interval_ms=200,
+                                    clock=lambda: now[0])
+    generator.answer = (400, False)
+    time.periodic(read_rows=True)
+    assert emitted == [400]
+    generator.answer = (999, False)
+    now[0] = 0.05
+    time.periodic(read_rows=True)
+    assert emitted == [400]  # no window end passed: the interval holds
+    generator.passed_window_end = True
+    time.periodic(read_rows=False)
+    assert emitted == [400]  # asked only after rows that could move it
+    time.periodic(read_rows=True)
+    assert emitted == [400, 999]
+    generator.answer, generator.passed_window_end = (1200, False), False
+    now[0] = 0.2
+    time.periodic(read_rows=False)
+    assert emitted == [400, 999, 1200]  # the interval keeps its own beat
 
 
 def test_processing_time_ticks_reach_the_operators_that_ask():

@@ -18,7 +18,8 @@ from typing import Optional
 
 import pyarrow as pa
 
-from cluster.graph.event_time import MAX_WATERMARK, NO_WATERMARK, SPLIT_ROWS_METADATA, timestamps_from
+from cluster.graph.event_time import (MAX_WATERMARK, NO_WATERMARK, SPLIT_ROWS_METADATA, WINDOW_ENDS_PARAM,
+                                      passes_window_end, timestamps_from)
 from cluster.operators.base import Operator, OperatorSnapshot
 from cluster.operators.windowing.watermarks import BoundedOutOfOrderness, SplitWatermarks, rowtime_ms
 
@@ -40,6 +41,8 @@ class TimestampsAndWatermarks(Operator, kind="timestamps-watermarks"):
         self.splits = SplitWatermarks(self.bound or 0, None if idle is None else idle / 1000, clock=time.monotonic)
         self.by_split = False
         self.newest = NO_WATERMARK
+        self.window_ends: list[list[int]] = self.params.get(WINDOW_ENDS_PARAM) or []
+        self.emitted = NO_WATERMARK
 
     def process(self, table: pa.Table) -> list[pa.Table]:
         if table.num_rows == 0:
@@ -72,7 +75,24 @@ class TimestampsAndWatermarks(Operator, kind="timestamps-watermarks"):
     def periodic_watermark(self) -> Optional[tuple[int, bool]]:
         if self.bound is None:
             return None  # no_watermarks(): timestamps only
-        return self.splits.on_periodic_emit() if self.by_split else self.generator.on_periodic_emit()
+        answer = self.splits.on_periodic_emit() if self.by_split else self.generator.on_periodic_emit()
+        if answer is not None and not answer[1]:
+            self.emitted = max(self.emitted, answer[0])
+        return answer
+
+    def window_end_passed(self) -> bool:
+        """Whether the watermark now passes the end of one of the job's windows that the last one
+        emitted did not (cluster.graph.event_time.WINDOW_ENDS_PARAM): then it goes out at once."""
+        if self.bound is None or not self.window_ends:
+            return False
+        if self.by_split:
+            answer = self.splits.on_periodic_emit()
+            if answer is None or answer[1]:
+                return False
+            watermark = answer[0]
+        else:
+            watermark = self.generator.max_timestamp - self.bound - 1
+        return passes_window_end(self.window_ends, self.emitted, watermark)
 
     def process_watermark(self, watermark: int) -> tuple[list[pa.Table], Optional[int]]:
         return [], (MAX_WATERMARK if watermark == MAX_WATERMARK else None)
