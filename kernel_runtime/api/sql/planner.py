@@ -33,6 +33,14 @@ from kernel_runtime.api.sql.refusals import REFUSED
 
 PER_BATCH = frozenset({"Project", "Filter", "SubqueryAlias", "View", "LogicalRDD", "LocalRelation",
                        "OneRowRelation", "Generate", "Union", "ResolvedHint", "Sample"})
+# a per-batch query over a named view made of only these is written back over ``input``, which
+# the TaskManager's Arrow path can run (not under a CTE, which it cannot); a view's relation is a
+# LocalRelation since the planner makes its views by the JVM's createDataFrame (a VALUES leaf of
+# the query is one too, and the write-back refuses it: the query then keeps its CTE)
+WRITTEN_BACK = frozenset({"Project", "Filter", "SubqueryAlias", "View", "LogicalRDD", "LocalRelation"})
+# a subquery in an expression (IN, EXISTS, a scalar one) has a plan of its own that Spark's SQL text
+# of the expression leaves out (listquery()): such a query keeps its CTE
+SUBQUERY = ("Query", "Subquery", "Exists")
 # Spark's aggregate functions merged across batches (cluster.graph.aggregations): by Catalyst's
 # class, without and with DISTINCT (min and max of the distinct values are theirs of all)
 MERGEABLE = {"Count": "count", "Sum": "sum", "Min": "min", "Max": "max", "Average": "mean",
@@ -394,8 +402,8 @@ def per_batch_query(query: str, root: Optional[Node], view: str) -> str:
     projects and filters, else the query whole under a CTE of that name."""
     if view == "input":
         return query
-    if root is not None and all(n.kind in ("Project", "Filter", "SubqueryAlias", "View", "LogicalRDD")
-                                for n in root.walk()):
+    if root is not None and all(n.kind in WRITTEN_BACK and not any(
+            e.kind.endswith(SUBQUERY) for x in n.expressions for e in x.walk()) for n in root.walk()):
         try:
             return _query(query, root)
         except UnsupportedQuery:
