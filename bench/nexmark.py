@@ -17,8 +17,9 @@ Per query: a warm-up run, then the timed run (events/s = all events / the job's 
 bench/peers.py), then a run writing the answer to Parquet: the two answers must hold the same rows
 (compared as multisets of row hashes, file by file; q4's result updates, which neither engine's
 file sink takes, so its answers are not compared: tests/e2e/test_nexmark.py checks them). Peak RSS is the most the engine's processes
-held at once during its runs (streamlab: this process, the client, and its cluster's processes and
-JVMs; PyFlink: its Python process and JVM). The bound is the same work with no framework at all:
+held at once during a query's runs, and over all its queries after the table (streamlab: this
+process, the client, and its cluster's processes and JVMs; PyFlink: its Python process and JVM;
+both keep their JVMs from one query to the next). The bound is the same work with no framework at all:
 one process per core reading its half of the files with pyarrow and doing the query with Arrow's
 kernels (q3: each process joins its half of the auctions with all persons; q5, q7 and q8: each
 window's counts, maximum or people over its half of the rows, in pandas); streamlab / bound says how
@@ -94,7 +95,8 @@ class PeakRss:
 
     def __init__(self, pid: int):
         self.root = psutil.Process(pid)
-        self.peak = 0
+        self.peak = 0   # since the last take
+        self.most = 0   # over the whole run
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
@@ -112,11 +114,17 @@ class PeakRss:
                 except psutil.Error:
                     pass
             self.peak = max(self.peak, total)
+            self.most = max(self.most, total)
+
+    def take(self) -> int:
+        """The peak since the last take (or the start), and a new one from here: one query's."""
+        peak, self.peak = self.peak, 0
+        return peak
 
     def stop(self) -> int:
         self._stop.set()
         self._thread.join()
-        return self.peak
+        return self.most
 
 
 # ---------------------------------------------------------------------- streamlab
@@ -146,7 +154,7 @@ def run_streamlab(data: Path, out: Path, queries: list[str], events: int) -> dic
             if query not in UPDATING:  # a file sink cannot take an updating result (q4's averages)
                 streamlab_job(cluster, data, query, FileSink.parquet(out / query)).execute_async(
                     f"nexmark {query} answer", client=client).wait(3600)
-            results[query] = {"events_per_s": runs[1], "warmup_events_per_s": runs[0]}
+            results[query] = {"events_per_s": runs[1], "warmup_events_per_s": runs[0], "peak_rss": peak.take()}
             print(f"  streamlab {query}: {runs[1]:,.0f} events/s (warm-up {runs[0]:,.0f})", flush=True)
         client.close()
     return {"results": results, "peak_rss": peak.stop()}
@@ -160,12 +168,19 @@ def run_pyflink(venv: Path, data: Path, out: Path, queries: list[str], events: i
                              "--out", str(out), "--jars", ",".join(jars), "--queries", ",".join(queries),
                              "--events", str(events)], stdout=subprocess.PIPE, text=True)
     peak = PeakRss(proc.pid)
-    stdout, _ = proc.communicate()
+    assert proc.stdout is not None
+    lines, per_query = [], {}
+    for line in proc.stdout:  # "done <query>" after each query's runs, then the report
+        if line.startswith("done "):
+            per_query[line.split()[1]] = peak.take()
+        lines.append(line)
+    proc.wait()
     rss = peak.stop()
     if proc.returncode != 0:
         raise RuntimeError(f"bench/nexmark_flink.py failed ({proc.returncode})")
-    report = json.loads(stdout.strip().splitlines()[-1])
+    report = json.loads(lines[-1])
     for query, figures in report["results"].items():
+        figures["peak_rss"] = per_query.get(query, 0)
         print(f"  PyFlink {query}: {figures['events_per_s']:,.0f} events/s", flush=True)
     return report | {"peak_rss": rss}
 
@@ -282,8 +297,9 @@ def main():
         report["flink"] = run_pyflink(args.pyflink_venv, data, out / "flink", queries, events)
     if "bare" in peers:
         report["bare"] = run_bare(data, queries, events)
-    print("\n| query | answers | streamlab events/s | PyFlink events/s | ratio | bare events/s | streamlab / bare |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| query | answers | streamlab events/s | PyFlink events/s | ratio | bare events/s | streamlab / bare "
+          "| peak RSS streamlab / PyFlink |")
+    print("|---|---|---|---|---|---|---|---|")
     for query in queries:
         ours = report.get("streamlab", {}).get("results", {}).get(query, {}).get("events_per_s")
         theirs = report.get("flink", {}).get("results", {}).get(query, {}).get("events_per_s")
@@ -297,7 +313,10 @@ def main():
         cells = [f"{v:,.0f}" if v else "-" for v in (ours, theirs)]
         ratio = f"{ours / theirs:.2f}x" if ours and theirs else "-"
         to_bare = f"{ours / bare:.2f}" if ours and bare else "-"
-        print(f"| {query} | {same} | {cells[0]} | {cells[1]} | {ratio} | {f'{bare:,.0f}' if bare else '-'} | {to_bare} |")
+        rss = " / ".join(f"{r / 2**20:,.0f} MiB" if r else "-" for r in (
+            report.get(engine, {}).get("results", {}).get(query, {}).get("peak_rss") for engine in ("streamlab", "flink")))
+        print(f"| {query} | {same} | {cells[0]} | {cells[1]} | {ratio} | {f'{bare:,.0f}' if bare else '-'} | {to_bare} "
+              f"| {rss} |")
     for engine in ("streamlab", "flink"):
         if engine in report:
             print(f"peak RSS {engine}: {report[engine]['peak_rss'] / 2**20:,.0f} MiB")

@@ -108,6 +108,7 @@ def main():
             results[query] = run(env, rest, query, args.events, None, "timed")
             if query not in UPDATING:
                 run(env, rest, query, args.events, args.out, "answer")
+            print(f"done {query}", flush=True)  # bench/nexmark.py takes the query's peak RSS
         setup = flink_setup(args.events)
     finally:
         cluster.close()
