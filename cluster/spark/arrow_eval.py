@@ -343,16 +343,22 @@ class ArrowPath:
                 _known[self.key(table.schema)] = self.translation
             log.info("%s: its projections and filters run by Arrow, without Spark", self.where)
 
-    def run(self, table: pa.Table) -> Optional[pa.Table]:
-        """The batch's answer by Arrow, in Spark's output types; None: Spark answers it (no
-        translation for its schema, or Arrow failed on this batch: an overflow, a division by zero)."""
+    def ready(self, schema: pa.Schema) -> Optional[Translation]:
+        """The translation for batches of ``schema``: this chain's own, or one another chain of
+        the same SQL tried (then this chain's too, without a trial); None: Spark answers them."""
         done = self.translation
         if done is None and not self.tried:
             with _known_lock:
-                done = _known.get(self.key(table.schema))
+                done = _known.get(self.key(schema))
             if done is not None:
                 self.translation = done
-        if done is None or not done.input.equals(table.schema):
+        return done if done is not None and done.input.equals(schema) else None
+
+    def run(self, table: pa.Table) -> Optional[pa.Table]:
+        """The batch's answer by Arrow, in Spark's output types; None: Spark answers it (no
+        translation for its schema, or Arrow failed on this batch: an overflow, a division by zero)."""
+        done = self.ready(table.schema)
+        if done is None:
             return None
         try:
             out = done.program.run(table)

@@ -199,8 +199,9 @@ class SparkChain(Operator, kind="spark"):
     def runs_locally(self, schema: pa.Schema, rows: int) -> bool:
         """Whether a batch may run in the driver without a Spark job (fast_paths.FastPaths.runs_locally).
         Only asks (a fused round's worker asks it of the leader's chain): never raises."""
-        done = self.arrow.translation
-        return not self.public and self.paths is not None and (done is not None and done.input.equals(schema)
+        # the Arrow path as run() finds it: a fused round's leader whose fellow subtask made the
+        # translation takes it too (else every round it led went to Spark, a cold job's most)
+        return not self.public and self.paths is not None and (self.arrow.ready(schema) is not None
                                                                or self.paths.runs_locally(schema, rows))
 
     def _run(self, session, jdf, refs: JvmRefs, public: bool) -> pa.Table:

@@ -119,3 +119,22 @@ def test_the_helpers_compile_once_per_machine_and_are_not_needed(monkeypatch, tm
     assert spark_jvm.classpath_entry() is None
     assert not [p for p in (tmp_path / "elsewhere").rglob("*") if p.is_file()]
     assert os.listdir(Path(entry).parent) == [Path(entry).name]  # no staging directory left
+
+
+def test_a_subtask_takes_the_arrow_path_its_fellow_subtask_found_for_its_fused_rounds(spark):
+    """A fused round (fusion.py) asks its leader's chain whether the batches run without Spark: a
+    chain whose fellow subtask tried the Arrow path takes it untried, as its own batches do (when it
+    did not, every round that chain led went to Spark: most of a cold job's batches)."""
+    query = "SELECT id, v * 10 AS w FROM input WHERE v <> 3"
+    first, second = spark_chains(query, "fellow subtasks", config={
+        "execution.spark.arrow-projections": True, "execution.spark.local-batch-rows": 0})
+    big = batch(0, 20_000)
+    try:
+        assert not second.runs_locally(big.schema, big.num_rows)  # nothing tried yet: Spark's
+        expected = run(first, [big])[0]
+        assert first.arrow.translation is not None
+        assert second.runs_locally(big.schema, big.num_rows)
+        assert run(second, [big])[0].equals(expected) and second.arrow.batches == 1
+    finally:
+        first.close()
+        second.close()
