@@ -93,7 +93,7 @@ def window_ends(specs) -> list[list[int]]:
         assigner = spec.params.get("assigner")
         if not isinstance(assigner, dict) or spec.params.get("time", "event") != "event":
             continue
-        period = {"tumbling": assigner.get("size"), "sliding": assigner.get("slide")}.get(assigner.get("type"))
+        period = {"tumbling": assigner.get("size"), "sliding": assigner.get("slide")}.get(str(assigner.get("type")))
         if isinstance(period, int) and period > 0:
             ends.add((period, (assigner.get("offset") or 0) % period))
     return [list(end) for end in sorted(ends)]
