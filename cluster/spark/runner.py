@@ -393,6 +393,13 @@ class SparkRunner:
         return self.lost
 
     def stop(self) -> None:
+        """The session stopped, unless its JVM is gone already (ended or killed): then there is
+        nothing to stop, and the TaskManager's own stop goes on."""
         self._stopping = True
-        if self.session is not None:
+        if self.session is None or self.lost is not None:
+            return
+        from py4j.protocol import Py4JError
+        try:
             self.session.stop()
+        except (Py4JError, OSError) as exc:
+            log.warning("the SparkSession did not stop, its JVM unreachable: %s", exc)

@@ -124,12 +124,14 @@ class TaskExecutor:
                                timeout=2)
         except Exception:
             pass
-        self.endpoint.stop()
-        self.network.stop()
-        runner = SparkRunner.running()
-        if runner is not None:
-            runner.stop()
-        self.stopped.set()
+        try:
+            self.endpoint.stop()
+            self.network.stop()
+            runner = SparkRunner.running()
+            if runner is not None:
+                runner.stop()
+        finally:  # whatever failed above, the process ends (main waits for this)
+            self.stopped.set()
 
     # ------------------------------------------------------------------ registration, heartbeats
     def _register(self) -> None:

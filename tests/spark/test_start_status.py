@@ -79,3 +79,24 @@ def test_a_turn_is_kept_for_a_waiting_tasks_first_batches_and_given_up_at_once_o
         time.sleep(0.05)
     for turn in [*turns[1:], *again]:
         turn.close()
+
+
+def test_stopping_a_runner_whose_jvm_is_gone_does_not_raise():
+    """A TaskManager's stop must end its process even when its JVM was killed under it (found:
+    a SIGTERM'd TaskManager whose JVM was gone raised in SparkSession.stop and never exited)."""
+    from py4j.protocol import Py4JNetworkError
+
+    class Unreachable:  # PySpark's SparkSession over a JVM that no longer listens
+        calls = 0
+
+        def stop(self):
+            Unreachable.calls += 1
+            raise Py4JNetworkError("An error occurred while trying to connect to the Java server")
+
+    runner = SparkRunner(LOCAL)
+    runner.session = Unreachable()  # type: ignore[assignment]
+    runner.stop()  # the JVM's end not seen yet: tried, and the failure logged
+    assert Unreachable.calls == 1
+    runner.lost = "the JVM was killed (signal 9)"
+    runner.stop()  # seen: not tried
+    assert Unreachable.calls == 1
