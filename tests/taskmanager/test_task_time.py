@@ -103,12 +103,18 @@ def test_idle_inputs_release_the_watermark_and_make_the_task_idle():
     assert statuses == [True, False]
 
 
-def test_generated_watermarks_are_asked_for_at_the_interval():
+def generating(interval_ms: int):
+    """A source, a watermark generator and a step after it, on a clock the test moves (now[0])."""
     log: list = []
     now = [0.0]
     generator = Generator("assigner", log)
-    time, _, emitted, statuses = task_time([Step("source", log), generator, Step("after", log)], interval_ms=200,
-                                           clock=lambda: now[0])
+    time, _, emitted, statuses = task_time([Step("source", log), generator, Step("after", log)],
+                                           interval_ms=interval_ms, clock=lambda: now[0])
+    return time, generator, now, log, emitted, statuses
+
+
+def test_generated_watermarks_are_asked_for_at_the_interval():
+    time, generator, now, log, emitted, statuses = generating(200)
     generator.answer = (NO_WATERMARK, False)
     time.periodic(read_rows=True)
     assert emitted == []  # nothing seen yet: no watermark
@@ -128,11 +134,7 @@ def test_generated_watermarks_are_asked_for_at_the_interval():
 
 
 def test_a_watermark_past_a_window_end_goes_out_before_the_interval():
-    log: list = []
-    now = [0.0]
-    generator = Generator("assigner", log)
-    time, _, emitted, _ = task_time([Step("source", log), generator, Step("after", log)], interval_ms=200,
-                                    clock=lambda: now[0])
+    time, generator, now, _, emitted, _ = generating(200)
     generator.answer = (400, False)
     time.periodic(read_rows=True)
     assert emitted == [400]

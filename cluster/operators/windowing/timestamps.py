@@ -91,7 +91,7 @@ class TimestampsAndWatermarks(Operator, kind="timestamps-watermarks"):
                 return False
             watermark = answer[0]
         else:
-            watermark = self.generator.max_timestamp - self.bound - 1
+            watermark = self.generator.watermark
         return passes_window_end(self.window_ends, self.emitted, watermark)
 
     def process_watermark(self, watermark: int) -> tuple[list[pa.Table], Optional[int]]:

@@ -68,11 +68,16 @@ class BoundedOutOfOrderness:
         self._last_row = self._clock()
         self.idle = False
 
+    @property
+    def watermark(self) -> int:
+        """What it would emit now: the largest timestamp seen, less the bound and 1 ms."""
+        return self.max_timestamp - self.bound - 1
+
     def on_periodic_emit(self) -> tuple[int, bool]:
         """(the watermark now, whether the split is idle), as the periodic emitter asks."""
         if self.idle_timeout is not None and self._clock() - self._last_row >= self.idle_timeout:
             self.idle = True
-        return self.max_timestamp - self.bound - 1, self.idle
+        return self.watermark, self.idle
 
 
 class SplitWatermarks:
@@ -95,7 +100,7 @@ class SplitWatermarks:
     def states(self) -> dict[str, tuple[int, bool]]:
         """Each split's watermark and whether it is idle. Any thread: a copy of the dict, each
         generator's figures read once."""
-        return {split: (g.max_timestamp - g.bound - 1, g.idle) for split, g in dict(self.splits).items()}
+        return {split: (g.watermark, g.idle) for split, g in dict(self.splits).items()}
 
     def on_periodic_emit(self) -> Optional[tuple[int, bool]]:
         if not self.splits:
