@@ -166,7 +166,7 @@ class FileSource(SourceOperator, kind="file-source"):
             return None
         wait = self._next_scan - time.monotonic()
         if wait > 0:
-            self.ctx.cancelled.wait(min(IDLE_WAIT, wait))
+            self.ctx.cancelled.wait(self.waiting(min(IDLE_WAIT, wait)))
         else:
             self._discover()
         return pa.table({})

@@ -107,7 +107,7 @@ class RedisStreamSource(SourceOperator, kind="redis-stream-source"):
             return pa.table({})
         # redis-py types ``streams`` as an invariant Dict[KeyT, StreamIdT]; a dict[str, str] is what it takes
         reply = self.redis.xread(active, count=self.batch_size,  # type: ignore[arg-type]
-                                 block=None if self.bounded else IDLE_WAIT_MS)
+                                 block=None if self.bounded else max(1, int(self.waiting(IDLE_WAIT_MS / 1000) * 1000)))
         received = _xread_entries(reply)
         rows: list[tuple[str, str, dict]] = []
         for key in active:

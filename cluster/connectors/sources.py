@@ -110,7 +110,8 @@ class GeneratorSource(SourceOperator, kind="generator-source"):
             wanted = n if self.fixed_batches else 1
             if due < wanted:
                 # sleep until the rows are due, at most 100 ms, so cancellation stays quick
-                time.sleep(max(0.0, min(0.1, (self.emitted + wanted) / self.rate - (time.monotonic() - self.started))))
+                time.sleep(self.waiting(max(0.0, min(0.1, (self.emitted + wanted) / self.rate
+                                                     - (time.monotonic() - self.started)))))
                 return pa.table({})
             n = min(n, due)
             self.last_poll = now

@@ -162,8 +162,16 @@ class Operator:
 
 
 class SourceOperator(Operator):
+    # the longest a poll may wait for input, set by the task before each poll: short while the
+    # chain's Spark stage holds batches, whose outputs the task hands on between polls
+    wait_limit_s = float("inf")
+
     def poll(self) -> Optional[pa.Table]:
         raise NotImplementedError
+
+    def waiting(self, wanted_s: float) -> float:
+        """How long a poll that would wait ``wanted_s`` for input may wait."""
+        return min(wanted_s, self.wait_limit_s)
 
     def snapshot_position(self) -> dict:
         """Where this subtask is in its input: all that replay from a checkpoint needs."""

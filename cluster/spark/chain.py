@@ -49,6 +49,7 @@ class SparkChain(Operator, kind="spark"):
         self.steps = ChainSteps(specs)
         self.timings = BatchTimings()
         self._local = threading.local()
+        self.answered_in_task = 0  # batches Arrow answered on the task thread, with no hand-off (metrics)
         self.fused_jobs = 0  # jobs this subtask ran with other subtasks' batches in them (fusion.py)
         self.paths: Optional[FastPaths] = None  # set by open
         # set by open: batches by Arrow, once it answered as Spark
@@ -128,6 +129,13 @@ class SparkChain(Operator, kind="spark"):
         if table.num_rows == 0:
             return []
         return self._guarded(lambda public: self._process(table, public))
+
+    def answer_by_arrow(self, table: pa.Table) -> Optional[pa.Table]:
+        """The batch's answer by Arrow on the task thread (OperatorChain), once the chain has its
+        translation; None: the stage's threads answer it (process)."""
+        answered = None if self.public else self.arrow.run(table)
+        self.answered_in_task += answered is not None
+        return answered
 
     def _process(self, table: pa.Table, public: bool) -> list[pa.Table]:
         assert self.paths is not None
@@ -227,4 +235,5 @@ class SparkChain(Operator, kind="spark"):
                                          "spark-plans-reused": self.plans_reused,
                                          "spark-local-batches": self.local_batch_count,
                                          "spark-arrow-batches": self.arrow.batches,
+                                         "spark-arrow-batches-in-task": self.answered_in_task,
                                          "spark-arrow-handed-back": self.arrow.handed_back}

@@ -128,6 +128,13 @@ class SparkStage:
             while self._waiting.full and self._error is None:
                 self._wait()
 
+    @property
+    def idle(self) -> bool:
+        """Nothing waits, runs or is done and not yet handed on."""
+        self._check_owner()
+        with self._cond:
+            return not self._waiting and not self._running and not self._done and self._error is None
+
     def take_results(self) -> list[pa.Table]:
         """The outputs of finished jobs, in input order; raises a job's failure."""
         self._check_owner()

@@ -63,6 +63,9 @@ class CheckpointResponder(Protocol):
     def end_of_input(self, task: "StreamTask") -> None: ...
 
 
+# the longest a source's poll waits for input while the chain's Spark stage holds batches: their
+# outputs are handed on between polls, and a slow stream's next record may be 100 ms away
+STAGE_WAIT_S = 0.002
 _CALL_USER = Operator.call.__code__  # the frame a task runs a user's function in
 
 
@@ -291,6 +294,7 @@ class StreamTask:
                 time.sleep(0.005)
                 self.metrics.add_idle(time.monotonic() - started)
                 continue
+            source.wait_limit_s = STAGE_WAIT_S if chain.stage_busy else float("inf")
             table = source.poll()
             if table is None:
                 # the end of input: every event-time window downstream may fire (not at a stop,

@@ -9,7 +9,8 @@ import fastavro
 import pyarrow as pa
 import pytest
 
-from cluster.connectors.kafka.formats import FormatError, decode, encode
+from cluster.connectors.kafka.formats import SMALL_TABLE, FormatError, decode, encode
+from cluster.connectors.kafka.json_values import SMALL_BATCH, decode_json, read_batch
 
 TS = pa.timestamp("us")
 SCHEMA = pa.schema([
@@ -61,21 +62,33 @@ def test_json_values_are_objects_by_name():
     assert json.loads(values[2])["at"] is None
 
 
-def test_json_nested_round_trip():
+@pytest.fixture(params=["small batch", "batch reader"])
+def read_json(request):
+    """JSON values read as a small batch is (record by record) and as a large one is (Arrow's
+    reader): both give the same rows and reasons."""
+    if request.param == "small batch":
+        def read(values, schema):
+            assert len(values) < SMALL_BATCH
+            return decode_json(values, schema)
+        return read
+    return read_batch
+
+
+def test_json_nested_round_trip(read_json):
     values = encode(NESTED_ROWS, "json", {})
     assert json.loads(values[0])["customer"] == {"name": "ann", "tags": ["a", "b"],
                                                  "address": {"zip": 1000, "city": "Oslo"}}
-    table, unfit = decode(values, "json", NESTED, {})
+    table, unfit = read_json(values, NESTED)
     assert unfit == {}
     assert table.equals(NESTED_ROWS)
 
 
-def test_json_by_name_missing_unknown_and_timestamps():
+def test_json_by_name_missing_unknown_and_timestamps(read_json):
     values = [b'{"at": "2024-01-01T10:00:00Z", "id": 7, "extra": [1, {"x": 2}]}',
               b'{"id": 8, "amount": 3, "at": "2024-01-01T12:00:00+02:00"}',
               b'  {"id": 9, "user": 42, "ok": null}',          # a string column takes a number as its text
               b'{\n  "id": 10,\n  "user": {"a": [1, true]}\n}']  # a record on several lines
-    table, unfit = decode(values, "json", SCHEMA, {})
+    table, unfit = read_json(values, SCHEMA)
     assert unfit == {}
     assert table.to_pylist() == [
         {"id": 7, "user": None, "amount": None, "ok": None, "at": dt.datetime(2024, 1, 1, 10)},
@@ -85,12 +98,12 @@ def test_json_by_name_missing_unknown_and_timestamps():
     ]
 
 
-def test_json_unfit_records_with_reasons():
+def test_json_unfit_records_with_reasons(read_json):
     good = b'{"id": 1, "user": "ann"}'
     values = [good, b'{"id": 1, "user": ', b'{"id": "two"}', b'[1, 2]', b'null', None, b'{"id": 1.5}',
               b'{"id": 1, "ok": "yes"}', b'{"user": "\xff"}', b'{"id": 1}{"id": 2}', b'{"id": 1, "id": 2}',
               b'{"at": "yesterday"}', b'{"id": 99999999999999999999}', b'', good]
-    table, unfit = decode(values, "json", SCHEMA, {})
+    table, unfit = read_json(values, SCHEMA)
     assert table.column("id").to_pylist() == [1, 1]
     assert table.column("user").to_pylist() == ["ann", "ann"]
     assert unfit == {
@@ -112,10 +125,10 @@ def test_json_unfit_records_with_reasons():
     }
 
 
-def test_json_nested_unfit_names_the_path():
+def test_json_nested_unfit_names_the_path(read_json):
     values = [b'{"id": 1, "customer": {"address": {"zip": "x"}}}', b'{"id": 2, "scores": [1, "a"]}',
               b'{"id": 3, "customer": [1]}', b'{"id": 4, "customer": {"tags": ["t"]}}']
-    table, unfit = decode(values, "json", NESTED, {})
+    table, unfit = read_json(values, NESTED)
     assert table.to_pylist() == [{"id": 4, "customer": {"name": None, "tags": ["t"], "address": None},
                                   "scores": None, "at": None}]
     assert unfit == {0: "field 'customer.address.zip': 'x' (a string) is not a valid int32",
@@ -222,14 +235,14 @@ def test_configuration_mistakes_raise_clearly():
 
 def test_fast_reader_and_record_by_record_path_agree():
     """The batch reader is only a faster way to the record-by-record result."""
-    from cluster.connectors.kafka.json_values import decode_records, json_object
+    from cluster.connectors.kafka.json_values import decode_records, json_object, read_batch
     values = encode(NESTED_ROWS, "json", {}) + [
         b'{"id": 5, "scores": [1, 2], "at": "2024-01-01T10:00:00Z"}',
         b'{"id": 6, "at": "2024-01-01 10:00:00.5+02:00", "customer": {"address": {"zip": 7, "extra": 1}}}',
         b'{"id": 7, "at": "2024-01-01T10:00", "customer": {"name": "\\u00e9"}}',
         b'{"id": 8, "at": "2024-01-01"}',
     ]
-    fast, unfit = decode(values, "json", NESTED, {})
+    fast, unfit = read_batch(values, NESTED)
     slow, slow_unfit = decode_records(values, NESTED, json_object)
     assert unfit == slow_unfit == {}
     assert fast.equals(slow)
@@ -243,8 +256,11 @@ def test_json_of_flat_columns_is_built_by_arrow_with_the_values_json_dumps_gives
                      "b": [True, None, False, True, False], "i": pa.array([1, None, -3, 2**62, 0], pa.int64()),
                      "we\"ird": pa.array([1, 2, 3, 4, 5], pa.int8())})
     fast = _encode_flat_json(flat)
-    assert fast is not None and encode(flat, "json", {}) == fast
-    assert [json.loads(v) for v in fast] == flat.to_pylist()
+    assert fast is not None
+    # a small table is written by json.dumps: the same values (Arrow writes 1e-05 as 0.00001)
+    assert [json.loads(v) for v in fast] == [json.loads(v) for v in encode(flat, "json", {})] == flat.to_pylist()
+    many = pa.concat_tables([flat] * (SMALL_TABLE // flat.num_rows + 1))
+    assert encode(many, "json", {}) == _encode_flat_json(many)  # a large one by Arrow's kernels
     assert fast[0] == b'{"s":"a\\"b\\\\c","f":2.0,"b":true,"i":1,"we\\"ird":1}'  # whole floats keep their ".0"
     table, unfit = decode(fast, "json", flat.schema, {})
     assert unfit == {} and table.equals(flat)

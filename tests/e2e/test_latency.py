@@ -50,6 +50,22 @@ def test_rows_through_spark_keep_their_ingestion_time(cluster, client):
         handle.cancel()
 
 
+def test_a_slow_streams_sql_batches_are_answered_on_the_task_thread_with_sparks_rows(cluster, client):
+    """Once Arrow answered a batch as Spark did (arrow_eval), a batch that finds the Spark stage idle
+    is answered on the task thread (OperatorChain._answered_here): a slow stream's rows go on without
+    a hand-off to the stage's threads, and keep their order and values."""
+    env = StreamEnvironment(parallelism=1, cluster=cluster.cluster_dir)
+    (env.from_generator(lambda s: pd.DataFrame({"k": s % 10, "v": s}), count=1_500, rate=1_500)
+        .sql("SELECT k, v * 2 AS w FROM input WHERE k <> 3")
+        .collect("out"))
+    result = env.execute_async("slow sql", client=client).wait(120)
+    v = pd.Series(range(1_500))
+    expected = pd.DataFrame({"k": v % 10, "w": v * 2})[v % 10 != 3].reset_index(drop=True)
+    pd.testing.assert_frame_equal(result.to_pandas("out"), expected, check_dtype=False)
+    metrics = [s["metrics"] for s in client.job_details(result.job_id)["subtasks"]]
+    assert sum(m.get("spark-arrow-batches-in-task", 0) for m in metrics) > 0
+
+
 def test_rows_with_event_time_show_how_far_it_trails_the_clock(cluster, client):
     # every row's event time is a minute before it is made: a lag of at least a minute
     env = StreamEnvironment(parallelism=1, cluster=cluster.cluster_dir)

@@ -162,6 +162,25 @@ def test_a_full_stage_holds_the_task_thread_until_a_job_takes_the_input():
     s.close()
 
 
+def test_the_stage_is_idle_only_with_nothing_waiting_running_or_not_yet_handed_on():
+    """The task answers a batch itself (OperatorChain._answered_here) only when the stage is idle:
+    else that batch's output would pass outputs of earlier batches."""
+    jobs, s = first_job_held()
+    assert not s.idle  # a job runs
+    s.submit([rows(10, 10)])
+    assert not s.idle  # and input waits
+    jobs.hold[0].set()
+    assert values(s.flush()) == list(range(20))
+    assert s.idle
+    jobs.results.clear()
+    s.submit([rows(20, 5)])
+    until(jobs.results.is_set)  # done, its output not yet taken
+    assert not s.idle
+    assert values(s.take_results()) == list(range(20, 25))
+    assert s.idle
+    s.close()
+
+
 def test_a_job_failure_reaches_the_task_thread_and_cancel_ends_a_wait():
     jobs = Jobs()
     s = stage(jobs)

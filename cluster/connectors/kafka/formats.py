@@ -28,6 +28,9 @@ from cluster.connectors.kafka.json_values import Unfit, decode_json, decode_reco
 from cluster.connectors.records import to_table
 
 FORMATS = ("json", "csv", "avro", "raw", "string")
+# below this many rows json.dumps writes the values: Arrow's kernels cost some 170 us a table
+# whatever its rows, json.dumps 2 us a row (a slow stream's batches are of a row or two)
+SMALL_TABLE = 100
 
 
 class FormatError(ValueError):
@@ -163,7 +166,7 @@ def encode(table: pa.Table, fmt: str, options: dict) -> list[bytes]:
     check_format(fmt, table.schema, options)
     if fmt == "csv":
         return _encode_csv(table, options.get("delimiter", ","))
-    if fmt == "json":
+    if fmt == "json" and table.num_rows >= SMALL_TABLE:
         flat = _encode_flat_json(table)
         if flat is not None:
             return flat

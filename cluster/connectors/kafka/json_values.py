@@ -27,6 +27,10 @@ from cluster.graph.schema import type_name
 _LEAF = 32  # below this many records a refused batch is read record by record: cheaper than halving on
 _CHUNK = 1024  # a refused batch is read again in chunks of this size, to keep the chunks that fit
 _BLOCK = 1 << 22  # Arrow's JSON reader parses blocks of this size in parallel
+# below this many records a batch is read record by record: the reader's fixed cost (some 300 us a
+# call, whatever the batch) is what the Python path takes for 60 records (5 us each); a slow
+# stream's batches of a record or two spent most of their latency there (bench/kafka.py at 1,000/s)
+SMALL_BATCH = 64
 # the ISO-8601 forms Arrow's reader and Python's fromisoformat both take; group 1: the fraction
 _ISO = re.compile(r"\d{4}-\d{2}-\d{2}(?:[T ]\d{2}(?::\d{2}(?::\d{2}(\.\d+)?)?)?)?(?:Z|[+-]\d{2}(?::?\d{2})?)?")
 _ARROW_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, ValueError, TypeError,
@@ -39,6 +43,13 @@ class Unfit(Exception):
 
 def decode_json(values: list[Optional[bytes]], schema: pa.Schema) -> tuple[pa.Table, dict[int, str]]:
     """JSON object values -> (table of ``schema`` of those that fit, in order; {row: reason})."""
+    if len(values) < SMALL_BATCH:
+        return decode_records(values, schema, json_object)
+    return read_batch(values, schema)
+
+
+def read_batch(values: list[Optional[bytes]], schema: pa.Schema) -> tuple[pa.Table, dict[int, str]]:
+    """decode_json by Arrow's reader where it may read the records (any number of them)."""
     fast = _reader_types(schema)
     pieces: list[pa.Table] = []
     bad: dict[int, str] = {}

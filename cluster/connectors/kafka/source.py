@@ -197,7 +197,7 @@ class KafkaSource(SourceOperator, kind="kafka-source"):
         JSON read, a Spark step) took the throughput down; a slow stream's waited LINGER_S for
         a few records more (p50 29 ms at 1,000 records/s, bench/kafka.py)."""
         consume, size = self.consumer.consume, self.batch_size
-        messages = consume(size, timeout=0) or consume(1, timeout=POLL_TIMEOUT_S)
+        messages = consume(size, timeout=0) or consume(1, timeout=self.waiting(POLL_TIMEOUT_S))
         if messages and len(messages) < size:
             messages += consume(size - len(messages), timeout=LINGER_S if self.rate_per_s >= GATHER_FROM_PER_S else 0)
         self._count(len(messages))
