@@ -17,6 +17,7 @@ Thread use: ``record`` and ``record_many`` on the task thread; ``snapshot`` from
 """
 from __future__ import annotations
 
+import math
 import time
 from typing import Callable, Optional
 
@@ -38,7 +39,9 @@ def buckets_of(ms: np.ndarray) -> np.ndarray:
 
 
 def bucket_of(ms: float) -> int:
-    return int(buckets_of(np.array([ms]))[0])
+    """buckets_of for one latency, without numpy's cost per call (a slow stream's batch is a row)."""
+    value = float(ms)
+    return 0 if value <= 1 else 1 + math.floor(math.log2(value) * PER_DOUBLING)
 
 
 def bucket_value(bucket: int) -> float:

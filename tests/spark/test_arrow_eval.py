@@ -59,10 +59,12 @@ def spark_answer(spark, batch: pa.Table, query: str):
     return frame._jdf.queryExecution().analyzed().toJSON(), frame.toArrow()
 
 
+@pytest.mark.parametrize("eager", [False, True], ids=["acero", "eager"])
 @pytest.mark.parametrize("query", TRANSLATED)
-def test_arrow_answers_as_spark(spark, batch, query):
+def test_arrow_answers_as_spark(spark, batch, query, eager):
+    """By an Acero plan (a large batch's way) and eagerly over the columns (a small one's)."""
     plan, expected = spark_answer(spark, batch, query)
-    got = compile_plan(plan, batch.column_names).run(batch)
+    got = compile_plan(plan, batch.column_names).run(batch, eager=eager)
     assert expected.num_rows > 0
     got = got.cast(expected.schema)
     assert got.schema == expected.schema and same_rows(got, expected), query
@@ -92,6 +94,7 @@ def test_the_path_is_taken_only_after_an_equal_answer_and_hands_back_what_arrow_
     # an overflow: Spark (ANSI mode) fails or answers it, not Arrow
     huge = batch.set_column(1, "price", pa.array(np.full(batch.num_rows, 2**62, dtype=np.int64)))
     assert path.run(huge) is None and path.handed_back == 1
+    assert path.run(huge.slice(0, 5)) is None and path.handed_back == 2  # eagerly too
     # a batch of another schema is Spark's; a later chain of the query takes the translation untried
     assert path.run(batch.drop_columns(["s"])) is None
     later = ArrowPath(True, "test", lambda schema: ("equal", query))

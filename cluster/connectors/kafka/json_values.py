@@ -14,6 +14,7 @@ path does, so such records are read there.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import io
 import json
 import re
@@ -170,7 +171,7 @@ def json_object(value: bytes) -> dict:
 def decode_records(values: list[Optional[bytes]], schema: pa.Schema,
                     parse: Callable[[bytes], dict]) -> tuple[pa.Table, dict[int, str]]:
     """Record by record: each value parsed to a dict, each field checked and converted."""
-    converters = [(f.name, _converter(f.type)) for f in schema]
+    converters = _converters(schema)
     columns: list[list] = [[] for _ in schema]
     bad: dict[int, str] = {}
     for row, value in enumerate(values):
@@ -192,6 +193,12 @@ def decode_records(values: list[Optional[bytes]], schema: pa.Schema,
             column.append(item)
     arrays = [pa.array(column, field.type) for field, column in zip(schema, columns)]
     return pa.Table.from_arrays(arrays, schema=schema), bad
+
+
+@functools.lru_cache(maxsize=64)
+def _converters(schema: pa.Schema) -> list[tuple[str, Convert]]:
+    """Each field's converter, made once per schema (a slow stream reads a batch per record)."""
+    return [(f.name, _converter(f.type)) for f in schema]
 
 
 def _kind(value: Any) -> str:
