@@ -87,7 +87,7 @@ def test_the_views_follow_the_job(dashboard):
     wait_for(lambda: records_in(board)[0] > before[0] + 2000, 15, "more records")
     assert board.progress.bar.value > 0 and "of 400,000 rows from the sources" in board.progress.label.value
     (results,) = board.results.sinks
-    wait_for(lambda: 'data-rows="0"' not in results.summary.value and results.grid is not None, 15, "result rows")
+    wait_for(lambda: 'data-rows="0"' not in results.summary.value and results.filled, 15, "result rows")
     assert "an upsert table keyed by <b>user</b>" in results.summary.value
     # a point per update (how many by now depends on the machine's load: wait for them)
     wait_for(lambda: len(board.backpressure.chart.source.data["t"]) >= 5, 15, "five chart points")

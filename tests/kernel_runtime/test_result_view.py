@@ -43,7 +43,7 @@ def finished_board(client, env, name: str, mode: ResultMode):
 
 def shows_the_kept_rows(results, handle) -> bool:
     """Whether the grid holds the rows the client kept (their columns the grid has, in any order)."""
-    if results.grid is None:
+    if not results.filled or not results.grid.data:  # the feed's thread may be between the two
         return False
     grid, kept = grid_frame(results), handle.to_pandas()
     common = [c for c in kept.columns if c in grid.columns]

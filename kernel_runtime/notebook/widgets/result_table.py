@@ -11,7 +11,7 @@ Thread use: the dashboard's main thread only (updates and the buttons' clicks al
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 import ipywidgets as widgets
 import pandas as pd
@@ -94,7 +94,14 @@ class SinkResults:
         self.holder = widgets.Box(layout=widgets.Layout(height=f"{ROW_PX * (rows + 3)}px", width="100%"))
         self.holder.layout.display = "none"
         self.root = widgets.VBox([self.summary, self.toolbar, self.holder])
-        self.grid: Any = None  # Perspective's widget, made with the first rows
+        # Perspective's widget, in the page from the start (hidden): its module (6 MB, WebAssembly
+        # inside) loads while the job starts, not after the first rows (a loaded machine took the
+        # whole of a ten-second job to show them)
+        from kernel_runtime.notebook.widgets.grid import ResultsGrid
+        self.grid = ResultsGrid(title=sink, layout=widgets.Layout(height="100%", width="100%"))
+        self.grid.add_class("streamlab-results-grid")
+        self.holder.children = [self.grid]
+        self.filled = False  # the first rows came: the toolbar knows the columns, the grid shows
         self._shown: Optional[tuple[int, int]] = None  # (attempt, rows received) the grid holds
 
     # ---------------------------------------------------------------- updates
@@ -116,14 +123,11 @@ class SinkResults:
         rows = self.handle.to_pandas(self.sink)
         if not len(rows.columns):
             return
-        if self.grid is None:
-            self._make_grid(rows, summary)
+        if not self.filled:
+            self._first_rows(rows, summary)
         self.grid.data = for_the_grid(rows)
 
-    def _make_grid(self, rows: pd.DataFrame, summary: ResultSummary) -> None:
-        from kernel_runtime.notebook.widgets.grid import ResultsGrid
-        grid = ResultsGrid(title=self.sink, layout=widgets.Layout(height="100%", width="100%"))
-        grid.add_class("streamlab-results-grid")
+    def _first_rows(self, rows: pd.DataFrame, summary: ResultSummary) -> None:
         columns = [str(c) for c in rows.columns]
         numeric = [str(c) for c in rows.columns if pd.api.types.is_numeric_dtype(rows[c])
                    and not pd.api.types.is_bool_dtype(rows[c])]
@@ -131,16 +135,15 @@ class SinkResults:
         self.over.value = next((k for k in shown_key(summary) if k in columns), columns[0])
         self.value.options = numeric or columns
         self.value.value = (numeric or columns)[-1]
-        self.grid = grid
+        self.filled = True
         self._chart()
-        self.holder.children = [grid]
         self.holder.layout.display = self.toolbar.layout.display = None
 
     # ---------------------------------------------------------------- the user's controls
     def _chart(self, _change=None) -> None:
         """The grid's settings as the toggle says: a table of every column, or a chart of the value
         column summed over the chosen one."""
-        if self.grid is None:
+        if not self.filled:
             return
         if self.view.value == "table":
             self.grid.config = dict(plugin=PLUGINS["table"], group_by=[], columns=list(self.over.options),
