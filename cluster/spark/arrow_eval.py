@@ -26,6 +26,7 @@ EAGER_ROWS or more streams through an Acero plan in Acero's own small batches.
 from __future__ import annotations
 
 import decimal
+import functools
 import json
 import logging
 import re
@@ -112,14 +113,20 @@ class ArrowProgram:
         else by an Acero plan."""
         if table.num_rows < EAGER_ROWS if eager is None else eager:
             return self._eager(table)
-        operands = Expressions()
+        predicate, columns = self._acero
         nodes = [acero.Declaration("table_source", acero.TableSourceNodeOptions(table))]
-        if self.predicate is not None:
-            nodes.append(acero.Declaration("filter", acero.FilterNodeOptions(self.predicate(operands))))
-        nodes.append(acero.Declaration("project", acero.ProjectNodeOptions(
-            [c(operands) for c in self.columns.values()], list(self.columns))))
+        if predicate is not None:
+            nodes.append(acero.Declaration("filter", acero.FilterNodeOptions(predicate)))
+        nodes.append(acero.Declaration("project", acero.ProjectNodeOptions(columns, list(self.columns))))
         # one thread: rows keep their order, as Spark's narrow plan keeps it within the batch
         return acero.Declaration.from_sequence(nodes).to_table(use_threads=False)
+
+    @functools.cached_property
+    def _acero(self) -> tuple[Optional[pc.Expression], list[pc.Expression]]:
+        """The recipes as Acero's expressions, made once (a program is reused for every batch)."""
+        operands = Expressions()
+        predicate = None if self.predicate is None else self.predicate(operands)
+        return predicate, [c(operands) for c in self.columns.values()]
 
     def _eager(self, table: pa.Table) -> pa.Table:
         if self.predicate is not None:
