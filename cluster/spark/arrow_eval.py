@@ -17,11 +17,10 @@ fails or answers as Spark does (chain.py). The translation is used only after Sp
 to a batch equalled it (chain.py), and its output takes the Arrow types Spark's output had.
 
 ``compile_plan`` is pure: JSON in, ``ArrowProgram`` out; a program is immutable, for any thread.
-Each expression is translated once, to a recipe (``Recipe``: Arrow's functions over operands) that
-runs eagerly over a batch's columns or gives Acero's expression. Eagerly was the faster at every
-size measured (a 1-row batch 63 us against Acero's plan's 117, 100k rows 1.2 ms against 2.0, 1M
-18 ms against 25: bench/kafka.py's query) but holds each intermediate column whole, so a batch of
-EAGER_ROWS or more streams through an Acero plan in Acero's own small batches.
+Each expression is translated once, to a recipe (``Recipe``) that runs eagerly over a batch's
+columns or gives Acero's expression. Eagerly was the faster at every size measured (1 row: 63 us
+against Acero's 117; 100k rows: 1.2 ms against 2.0) but holds each intermediate column whole, so a
+batch of EAGER_ROWS or more streams through an Acero plan in Acero's own small batches.
 """
 from __future__ import annotations
 
@@ -133,7 +132,9 @@ class ArrowProgram:
             keep = self.predicate(Columns(table))
             if isinstance(keep, pa.Scalar):  # a constant condition: every row or none (null: none)
                 keep = pa.repeat(keep, table.num_rows).cast(pa.bool_())
-            table = table.filter(keep)  # a null drops the row, as Acero's filter does
+            # a null drops the row, as Acero's filter does; a batch that keeps every row skips the copy
+            if keep.null_count or not pc.all(keep).as_py():
+                table = table.filter(keep)
         operands = Columns(table)
         values = [c(operands) for c in self.columns.values()]
         values = [pa.repeat(v, table.num_rows) if isinstance(v, pa.Scalar) else v for v in values]
@@ -343,6 +344,8 @@ def _cast(node: dict, value: Recipe) -> Recipe:
             number = None if child["value"] is None else float(decimal.Decimal(child["value"]))
             return _constant(pa.scalar(number, target))
         raise Untranslatable("a cast of a decimal to a double")  # Spark's rounds exactly, Arrow's within an ulp
+    if node["children"][0]["class"] == _EXPR + "Literal":  # cast once, not for every batch
+        return _constant(pc.cast(value(Columns(pa.table({}))), target, safe=True))
     return lambda o: o.cast(value(o), target)
 
 

@@ -21,6 +21,7 @@ TRANSLATED = [
     "SELECT CAST(auction AS double) AS x, CAST(price AS int) AS y FROM (SELECT * FROM input WHERE price < 5000) t "
     "WHERE auction IS NOT NULL",
     "SELECT s, d FROM input WHERE d <= 0 OR s IS NULL",
+    "SELECT auction, price + 1 AS next FROM input WHERE price >= 0",  # every row kept: the filter is skipped
     "SELECT price - auction AS gap, price >= 500000 AS big, TRUE AS yes, NULL AS nothing FROM input",
     # Spark's NaN: equal to itself, above every number
     "SELECT d, d = d AS same, d > 1.0 AS above, d <= -1.0 AS below, d < d + 1.0 AS rising, d >= d * 2.0 AS halved "
