@@ -84,6 +84,9 @@ def attempt_running(local, handle, client, attempt: int) -> bool:
     """Whether ``attempt`` of the job runs, every task of it; a later attempt than that (a restart
     no kill caused) fails the test at once, with the failure that restarted the job."""
     status = handle.job_status()
+    if status.state in ("FINISHED", "FAILED", "CANCELED"):
+        raise AssertionError(f"the job is {status.state} (attempt {status.attempt}) while waiting for attempt "
+                             f"{attempt} to run: it ended before the test's kills")
     if status.attempt > attempt:
         failure = (rest(local, f"/jobs/{handle.job_id}")[1].get("last-failure") or {}).get("cause")
         raise AssertionError(f"attempt {status.attempt} while waiting for attempt {attempt}: the job restarted "
