@@ -4,7 +4,8 @@ that this script starts and stops.
 
 Records: {"seq": i, "user": "u<i%100>", "amount": i % 50, "price": i % 7 + 0.5, "ts": ...} (JSON);
 every peer keeps amount > 2 (47 in 50) and writes {"seq", "user", "total": amount * price} as JSON
-to an output topic, at-least-once, parallelism 1, no checkpoints.
+to an output topic, at-least-once, parallelism 1, no checkpoints. client-loop is the same work as
+a plain Python loop over confluent-kafka, no engine: the floor that the Python peers stand on here.
 
 * throughput: --records pre-loaded records in an input topic of 1 partition (on 2 cores, one
   partition, as the issue says for Spark's Real-Time Mode); rows/s = records / wall time from the
@@ -17,7 +18,7 @@ to an output topic, at-least-once, parallelism 1, no checkpoints.
   its input record's (when the bench's producer took it), matched by seq; records produced in the
   warm-up are left out. Timestamps are milliseconds.
 
-    .venv/bin/python bench/kafka.py [--records N] [--latency-seconds S] [--peers streamlab,flink,spark,spark-rtm]
+    .venv/bin/python bench/kafka.py [--records N] [--latency-seconds S] [--peers client-loop,streamlab,flink,spark,spark-rtm]
 """
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ from kernel_runtime.api import KafkaSink, KafkaSource  # noqa: E402
 from kernel_runtime.deploy import kafka_broker  # noqa: E402
 
 FLINK_CONNECTORS = ("5.0.0-2.2", "4.0.1-2.0")  # newest first: the first that runs a job is used
-PEERS = ("streamlab", "streamlab-pandas", "flink", "spark", "spark-rtm")
+PEERS = ("client-loop", "streamlab", "streamlab-pandas", "flink", "spark", "spark-rtm")
 QUERY = "SELECT seq, `user`, amount * price AS total FROM input WHERE amount > 2"
 # the broker's own JVM options are for tests (C1 only, a quick start): a benchmark wants the full JIT
 BROKER_JVM = ("-Xms512m", "-Xmx1g", "-XX:+UseG1GC")
@@ -105,6 +106,33 @@ class Streamlab:
     def close(self) -> None:
         self.client.close()
         self.cluster.__exit__(None, None, None)
+
+
+class ClientLoop:
+    """kafka_io.client_loop in a process of its own: no engine, the floor the others stand on."""
+
+    def __init__(self):
+        self.proc: Optional[subprocess.Popen] = None
+
+    def describe(self) -> str:
+        return ("a Python loop over confluent-kafka (no engine): consume, json.loads, filter, project, json.dumps, "
+                "produce")
+
+    def start(self, servers: str, topic: str, out: str) -> None:
+        self.proc = subprocess.Popen([sys.executable, str(BENCH / "kafka_io.py"), "loop", servers, topic, out])
+
+    def failed(self) -> Optional[str]:
+        code = None if self.proc is None else self.proc.poll()
+        return None if code is None else f"the client loop ended (exit {code})"
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(60)
+            self.proc = None
+
+    def close(self) -> None:
+        self.stop()
 
 
 class Flink:
@@ -329,6 +357,8 @@ def main():
             if name.startswith("streamlab"):
                 step = "sql" if name == "streamlab" else "pandas"
                 run_peer(name, lambda: Streamlab(step, args.delivery), args, servers, offsets, topics, results, errors)
+            elif name == "client-loop":
+                run_peer(name, ClientLoop, args, servers, offsets, topics, results, errors)
             elif name == "flink":
                 run_peer(name, lambda: make_flink(args, servers, topics["warm"], offsets)[0], args, servers, offsets,
                          topics, results, errors)

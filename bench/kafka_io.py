@@ -192,8 +192,37 @@ def maven_jars(pom: Path, home: Path, *options: str) -> Path:
     return home
 
 
+def client_loop(servers: str, topic: str, out: str) -> None:
+    """The bench's job without an engine: confluent-kafka's consumer, json.loads, the filter and
+    projection in Python, json.dumps, its producer; the floor of Python's Kafka client here."""
+    import uuid
+    from confluent_kafka import Consumer, Producer
+    consumer = Consumer({"bootstrap.servers": servers, "group.id": f"client-loop-{uuid.uuid4().hex}",
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False, "fetch.wait.max.ms": 50})
+    consumer.subscribe([topic])
+    producer = Producer({"bootstrap.servers": servers, "linger.ms": 5, "batch.num.messages": 10_000,
+                         "queue.buffering.max.messages": 1_000_000, "acks": 1})
+    consume, produce, loads, dumps = consumer.consume, producer.produce, json.loads, json.dumps
+    while True:
+        for message in consume(10_000, timeout=0) or consume(1, timeout=0.1):
+            if message.error() is None:
+                row = loads(message.value())
+                if row["amount"] > 2:
+                    total = row["amount"] * row["price"]
+                    while True:
+                        try:
+                            produce(out, dumps({"seq": row["seq"], "user": row["user"], "total": total}).encode())
+                            break
+                        except BufferError:
+                            producer.poll(0.05)
+        producer.poll(0)
+
+
 if __name__ == "__main__":
-    if sys.argv[1:2] != ["produce"]:
+    if sys.argv[1:2] == ["produce"]:
+        s, t, r, secs, first, out = sys.argv[2:8]
+        produce_paced(s, t, int(r), float(secs), int(first), out)
+    elif sys.argv[1:2] == ["loop"]:
+        client_loop(*sys.argv[2:5])
+    else:
         sys.exit(__doc__)
-    s, t, r, secs, first, out = sys.argv[2:8]
-    produce_paced(s, t, int(r), float(secs), int(first), out)
