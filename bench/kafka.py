@@ -128,7 +128,10 @@ class ClientLoop:
     def stop(self) -> None:
         if self.proc is not None:
             self.proc.terminate()
-            self.proc.wait(60)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
             self.proc = None
 
     def close(self) -> None:

@@ -1,10 +1,12 @@
 """Kafka plumbing of bench/kafka.py: topics, the pre-loaded input, a paced producer (a process of
-its own), the output topic's end offsets and its records' timestamps, and the peers' connector jars.
+its own), the output topic's end offsets and its records' timestamps, the peers' connector jars, and
+the client-loop peer (a process of its own).
 
 Everything here talks to the broker through confluent-kafka directly, never through streamlab's
 connectors, so every peer is measured by the same yardstick.
 
     python bench/kafka_io.py produce SERVERS TOPIC RATE SECONDS FIRST_SEQ TS_FILE   (run by kafka.py)
+    python bench/kafka_io.py loop SERVERS TOPIC OUT_TOPIC                           (run by kafka.py)
 """
 from __future__ import annotations
 

@@ -86,7 +86,7 @@ def attempt_running(local, handle, client, attempt: int) -> bool:
     status = handle.job_status()
     if status.state in ("FINISHED", "FAILED", "CANCELED"):
         raise AssertionError(f"the job is {status.state} (attempt {status.attempt}) while waiting for attempt "
-                             f"{attempt} to run: it ended before the test's kills")
+                             f"{attempt} to run: it ended before the test's kills; {status.failure or ''}")
     if status.attempt > attempt:
         failure = (rest(local, f"/jobs/{handle.job_id}")[1].get("last-failure") or {}).get("cause")
         raise AssertionError(f"attempt {status.attempt} while waiting for attempt {attempt}: the job restarted "

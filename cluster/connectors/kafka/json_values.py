@@ -171,7 +171,7 @@ def json_object(value: bytes) -> dict:
 def decode_records(values: list[Optional[bytes]], schema: pa.Schema,
                    parse: Callable[[bytes], dict]) -> tuple[pa.Table, dict[int, str]]:
     """Record by record: each value parsed to a dict, each field checked and converted."""
-    converters, struct = _converters(schema)
+    converters = _converters(schema)
     rows: list[tuple] = []
     bad: dict[int, str] = {}
     for row, value in enumerate(values):
@@ -191,16 +191,16 @@ def decode_records(values: list[Optional[bytes]], schema: pa.Schema,
             continue
         rows.append(tuple(converted))
     # the rows as one struct array: one conversion for the batch, not one per column (a slow stream's
-    # batch of a record or two: 10 us, not 26)
-    table = pa.Table.from_struct_array(pa.array(rows, struct))
+    # batch of a record or two: 10 us, not 26); the struct is made from this schema, not cached with
+    # the converters, whose cache takes schemas that differ only in their fields' metadata for one
+    table = pa.Table.from_struct_array(pa.array(rows, pa.struct(schema)))
     return (table.replace_schema_metadata(schema.metadata) if schema.metadata else table), bad
 
 
 @functools.lru_cache(maxsize=64)
-def _converters(schema: pa.Schema) -> tuple[list[tuple[str, Convert]], pa.StructType]:
-    """Each field's converter and the rows' struct type, made once per schema (a slow stream reads
-    a batch per record)."""
-    return [(f.name, _converter(f.type)) for f in schema], pa.struct(schema)
+def _converters(schema: pa.Schema) -> list[tuple[str, Convert]]:
+    """Each field's converter, made once per schema (a slow stream reads a batch per record)."""
+    return [(f.name, _converter(f.type)) for f in schema]
 
 
 def _kind(value: Any) -> str:
