@@ -132,6 +132,7 @@ class ClientLoop:
                 self.proc.wait(60)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+                self.proc.wait()
             self.proc = None
 
     def close(self) -> None:
