@@ -105,7 +105,7 @@ class GeneratorSource(SourceOperator, kind="generator-source"):
                 self.started = now
             due = int((now - self.started) * self.rate) - self.emitted
             if 0 < due < n and now - self.last_poll < PACE_S:  # a few rows: gather more (a poll has a cost)
-                time.sleep(PACE_S - (now - self.last_poll))
+                time.sleep(self.waiting(PACE_S - (now - self.last_poll)))
                 return pa.table({})
             wanted = n if self.fixed_batches else 1
             if due < wanted:
@@ -186,7 +186,7 @@ class TestingSource(GeneratorSource, kind="testing-source"):
         for row, how in self.sentinels:
             if row == start:
                 if not self.checkpointed:
-                    time.sleep(PACE_S)  # held at the row: barriers still pass between polls
+                    time.sleep(self.waiting(PACE_S))  # held at the row: barriers still pass between polls
                     return 0
                 self._trigger(row, how)
             if start < row < start + n:

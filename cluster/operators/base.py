@@ -52,6 +52,8 @@ class OperatorContext:
     task_name: str = ""
     restored_checkpoint: int = 0  # the checkpoint this attempt started from (0: none)
     set_detail: Callable[[str], None] = lambda detail: None  # what the task waits for, for the status
+    # called on the task thread before a source waits for input: the task sends what its outputs hold
+    before_idle: Callable[[], None] = lambda: None
 
 
 # kind name -> the class that runs it, filled by ``class X(Operator, kind=...)``
@@ -170,7 +172,11 @@ class SourceOperator(Operator):
         raise NotImplementedError
 
     def waiting(self, wanted_s: float) -> float:
-        """How long a poll that would wait ``wanted_s`` for input may wait."""
+        """How long a poll that would wait ``wanted_s`` for input may wait. Every source's wait
+        for input passes here, so that what the task's outputs hold leaves before the task idles
+        (``ctx.before_idle``): a row waits for the buffer timeout only while its task is busy."""
+        if wanted_s > 0:
+            self.ctx.before_idle()
         return min(wanted_s, self.wait_limit_s)
 
     def snapshot_position(self) -> dict:

@@ -100,6 +100,11 @@ class InputGate:
         with self._cond:
             return sum(len(q) for q in self._queues.values())
 
+    def ready(self, blocked: frozenset = frozenset()) -> bool:
+        """Whether a ``poll`` would return at once: an item on a channel not blocked, or a wake-up."""
+        with self._cond:
+            return self._woken or any(q for c, q in self._queues.items() if c not in blocked)
+
     @property
     def finished(self) -> bool:
         return not self._open

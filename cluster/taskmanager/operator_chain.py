@@ -91,6 +91,7 @@ class OperatorChain:
             config=self.config, result_address=tdd.result_address, cancelled=self.cancelled, sender=self.sender,
             side_outputs=frozenset(self.side_writers), emit_side=self._emit_side,
             execution_id=tdd.execution_id, task_name=self.task_name, set_detail=set_detail,
+            before_idle=self.flush_outputs,
             restored_checkpoint=tdd.restore["checkpoint_id"] if tdd.restore else 0)
         operators: list[Operator] = []
         specs = [OperatorSpec(**o) for o in tdd.vertex["operators"]]

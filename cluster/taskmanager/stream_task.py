@@ -291,6 +291,7 @@ class StreamTask:
             started = time.monotonic()
             if exhausted or self._checkpoints.ending:
                 # waiting for the checkpoint after which this source ends (all was read, or stop)
+                chain.flush_outputs()
                 time.sleep(0.005)
                 self.metrics.add_idle(time.monotonic() - started)
                 continue
@@ -331,6 +332,10 @@ class StreamTask:
             clock.periodic(read_rows=False)
             deadline = chain.flush_due()
             timeout = WAIT_SLICE if deadline is None else max(0.0, min(WAIT_SLICE, deadline - time.monotonic()))
+            if not gate.ready(aligner.blocked):
+                # the task idles: what its outputs hold leaves now, as a source's does before it
+                # waits (SourceOperator.waiting); the buffer timeout only batches a busy task's rows
+                chain.flush_outputs()
             self.metrics.wait_begin(IDLE)
             got = gate.poll(timeout, aligner.blocked)
             self.metrics.wait_end()

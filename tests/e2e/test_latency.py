@@ -83,3 +83,21 @@ def test_rows_with_event_time_show_how_far_it_trails_the_clock(cluster, client):
         assert seen["p50"] < lag["p50"]  # the rows themselves were ingested just now
     finally:
         handle.cancel()
+
+
+def test_an_idle_tasks_rows_leave_without_waiting_for_the_buffer_timeout(cluster, client):
+    """A task that has nothing more to read sends what its outputs hold before it waits (a source
+    in SourceOperator.waiting, a task with inputs before its gate's poll): with a buffer timeout of
+    an hour, a slow stream's rows still reach the client through a Spark step answered on the task
+    thread, a hash exchange and a second task, while the job runs."""
+    env = StreamEnvironment(parallelism=2, cluster=cluster.cluster_dir, config={"execution.buffer-timeout": "1 h"})
+    (env.from_generator(lambda s: pd.DataFrame({"k": s % 10, "v": s}), rate=200)
+        .sql("SELECT k, v FROM input WHERE v % 10 < 8")
+        .key_by("k").map_batches(lambda df: df, name="keyed pass-through")
+        .collect("out"))
+    handle = env.execute_async("idle flush", client=client)
+    try:
+        wait_for(lambda: handle.row_count() >= 100, 120, "a hundred rows while the job runs")
+        assert handle.status == "RUNNING"
+    finally:
+        handle.cancel()

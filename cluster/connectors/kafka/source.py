@@ -159,7 +159,7 @@ class KafkaSource(SourceOperator, kind="kafka-source"):
         if self.bounded and len(self.finished) == len(self.positions):
             return None
         if not self.positions:
-            self.ctx.cancelled.wait(POLL_TIMEOUT_S)  # this subtask owns no partition (yet)
+            self.ctx.cancelled.wait(self.waiting(POLL_TIMEOUT_S))  # this subtask owns no partition (yet)
             return pa.table({})
         self._measure()
         kept: list[Message] = []
