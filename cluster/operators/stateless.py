@@ -6,14 +6,14 @@ import pandas as pd
 import pyarrow as pa
 
 from cluster.operators.base import Operator, UserFunctionError
-from cluster.common.frames import to_table
+from cluster.common.frames import table_to_frame, to_table
 
 
 class MapBatches(Operator, kind="map-batches"):
     """udf: fn(pandas.DataFrame) -> pandas.DataFrame."""
 
     def process(self, table: pa.Table) -> list[pa.Table]:
-        result = self.call_user(table.to_pandas())
+        result = self.call_user(table_to_frame(table))
         return [to_table(result, f"{self.spec.where()}: the function")]
 
 
@@ -21,7 +21,7 @@ class Filter(Operator, kind="filter"):
     """udf: fn(pandas.DataFrame) -> boolean mask (Series or array) of the same length."""
 
     def process(self, table: pa.Table) -> list[pa.Table]:
-        mask = self.call_user(table.to_pandas())
+        mask = self.call_user(table_to_frame(table))
         if isinstance(mask, pd.Series):
             mask = mask.to_numpy()
         mask = np.asarray(mask)

@@ -51,3 +51,33 @@ def test_plain_numpy_columns_skip_pandas_metadata_and_others_keep_it():
 def test_duplicate_column_names_are_refused_as_pyarrow_refuses_them():
     with pytest.raises(ValueError, match="Duplicate column names"):
         frame_to_table(pd.DataFrame([[1, 2]], columns=["a", "a"]))
+
+
+def _tables() -> dict[str, pa.Table]:
+    """Tables as tasks meet them: from frames (with and without pandas metadata), of two chunks,
+    and of every Arrow type a source or Spark gives."""
+    tables = {name: frame_to_table(frame) for name, frame in FRAMES.items() if len(frame.columns)}
+    n = 7
+    tables["every type, nulls"] = pa.table({
+        "i64": pa.array(range(n), pa.int64()), "i8": pa.array(range(n), pa.int8()),
+        "u32": pa.array(range(n), pa.uint32()), "i with null": pa.array([None, *range(n - 1)], pa.int64()),
+        "b": pa.array([i % 2 == 0 for i in range(n)]), "b with null": pa.array([None, *([True] * (n - 1))]),
+        "f64": pa.array([None, *(i / 2 for i in range(n - 1))]), "f32": pa.array([0.5] * n, pa.float32()),
+        "f16": pa.array(np.ones(n, dtype=np.float16)), "s": pa.array([None, *map(str, range(n - 1))]),
+        "ls": pa.array(["x"] * n, pa.large_string()), "ts": pa.array(range(n), pa.timestamp("ms")),
+        "d": pa.array(["a", "b"] * 3 + ["a"]).dictionary_encode(), "date": pa.array(range(n), pa.date32())})
+    chunked = tables["every type, nulls"]
+    tables["two chunks"] = pa.concat_tables([chunked.slice(0, 3), chunked.slice(3)])
+    tables["no rows"] = chunked.slice(0, 0)
+    tables["strings and numbers only"] = chunked.select(["i64", "u32", "b", "f64", "f32", "s", "ls"])
+    tables |= {f"only {name}": tables["two chunks"].select([name]) for name in chunked.column_names}
+    return tables
+
+
+@pytest.mark.parametrize("name", list(_tables()))
+def test_a_table_becomes_the_frame_to_pandas_makes(name):
+    table = _tables()[name]
+    expected, frame = table.to_pandas(), frames.table_to_frame(table)
+    pd.testing.assert_frame_equal(frame, expected, check_exact=True)
+    for column in frame.columns:  # a user's function may change its frame in place
+        assert frame[column].to_numpy().flags.writeable or frame[column].dtype == object
