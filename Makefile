@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 LABEXT_STAMP := $(VENV)/.labext-installed
 LABEXT_SRC   := labext/package.json labext/tsconfig.json $(wildcard labext/src/*.ts labext/style/*.css labext/style/*.js)
 
-.PHONY: setup system-deps system-packages kafka-jars spark-archive quickstart lab test test-fast typecheck bench bench-peers bench-kafka bench-nexmark bench-windows bench-dashboards bench-first-spark-cell bench-spark-batch bench-runtime-latency bench-lab-panel cluster-start cluster-stop clean check-python check-java
+.PHONY: setup system-deps system-packages kafka-jars spark-archive quickstart lab test test-fast typecheck bench bench-peers bench-kafka bench-nexmark bench-windows bench-dashboards bench-first-spark-cell bench-spark-batch bench-runtime-latency bench-guard bench-lab-panel cluster-start cluster-stop clean check-python check-java
 
 setup: $(STAMP) $(LABEXT_STAMP) spark-archive
 
@@ -171,6 +171,12 @@ bench-spark-batch: setup
 # the runtime's own end-to-end latency percentiles beside the bench's measurement of the same job
 bench-runtime-latency: setup
 	$(PY) bench/runtime_latency.py $(ARGS)
+
+# the regression guard: about a minute of the figures that catch a regression (latency at 1,000
+# rows/s on a generator and on Kafka, stateless and keyed rows/s), beside bench/baseline.json;
+# ARGS=--record writes this run's figures there (commit them with the change that moved them)
+bench-guard: setup kafka-jars
+	$(PY) bench/guard.py $(ARGS)
 
 cluster-start: setup
 	$(VENV)/bin/streamlab cluster start --taskmanagers 2 --slots 2

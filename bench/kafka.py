@@ -62,10 +62,13 @@ class Streamlab:
     """An embedded LocalCluster (1 TaskManager x 2 slots); .sql (Spark SQL per batch) or pandas
     .filter + .map_batches between KafkaSource.json and KafkaSink.json."""
 
-    def __init__(self, step: str, delivery: str, parallelism: int = 1):
+    def __init__(self, step: str, delivery: str, parallelism: int = 1, cluster: Optional[LocalCluster] = None):
+        """``cluster``: one that runs already (bench/guard.py's), left running at ``close``; None:
+        one of its own."""
         self.step, self.delivery, self.parallelism = step, delivery, parallelism
-        self.cluster = LocalCluster(Path(tempfile.mkdtemp(prefix="bench-kafka-streamlab-")), taskmanagers=1,
-                                    slots=2, embedded=True).__enter__()
+        self.owns_cluster = cluster is None
+        self.cluster = cluster or LocalCluster(Path(tempfile.mkdtemp(prefix="bench-kafka-streamlab-")),
+                                               taskmanagers=1, slots=2, embedded=True).__enter__()
         self.client = JobClient(self.cluster.info)
         self.handle = None
 
@@ -105,7 +108,8 @@ class Streamlab:
 
     def close(self) -> None:
         self.client.close()
-        self.cluster.__exit__(None, None, None)
+        if self.owns_cluster:
+            self.cluster.__exit__(None, None, None)
 
 
 class ClientLoop:
