@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 # where a JobManager in application mode leaves its application's end for the command that started it
@@ -29,9 +30,13 @@ def _environment() -> dict[str, str]:
     return env
 
 
-def spawn(module: str, name: str, cluster_dir: Path, *args: str) -> subprocess.Popen:
+def spawn(module: str, name: str, cluster_dir: Path, *args: str, owned: bool = False) -> subprocess.Popen:
     """Start ``python -m module --cluster-dir DIR --log-file ... *args`` in a session of its own
-    (a Ctrl-C in the launching terminal does not reach it; the launcher stops it)."""
+    (a Ctrl-C in the launching terminal does not reach it; the launcher stops it). ``owned``: it
+    stops when this process ends, however it ends (cluster.common.lifecycle)."""
+    if owned:
+        args = (*args, "--owner-pid", str(os.getpid()),
+                *(("--parent-death-signal",) if threading.current_thread() is threading.main_thread() else ()))
     log_path(cluster_dir, name).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     out_file = os.fdopen(os.open(log_path(cluster_dir, name, ".out"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600),
                          "ab")
@@ -51,6 +56,13 @@ def exec_foreground(module: str, cluster_dir: Path, *args: str) -> None:
     os.umask(0o077)
     os.execve(sys.executable, [sys.executable, "-m", module, "--cluster-dir", str(cluster_dir), *args],
               _environment())
+
+
+def add_owner_arguments(parser) -> None:
+    """The arguments ``spawn(..., owned=True)`` gives a process (an argparse parser's)."""
+    parser.add_argument("--owner-pid", type=int, help="stop when this process (the one that started it) ends")
+    parser.add_argument("--parent-death-signal", action="store_true",
+                        help="with --owner-pid: ask Linux for SIGTERM when the owner's spawning thread ends")
 
 
 def exit_report(proc: subprocess.Popen, cluster_dir: Path, name: str, lines: int = 15) -> str:

@@ -14,7 +14,6 @@ import collections
 import json
 import logging
 import os
-import signal
 import socket
 import threading
 import time
@@ -26,6 +25,8 @@ from typing import Any, Callable, Optional
 import psutil
 
 from cluster.conf import Configuration
+from cluster.common.launch import add_owner_arguments
+from cluster.common.lifecycle import HARD_EXIT_AFTER_S, POLL_S, StopRequest, exit_within, follow_owner
 from cluster.common.process_logging import configure_process_logging
 from cluster.protocol.auth import load_secret, rest_token
 from cluster.protocol import messages as m
@@ -135,7 +136,8 @@ def sweep_standby_files(cluster_dir: Path) -> list[Path]:
     return removed
 
 
-def stand_by(conf: Configuration, ha: ZooKeeperHaServices, standby_file: Path) -> Optional[list[socket.socket]]:
+def stand_by(conf: Configuration, ha: ZooKeeperHaServices, standby_file: Path,
+             stop: StopRequest) -> Optional[list[socket.socket]]:
     """Wait for leadership, serving REST for the leader meanwhile (Flink: every JobManager's REST
     endpoint answers). Its address is in ``standby_file`` while it stands by. Returns the REST
     sockets for the leader's own RestServer (None: the standby found no free port and served none)."""
@@ -164,14 +166,14 @@ def stand_by(conf: Configuration, ha: ZooKeeperHaServices, standby_file: Path) -
         forwarder.start()
         write_json(standby_file, {"rest": f"http://{conf['rest.address']}:{forwarder.port}", "pid": os.getpid()})
 
-    def terminate(*_) -> None:
-        standby_file.unlink(missing_ok=True)
-        os._exit(0)
-    signal.signal(signal.SIGTERM, terminate)
-    signal.signal(signal.SIGINT, terminate)
     log.info("standby JobManager: waiting for leadership in ZooKeeper under %s%s", ha.root,
              f"; REST answers for the leader at port {forwarder.port}" if forwarder is not None else "")
-    ha.wait_for_leadership()
+    while not ha.wait_for_leadership(POLL_S):
+        if stop.reason is not None:
+            log.info("standby JobManager stopping: %s", stop.reason)
+            standby_file.unlink(missing_ok=True)
+            logging.shutdown()
+            os._exit(0)  # its REST forwarder's and ZooKeeper client's threads do not hold it
     if forwarder is None or retriever is None:
         return None
     handed_over = forwarder.hand_over_sockets()
@@ -196,11 +198,15 @@ def main(argv=None) -> None:
                         help="application mode: run this job script's main() here, then shut the cluster down")
     parser.add_argument("--application-arg", action="append", default=[], metavar="ARG",
                         help="an argument of the application's main() (repeat for several)")
+    add_owner_arguments(parser)
     args = parser.parse_args(argv)
+    follow_owner(args.owner_pid, args.parent_death_signal)
     if args.application is not None and not args.application.is_file():
         parser.error(f"--application {args.application}: no such job script")
     conf = Configuration.from_file(args.cluster_dir / "config.yaml")
     configure_process_logging(args.log_file, conf)
+    stop = StopRequest(args.owner_pid)
+    stop.install()
     ha = None
     rest_sockets = None
     if ha_enabled(conf):
@@ -214,7 +220,7 @@ def main(argv=None) -> None:
         sweep_standby_files(args.cluster_dir)
         ha.contend(on_revoked=leave)
         if not ha.wait_for_leadership(0):
-            rest_sockets = stand_by(conf, ha, standby_file)
+            rest_sockets = stand_by(conf, ha, standby_file, stop)
         log.info("leadership granted")
         sweep_standby_files(args.cluster_dir)  # a failover: the standbys that died meanwhile
     jm = JobManager(conf, load_secret(args.cluster_dir / "secret"), args.cluster_dir.resolve(), rest_sockets)
@@ -225,13 +231,15 @@ def main(argv=None) -> None:
         ha.publish_leader(info)
         jm.endpoint.call_soon(jm.dispatcher.recover_jobs)
     write_json(args.cluster_dir / "jobmanager.json", info)
-    signal.signal(signal.SIGTERM, lambda *_: jm.stop())
-    signal.signal(signal.SIGINT, lambda *_: jm.stop())
     application = Application(jm, args.application, args.application_arg) if args.application else None
     if application is not None:
         application.start()
-    while not jm.terminated.wait(0.5):
-        pass
+    reason = stop.wait(jm.terminated)
+    if reason is not None:
+        log.info("JobManager stopping: %s", reason)
+        exit_within(HARD_EXIT_AFTER_S, "the JobManager")
+        jm.stop()
+        jm.terminated.wait()
     log.info("JobManager stopped")
     if application is not None:
         code = application.final_exit_code()

@@ -21,7 +21,6 @@ import gc
 import json
 import logging
 import os
-import signal
 import sys
 import threading
 import time
@@ -35,6 +34,8 @@ import psutil
 from cluster.checkpoint.barriers import Barrier
 from cluster.conf import Configuration, TaskConfig
 from cluster.ha.services import ha_enabled
+from cluster.common.launch import add_owner_arguments
+from cluster.common.lifecycle import HARD_EXIT_AFTER_S, StopRequest, exit_within, follow_owner
 from cluster.common.process_logging import configure_process_logging
 from cluster.graph.deployment import TaskDeploymentDescriptor
 from cluster.protocol.states import ExecutionState
@@ -396,7 +397,9 @@ def main(argv=None) -> None:
                         "ZooKeeper (the cluster dir's high-availability.* keys), followed on every change")
     parser.add_argument("--id", help="TaskManager id (default: a random one)")
     parser.add_argument("--log-file", type=Path, help="rolling log file (default: stderr)")
+    add_owner_arguments(parser)
     args = parser.parse_args(argv)
+    follow_owner(args.owner_pid, args.parent_death_signal)
     conf = Configuration.from_file(args.cluster_dir / "config.yaml")
     configure_process_logging(args.log_file, conf)
     spark_config = prepare_spark(conf, args.cluster_dir)
@@ -410,6 +413,8 @@ def main(argv=None) -> None:
     else:
         address = args.jobmanager or published_address(args.cluster_dir / "jobmanager.json")
     tm = TaskExecutor(conf, load_secret(args.cluster_dir / "secret"), address, spark_config, args.id)
+    stop = StopRequest(args.owner_pid)
+    stop.install()
     tm.start()
     gc.freeze()  # the modules and the TaskManager's own objects: full collections skip them (see SparkRunner)
     if leader is not None:
@@ -417,8 +422,9 @@ def main(argv=None) -> None:
         tm.endpoint.call_soon(tm.follow_leader, leader.leader()["rpc"])  # a change before the line above
     log.info("TaskManager %s with %d slots, data at %s", tm.task_manager_id, len(tm.slot_table),
              tm.network.data_address)
-    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=tm.stop, daemon=True).start())
-    signal.signal(signal.SIGINT, lambda *_: threading.Thread(target=tm.stop, daemon=True).start())
-    while not tm.stopped.wait(0.5):
-        pass
+    reason = stop.wait(tm.stopped)
+    if reason is not None:
+        log.info("TaskManager %s stopping: %s", tm.task_manager_id, reason)
+        exit_within(HARD_EXIT_AFTER_S, f"TaskManager {tm.task_manager_id}")
+        tm.stop(reason)
     log.info("TaskManager %s stopped", tm.task_manager_id)

@@ -39,6 +39,8 @@ class LocalCluster:
                  ha: bool = False, jobmanagers: int = 1):
         self.cluster_dir = Path(cluster_dir or default_cluster_dir())
         self.num_taskmanagers = taskmanagers
+        # an embedded cluster is this process's: its processes end when it does, however it ends
+        self.owned = embedded
         overrides: dict[str, Any] = {"taskmanager.numberOfTaskSlots": slots}
         if embedded:  # never clash with a standing cluster or another notebook
             overrides |= {"jobmanager.rpc.port": 0, "rest.port": 0}
@@ -190,7 +192,7 @@ class LocalCluster:
             client.close()
 
     def _spawn(self, module: str, name: str, *args: str) -> subprocess.Popen:
-        return launch.spawn(module, name, self.cluster_dir, *args)
+        return launch.spawn(module, name, self.cluster_dir, *args, owned=self.owned)
 
     def _check_alive(self, proc: subprocess.Popen, name: str) -> None:
         if proc.poll() is not None:
