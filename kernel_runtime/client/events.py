@@ -61,6 +61,9 @@ class JobView:
     overview: dict = field(default_factory=dict)
     taskmanagers: list = field(default_factory=list)
     error: Optional[str] = None  # why the JobManager could not be asked, if it could not
+    # (attempt, failure) of each restart heard of, in order: a listener called once for several
+    # changes (a restart without delay) still learns of each
+    restarts: tuple[tuple[int, str], ...] = ()
     t: float = 0.0  # time.monotonic() of the change
     version: int = 0
 
@@ -389,6 +392,10 @@ class ClusterEvents:
         """A new view of the job, for its listeners, then its waiters, at the end of this turn of
         the loop (once however many changes it brought). Events thread, with the lock."""
         changes.setdefault("error", None)
+        status = changes.get("status")
+        if status is not None and status.state == JobState.RESTARTING and status.failure \
+                and all(attempt != status.attempt for attempt, _ in job.view.restarts):
+            changes["restarts"] = (*job.view.restarts, (status.attempt, status.failure))
         if "overview" not in changes and not job.view.overview and self._overview[0]:
             changes["overview"], changes["taskmanagers"] = self._overview
         job.view = replace(job.view, **changes, t=time.monotonic(), version=job.view.version + 1)

@@ -10,6 +10,7 @@ dashboard and the rich display, kernel_runtime.notebook registers when imported 
 """
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Optional, Protocol
@@ -312,10 +313,12 @@ class JobHandle:
         return received
 
     def wait(self, timeout: Optional[float] = None, on_status=None) -> JobExecutionResult:
-        """Wait for the job's end. FINISHED returns the result; FAILED and CANCELED raise."""
+        """Wait for the job's end. FINISHED returns the result; FAILED and CANCELED raise. Outside a
+        notebook (whose header shows them), each restart is a line on stderr, its cause first."""
         deadline = None if timeout is None else time.monotonic() + timeout
         last = None
-        with self.client.follow(self.job_id) as watch:
+        restarts = None if _in_a_notebook() else RestartLines(self.name, self.job_id)
+        with self.client.follow(self.job_id, None if restarts is None else restarts.see) as watch:
             view = watch.view
             while True:
                 status = self._status(view)
@@ -344,3 +347,26 @@ class JobHandle:
         duration = int((time.monotonic() - self.submitted_at) * 1000)
         results = {} if self.detached else {n: self.results_of(n) for n in self._sinks}
         return JobExecutionResult(self.job_id, self.name, JobState(status.state), duration, results)
+
+
+class RestartLines:
+    """A script's account of its job's restarts: one line on stderr for each, the cause first, as
+    a notebook's header tells it (a job restarting for ever in silence looked like a hung script)."""
+
+    def __init__(self, name: str, job_id: str):
+        self.name, self.job_id = name, job_id
+        self.told: set[int] = set()  # the attempts whose failure was told
+
+    def see(self, view: JobView) -> None:
+        """The events thread, after changes of the job (JobView.restarts keeps every restart)."""
+        for attempt, failure in view.restarts:
+            if attempt not in self.told:
+                self.told.add(attempt)
+                print(f"{Failure.parse(failure).headline} (job '{self.name}' {self.job_id} restarts after "
+                      f"attempt {attempt})", file=sys.stderr, flush=True)
+
+
+def _in_a_notebook() -> bool:
+    """Whether this process is an IPython kernel or shell (its display shows a job's restarts)."""
+    ipython = sys.modules.get("IPython")
+    return ipython is not None and getattr(ipython, "get_ipython", lambda: None)() is not None

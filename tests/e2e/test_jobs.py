@@ -188,3 +188,21 @@ def test_keyed_map_batches_sees_every_row_of_a_key_in_one_subtask(cluster, clien
     assert sorted(out["v"]) == list(range(5_000))
     assert (out.groupby("k")["task"].nunique() == 1).all()
     assert out["task"].nunique() == 3
+
+
+def test_a_scripts_wait_tells_each_restart_on_stderr_cause_first(cluster, client, capsys):
+    """Outside a notebook, JobHandle.wait (and so env.execute) says each restart in one line, the
+    cause first: a job restarting in silence looks like a hung script."""
+    env = StreamEnvironment(parallelism=1, cluster=cluster.cluster_dir, config={
+        "restart-strategy.type": "fixed-delay", "restart-strategy.fixed-delay.attempts": 3,
+        "restart-strategy.fixed-delay.delay": "0 ms"})
+    # 100 rows a second: the first failure comes a second after the submission, when wait listens
+    env.from_testing(lambda s: pd.DataFrame({"v": s}), count=300, rate=100,
+                     fail_at=[(100, 1), (200, 2)]).collect()
+    result = env.execute_async("restarts told", client=client).wait(120)
+    assert len(result.to_pandas()) == 300
+    lines = [line for line in capsys.readouterr().err.splitlines() if "restarts told" in line]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("PlannedFailure") and "planned failure at row 100 in attempt 1" in lines[0]
+    assert lines[0].endswith("restarts after attempt 1)")
+    assert "planned failure at row 200 in attempt 2" in lines[1] and lines[1].endswith("restarts after attempt 2)")
