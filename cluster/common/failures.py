@@ -201,8 +201,37 @@ def _frames(tb: Optional[TracebackType], cells: Cells) -> list[str]:
 
 
 def describe(exc: BaseException, cells: Cells) -> str:
-    """A failed task's account of its exception: the root cause, a blank line, the user's traceback."""
-    return Failure(root_cause(exc, cells), (), user_traceback(exc, cells)).text()
+    """A failed task's account of its exception: the root cause, a note if no restart can fix it,
+    a blank line, the user's traceback."""
+    why = restart_cannot_fix(exc)
+    notes = (f"{NO_RESTART}{why}.",) if why else ()
+    return Failure(root_cause(exc, cells), notes, user_traceback(exc, cells)).text()
+
+
+# ---------------------------------------------------------------------- what a restart cannot fix
+NO_RESTART = "No restart can fix this: "
+
+
+def restart_cannot_fix(exc: BaseException) -> Optional[str]:
+    """Why a failure with ``exc`` would fail again in every attempt (Flink's non-recoverable
+    errors), or None: a module that cannot be imported, or an exception whose class says so
+    (``restart_cannot_fix = True``: a configuration error, ...). The whole chain is looked at, since a
+    user's exception is wrapped in the operator's."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, ImportError):
+            return f"{type(exc).__name__}: {exc}"
+        if getattr(type(exc), "restart_cannot_fix", False):
+            return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return None
+
+
+def unrecoverable(text: str) -> Optional[str]:
+    """What a job's failure text says no restart can fix (its note from ``describe``), or None."""
+    return next((note[len(NO_RESTART):].rstrip(".") for note in Failure.parse(text).notes
+                 if note.startswith(NO_RESTART)), None)
 
 
 # ---------------------------------------------------------------------- the failure text

@@ -18,6 +18,8 @@ import yaml
 class ConfigError(ValueError):
     """An unknown key or a value of the wrong kind, naming the key and where it came from."""
 
+    restart_cannot_fix = True  # a job that fails on one fails again (cluster.common.failures)
+
 
 def load_yaml(path: Path) -> Mapping[str, Any]:
     try:

@@ -206,3 +206,23 @@ def test_a_scripts_wait_tells_each_restart_on_stderr_cause_first(cluster, client
     assert lines[0].startswith("PlannedFailure") and "planned failure at row 100 in attempt 1" in lines[0]
     assert lines[0].endswith("restarts after attempt 1)")
     assert "planned failure at row 200 in attempt 2" in lines[1] and lines[1].endswith("restarts after attempt 2)")
+
+
+def test_a_user_function_whose_module_is_missing_fails_its_job_without_a_restart(cluster, client):
+    """An error no restart can fix (cluster.common.failures.restart_cannot_fix) fails the job at
+    once, whatever the restart strategy: five attempts would fail the same way."""
+    def needs_a_missing_module(df: pd.DataFrame) -> pd.DataFrame:
+        import streamlab_no_such_module  # noqa: F401
+        return df
+
+    env = StreamEnvironment(parallelism=1, cluster=cluster.cluster_dir, config={
+        "restart-strategy.type": "fixed-delay", "restart-strategy.fixed-delay.attempts": 5,
+        "restart-strategy.fixed-delay.delay": "0 ms"})
+    env.from_generator(lambda s: pd.DataFrame({"v": s}), count=100).map_batches(needs_a_missing_module,
+                                                                              name="needs").collect()
+    handle = env.execute_async("missing module", client=client)
+    with pytest.raises(JobExecutionError, match="ModuleNotFoundError"):
+        handle.wait(120)
+    status = handle.job_status()
+    assert status.state == JobState.FAILED and status.attempt == 1
+    assert "The job was not restarted: no restart can fix its failure." in status.failure

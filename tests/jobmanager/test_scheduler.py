@@ -8,6 +8,8 @@ from __future__ import annotations
 import pytest
 
 from cluster.checkpoint.savepoint_fit import savepoint_fit, state_shape
+from cluster.common import failures
+from cluster.common.failures import UserFunctionError
 from cluster.conf import Configuration
 from cluster.protocol.states import ExecutionState, JobState
 from cluster.jobmanager.jobmaster import checkpointing, instructions as ins, scheduler as s, scheduler_events as ev
@@ -162,6 +164,32 @@ def test_no_restart_strategy_fails_the_job_with_the_reason():
     out = report_all(sched, ExecutionState.CANCELED)
     assert sched.state == JobState.FAILED and ins.JobTerminated(JobState.FAILED) in out
     assert sched.graph.failure.endswith("The job was not restarted: restart-strategy.type is none.")
+
+
+def test_a_failure_no_restart_can_fix_fails_the_job_at_once_whatever_the_strategy():
+    sched, _, _ = running({"restart-strategy.type": "fixed-delay", "restart-strategy.fixed-delay.attempts": 5})
+    eid = next(iter(sched.graph.executions))
+    error = failures.describe(RuntimeError("loading the operator failed"), {})
+    assert failures.unrecoverable(error) is None  # a RuntimeError alone may pass: restarted
+    try:
+        import streamlab_no_such_module  # noqa: F401
+    except ModuleNotFoundError as missing:
+        error = failures.describe(_wrapped(missing), {})
+    sched.handle(ev.TaskStateReported(eid, ExecutionState.FAILED, error))
+    out = report_all(sched, ExecutionState.CANCELED)
+    assert sched.state == JobState.FAILED and ins.JobTerminated(JobState.FAILED) in out
+    assert not of(out, ins.StartTimer) and sched.restart_strategy.restarts == 0
+    assert "No restart can fix this: ModuleNotFoundError: No module named 'streamlab_no_such_module'." \
+        in sched.graph.failure
+    assert "The job was not restarted: no restart can fix its failure." in sched.graph.failure
+
+
+def _wrapped(cause: BaseException) -> UserFunctionError:
+    """A user's exception as the task raises it: wrapped in the operator's, ``from`` it."""
+    try:
+        raise UserFunctionError("operator 'step' could not be loaded on the TaskManager") from cause
+    except UserFunctionError as exc:
+        return exc
 
 
 def test_cancel_while_restarting_ends_canceled_and_ignores_the_late_restore_point():

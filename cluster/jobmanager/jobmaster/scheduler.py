@@ -240,10 +240,11 @@ class DefaultScheduler:
         elif state == JobState.FAILING:
             self._allocations = []
             self.emit(ReleaseSlots())
-            delay = self.restart_strategy.next_delay_ms()
+            cannot_fix = failures.unrecoverable(self.graph.failure or "")
+            delay = None if cannot_fix else self.restart_strategy.next_delay_ms()
             if delay is None:
-                self.graph.failure = failures.add_note(
-                    self.graph.failure or "", f"The job was not restarted: {self.restart_strategy.describe()}.")
+                why = "no restart can fix its failure" if cannot_fix else self.restart_strategy.describe()
+                self.graph.failure = failures.add_note(self.graph.failure or "", f"The job was not restarted: {why}.")
                 self._terminate(JobState.FAILED)
                 return
             self.graph.transition(JobState.RESTARTING, self.now())
