@@ -288,12 +288,12 @@ class StreamTask:
             clock.tick()
             if self._checkpoints.end_confirmed:
                 return
-            started = time.monotonic()
+            started, pressured = time.monotonic(), self.metrics.backpressured_s
             if exhausted or self._checkpoints.ending:
                 # waiting for the checkpoint after which this source ends (all was read, or stop)
                 chain.flush_outputs()
                 time.sleep(0.005)
-                self.metrics.add_idle(time.monotonic() - started)
+                self.metrics.add_idle(time.monotonic() - started, pressured)
                 continue
             source.wait_limit_s = STAGE_WAIT_S if chain.stage_busy else float("inf")
             table = source.poll()
@@ -308,7 +308,7 @@ class StreamTask:
                 exhausted = True
                 self.responder.end_of_input(self)
             elif table.num_rows == 0:  # nothing ready: the source waited, and that is idle time
-                self.metrics.add_idle(time.monotonic() - started)
+                self.metrics.add_idle(time.monotonic() - started, pressured)
             else:
                 self.metrics.records_in += table.num_rows
                 self.metrics.publish()  # rows taken in show at once, not after a long first (Spark) batch

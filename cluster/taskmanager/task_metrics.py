@@ -99,9 +99,19 @@ class TaskMetrics:
         self.records_sent = counters.get("records-sent", 0)  # a checkpoint from before it was counted
         self.publish()
 
-    def add_idle(self, seconds: float) -> None:
-        """Time found to have been idle after the fact (a source's poll that had nothing)."""
-        self._add(IDLE, seconds)
+    @property
+    def backpressured_s(self) -> float:
+        """The back-pressured seconds of the waits ended so far (a mark for ``add_idle``)."""
+        return self._backpressured
+
+    def add_idle(self, seconds: float, backpressured_mark: Optional[float] = None) -> None:
+        """Time found to have been idle after the fact (a source's poll that had nothing), less
+        the back pressure measured within it since ``backpressured_mark`` (``backpressured_s``
+        when it began): a source sends what its outputs hold before it waits for input, and a
+        wait for credit there is back pressure, not idleness."""
+        if backpressured_mark is not None:
+            seconds -= self._backpressured - backpressured_mark
+        self._add(IDLE, max(0.0, seconds))
         self.publish()
 
     def _add(self, kind: str, seconds: float) -> None:

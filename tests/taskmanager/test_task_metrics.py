@@ -49,6 +49,20 @@ def test_each_window_is_split_by_where_its_time_went():
         "busyTimeMsPerSecond": 450.0, "backPressuredTimeMsPerSecond": 250.0, "idleTimeMsPerSecond": 300.0}
 
 
+def test_a_sources_empty_poll_is_idle_but_for_the_back_pressure_of_the_flush_inside_it():
+    """A source sends what its outputs hold before it waits for input (inside its poll): a wait
+    for credit there is back pressure, and the poll's idle time, found after it, leaves it out."""
+    clock = Clock()
+    m = TaskMetrics(clock)
+    started, mark = clock(), m.backpressured_s
+    wait(m, clock, BACKPRESSURED, 0.6)     # the flush before the wait found no credit
+    clock.advance(0.4)                      # then the poll waited for its next row
+    m.add_idle(clock() - started, mark)
+    m.publish()
+    assert {k: m.snapshot()[k] for k in SHARES} == {
+        "busyTimeMsPerSecond": 0.0, "backPressuredTimeMsPerSecond": 600.0, "idleTimeMsPerSecond": 400.0}
+
+
 def test_every_window_adds_up_to_1000_ms_whoever_closes_it():
     clock, rng = Clock(), random.Random(7)
     m = TaskMetrics(clock)
