@@ -218,15 +218,17 @@ def stop_cluster_processes(cluster_dir: str | os.PathLike, grace: float = 0.0, t
 
 
 def watch(parent_pid: int, cluster_dir: str) -> None:
-    """Stop the cluster of ``cluster_dir`` and remove the directory once ``parent_pid`` is gone,
-    unless the cluster was stopped first (its pids file is gone)."""
+    """Once ``parent_pid`` is gone, stop the cluster of ``cluster_dir`` (unless it was stopped
+    first: its pids file is gone) and remove the directory, unless its owner removed it first.
+    The owner may die between the two steps of its own stop (the pids file removed, the directory
+    not yet): a kernel that takes too long to exit is killed by Jupyter."""
     parent = _processes([parent_pid])
     pids_file = os.path.join(cluster_dir, PIDS_FILE)
-    while any(_running(p) for p in parent) and os.path.exists(pids_file):
+    while any(_running(p) for p in parent) and os.path.isdir(cluster_dir):
         time.sleep(1)
     if os.path.exists(pids_file):
         stop_cluster_processes(cluster_dir, timeout=3)
-        shutil.rmtree(cluster_dir, ignore_errors=True)
+    shutil.rmtree(cluster_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -68,3 +68,34 @@ def test_the_watchdog_stops_a_cluster_whose_kernel_is_gone(tmp_path):
     finally:
         for proc in (kernel, member, watchdog):
             proc.kill()
+
+
+def test_the_watchdog_removes_the_directory_of_a_cluster_its_kernel_stopped_but_did_not_remove(tmp_path):
+    # Jupyter kills a kernel slow to exit: it may die between its stop's two steps
+    kernel = sleeper()
+    (tmp_path / "log").mkdir()
+    watchdog = subprocess.Popen([sys.executable, "-I", processes.__file__, str(kernel.pid), str(tmp_path)])
+    try:
+        wait_for_checks(watchdog, 1)
+        assert tmp_path.exists()
+        kernel.kill()
+        kernel.wait()
+        assert watchdog.wait(15) == 0
+        assert not tmp_path.exists()
+    finally:
+        for proc in (kernel, watchdog):
+            proc.kill()
+
+
+def test_the_watchdog_ends_when_its_kernel_removed_the_cluster_directory(tmp_path):
+    kernel, directory = sleeper(), tmp_path / "cluster"
+    directory.mkdir()
+    watchdog = subprocess.Popen([sys.executable, "-I", processes.__file__, str(kernel.pid), str(directory)])
+    try:
+        wait_for_checks(watchdog, 1)
+        directory.rmdir()
+        assert watchdog.wait(15) == 0
+        assert kernel.poll() is None
+    finally:
+        for proc in (kernel, watchdog):
+            proc.kill()

@@ -108,5 +108,10 @@ def test_two_kernels_each_run_a_job_on_their_own_embedded_cluster(kernels):
     kernels[1].manager.shutdown_kernel(now=True)  # SIGKILL: no atexit, the watchdog stops it
     for cluster_pids, directory in zip(pids, (dir_a, dir_b)):
         every = [cluster_pids["jobmanager"], *cluster_pids["taskmanagers"]]
-        wait_for(lambda: not any(alive(p) for p in every) and not Path(directory).exists(), 15,
-                 f"the cluster of {directory} gone with its kernel")
+        try:
+            wait_for(lambda: not any(alive(p) for p in every) and not Path(directory).exists(), 15,
+                     f"the cluster of {directory} gone with its kernel")
+        except AssertionError as timed_out:
+            left = sorted(str(p.relative_to(directory)) for p in Path(directory).rglob("*"))
+            raise AssertionError(f"{timed_out}; alive: {[p for p in every if alive(p)]}; "
+                                 f"left in the directory: {left}") from None
