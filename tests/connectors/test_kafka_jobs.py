@@ -145,6 +145,25 @@ def test_a_missing_topic_is_an_error_naming_it(cluster, client, kafka_bootstrap)
         env.execute_async("missing topic", client=client).wait(120)
 
 
+def test_a_missing_sink_topic_fails_the_job_at_submission_naming_it(cluster, client, kafka_bootstrap):
+    # however many restarts its strategy allows: the brokers do not create topics, so none would help
+    env = StreamEnvironment(parallelism=1, cluster=cluster.cluster_dir, config={
+        "restart-strategy.type": "fixed-delay", "restart-strategy.fixed-delay.attempts": 1000,
+        "restart-strategy.fixed-delay.delay": "100 ms"})
+    env.from_generator(count=10).sink_to(KafkaSink.json(kafka_bootstrap, "no-such-sink-topic", name="orders out"))
+    handle = env.execute_async("missing sink topic", client=client)
+    with pytest.raises(JobExecutionError) as failed:
+        handle.wait(120)
+    message = failed.value.failure
+    assert "KafkaTopicMissing: operator 'orders out'" in message
+    assert f"topic 'no-such-sink-topic' does not exist on the Kafka brokers at {kafka_bootstrap}" in message
+    assert "The job was not restarted: no restart can fix its failure." in message
+    assert "failed on TaskManager" not in message  # found before any task was deployed
+    status = client.job_status(handle.job_id)
+    assert status.state == JobState.FAILED and status.attempt == 1  # its first, never restarted
+    assert all(row["status"] == "CANCELED" for row in client.job_details(handle.job_id)["subtasks"])
+
+
 KNOWN_RECORDS = [
     {"id": 1, "price": 2.5, "name": "a", "ok": True, "at": "2026-11-26T10:00:00",
      "address": {"city": "Oslo", "zip": 150}, "tags": ["x", "y"]},

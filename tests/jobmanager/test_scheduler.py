@@ -184,6 +184,25 @@ def test_a_failure_no_restart_can_fix_fails_the_job_at_once_whatever_the_strateg
     assert "The job was not restarted: no restart can fix its failure." in sched.graph.failure
 
 
+def test_a_check_before_deployment_that_fails_ends_the_job_before_it_asks_for_slots():
+    sched, _ = make({"restart-strategy.type": "fixed-delay", "restart-strategy.fixed-delay.attempts": 5})
+    out = sched.handle(ev.InitializationFailed("KafkaTopicMissing: topic 'out' does not exist"))
+    assert sched.state == JobState.FAILED and ins.JobTerminated(JobState.FAILED) in out
+    assert not of(out, ins.RequestSlots) and not of(out, ins.StartTimer)
+    assert sched.graph.failure == ("KafkaTopicMissing: topic 'out' does not exist\n"
+                                   "The job was not restarted: no restart can fix its failure.")
+    assert all(e.state == ExecutionState.CANCELED for e in sched.graph.executions.values())
+    assert sched.handle(ev.StartScheduling()) == []  # a late start changes nothing
+
+
+def test_a_job_cancelled_while_it_is_checked_neither_starts_nor_fails_afterwards():
+    sched, _ = make()
+    sched.handle(ev.CancelRequested())
+    assert sched.state == JobState.CANCELED
+    assert sched.handle(ev.StartScheduling()) == []
+    assert sched.handle(ev.InitializationFailed("KafkaTopicMissing: x")) == [] and sched.state == JobState.CANCELED
+
+
 def _wrapped(cause: BaseException) -> UserFunctionError:
     """A user's exception as the task raises it: wrapped in the operator's, ``from`` it."""
     try:

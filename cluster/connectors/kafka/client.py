@@ -6,15 +6,27 @@ Nothing of Kafka's protocol is ours: confluent-kafka (librdkafka) does all of it
 from __future__ import annotations
 
 import re
-from typing import Optional
+from typing import Collection, Optional
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 DEFAULT_REQUEST_TIMEOUT_S = 30.0  # Flink's request.timeout.ms default for the Kafka clients
 
 
 class KafkaConnectorError(RuntimeError):
     """A Kafka source or sink cannot go on: the message names the servers, the topic and the operator."""
+
+
+class KafkaTopicMissing(KafkaConnectorError):
+    """A topic the job names is not on the brokers, which answered: the brokers do not create
+    topics, so every attempt would fail the same way."""
+    restart_cannot_fix = True  # cluster.common.failures
+
+
+# how long a check at submission waits for the brokers: one that gets no answer lets the job start
+# (brokers that are down are something a restart fixes; the tasks say so, or run once they are up)
+SUBMISSION_CHECK_TIMEOUT_S = 5.0
 
 
 def java_string_hash(text: str) -> int:
@@ -82,11 +94,33 @@ def topic_partitions(consumer: Consumer, servers: str, topics: list[str], patter
     if pattern is not None:
         matcher = re.compile(pattern)
         return {name: n for name, n in known.items() if matcher.fullmatch(name)}
+    require_topics(known, topics, servers, where)
+    return {t: known[t] for t in topics}
+
+
+def require_topics(known: Collection[str], topics: list[str], servers: str, where: str) -> None:
+    """Raise KafkaTopicMissing unless every one of ``topics`` is among the ``known`` ones."""
     missing = [t for t in topics if t not in known]
     if missing:
-        raise KafkaConnectorError(f"{where}: topic {', '.join(map(repr, missing))} does not exist on the "
-                                  f"Kafka brokers at {servers} (known topics: {', '.join(sorted(known)) or 'none'})")
-    return {t: known[t] for t in topics}
+        raise KafkaTopicMissing(f"{where}: topic {', '.join(map(repr, missing))} does not exist on the "
+                                f"Kafka brokers at {servers} (known topics: {', '.join(sorted(known)) or 'none'})")
+
+
+def check_topics_at_submission(servers: str, topics: list[str], properties: dict, where: str) -> None:
+    """Before a job is deployed (the JobManager, off its loop): raise KafkaTopicMissing if the
+    brokers answer that a topic the job reads or writes does not exist; nothing if they do not
+    answer within SUBMISSION_CHECK_TIMEOUT_S."""
+    if not topics:
+        return
+    try:
+        config: dict[str, str | int | float | bool] = {
+            "bootstrap.servers": servers, "log_level": 3, "socket.timeout.ms": int(SUBMISSION_CHECK_TIMEOUT_S * 1000)}
+        admin = AdminClient(config | dict(properties))
+        metadata = admin.list_topics(timeout=SUBMISSION_CHECK_TIMEOUT_S)
+    except KafkaException:  # properties librdkafka refuses, or no answer: the tasks report what it is
+        return
+    known = {name for name, t in metadata.topics.items() if t.error is None}
+    require_topics(known, topics, servers, where)
 
 
 def describe(exc: BaseException) -> str:

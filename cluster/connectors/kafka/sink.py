@@ -28,7 +28,7 @@ from typing import Optional
 import pyarrow as pa
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
-from cluster.connectors.kafka.client import DEFAULT_REQUEST_TIMEOUT_S, KafkaConnectorError, describe
+from cluster.connectors.kafka.client import DEFAULT_REQUEST_TIMEOUT_S, KafkaConnectorError, describe, require_topics
 from cluster.connectors.kafka.formats import encode
 from cluster.operators.base import Operator, OperatorSnapshot
 
@@ -128,9 +128,8 @@ class KafkaSink(Operator, kind="kafka-sink"):
         except KafkaException as exc:
             raise KafkaConnectorError(f"{self.where}: cannot reach the Kafka brokers at {self.servers} within "
                                       f"{self.timeout_s:g} s ({describe(exc)})") from None
-        if self.topic not in topics or topics[self.topic].error is not None:
-            raise KafkaConnectorError(f"{self.where}: topic {self.topic!r} does not exist on the Kafka brokers "
-                                      f"at {self.servers}")
+        require_topics([name for name, t in topics.items() if t.error is None], [self.topic], self.servers,
+                       self.where)
 
     # ------------------------------------------------------------------ writing
     def process(self, table: pa.Table) -> list[pa.Table]:

@@ -20,7 +20,9 @@ from typing import Any, Callable, Optional
 
 from cluster.checkpoint.coordinator import CompletedCheckpoint
 from cluster.checkpoint.storage import CheckpointFormatError, completed_on_disk, read_metadata, write_metadata
+from cluster.common import failures
 from cluster.common.clock import now_ms
+from cluster.connectors import submission_checks
 from cluster.graph.deployment import (InputGateDescriptor, OutputDescriptor,
                                       TaskDeploymentDescriptor, channel_id)
 from cluster.graph.execution_graph import Execution
@@ -164,7 +166,21 @@ class JobMaster:
                 self.scheduler.restore_from_savepoint(*savepoint, is_savepoint=is_savepoint)
             except ev.SchedulerError as exc:
                 raise RpcError(f"cannot start from savepoint {savepoint[1]}: {exc}") from None
-        self._feed(ev.StartScheduling())
+        if not submission_checks.needs_checks(self.job_graph):
+            self._feed(ev.StartScheduling())
+            return
+
+        def checked(_result, error: Optional[BaseException]) -> None:
+            if error is None:
+                self._feed(ev.StartScheduling())
+            elif failures.restart_cannot_fix(error):
+                log.info("job %s fails before its deployment: %s", self.job_id, error)
+                self._feed(ev.InitializationFailed(f"{type(error).__name__}: {error}"))
+            else:  # the check itself went wrong: the tasks find out whatever it is
+                log.warning("job %s: the checks before deployment failed: %r", self.job_id, error)
+                self._feed(ev.StartScheduling())
+        self.endpoint.run_blocking(submission_checks.CHECKS_EXECUTOR, submission_checks.check_before_deployment,
+                                   self.job_graph, then=checked)
 
     def on_slots_allocated(self, allocations: list[SlotAllocation]) -> None:
         self._feed(ev.SlotsAllocated(tuple(allocations)))

@@ -31,9 +31,9 @@ from cluster.jobmanager.jobmaster.instructions import (CHECKPOINT_TIMER, FINAL_C
 from cluster.jobmanager.jobmaster.restart_strategy import RestartStrategy
 from cluster.jobmanager.jobmaster.scheduler_events import (CancelRequested, CheckpointAcknowledged,
                                                            CheckpointDeclined, CheckpointRequested, DeploymentFailed,
-                                                           Event, MetadataWritten, RestorePointFound,
-                                                           SavepointRequested, SchedulerError, SlotsAllocated,
-                                                           SlotsOffered, SourceExhausted, StartScheduling,
+                                                           Event, InitializationFailed, MetadataWritten,
+                                                           RestorePointFound, SavepointRequested, SchedulerError,
+                                                           SlotsAllocated, SlotsOffered, SourceExhausted, StartScheduling,
                                                            TaskManagerLost, TaskMetricsReported, TaskStateReported,
                                                            TimerFired)
 from cluster.jobmanager.resourcemanager.slot_manager import SlotAllocation
@@ -66,7 +66,8 @@ class DefaultScheduler:
         self._out: list[Instruction] = []
         c = self.checkpointing
         self._handlers: dict[type, Callable] = {
-            StartScheduling: lambda e: self._request_slots(),
+            StartScheduling: lambda e: self._request_slots() if not self.graph.is_globally_terminal else None,
+            InitializationFailed: self._initialization_failed,
             SlotsAllocated: self._slots_allocated,
             SlotsOffered: self._slots_offered,
             TaskStateReported: self._task_state_reported,
@@ -124,6 +125,11 @@ class DefaultScheduler:
         self.reason = f"waiting for {self.graph.required_slots} free slot(s)"
         self.emit(StartTimer(SLOT_REQUEST_TIMER, self.conf.get(JobManagerOptions.SLOT_REQUEST_TIMEOUT)))
         self.emit(RequestSlots(self.graph.required_slots))
+
+    def _initialization_failed(self, event: InitializationFailed) -> None:
+        if not self.graph.is_globally_terminal:  # (cancelled while it was checked)
+            self._fail_globally(failures.add_note(event.reason,
+                                                  "The job was not restarted: no restart can fix its failure."))
 
     def _slot_request_timed_out(self) -> None:
         if self._allocations or self.state != JobState.CREATED:

@@ -33,6 +33,12 @@ class StartScheduling(Event):
 
 
 @dataclass(frozen=True)
+class InitializationFailed(Event):
+    """A check before deployment (cluster.connectors.submission_checks) found what no restart fixes."""
+    reason: str
+
+
+@dataclass(frozen=True)
 class SlotsAllocated(Event):
     allocations: tuple[SlotAllocation, ...]
 
