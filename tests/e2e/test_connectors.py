@@ -72,6 +72,20 @@ def test_files_to_parquet_equal_pandas(cluster, client, tmp_path, fmt):
     assert max(len(pd.read_parquet(tmp_path / "out" / n)) for n in names) <= 300
 
 
+@pytest.mark.parametrize("exchange", [False, True], ids=["chained", "after-an-exchange"])
+def test_a_bounded_job_without_checkpointing_keeps_every_row_of_its_file_sink(cluster, client, tmp_path, exchange):
+    # without checkpoints nothing ever completes: the end of the input commits what is written
+    env = StreamEnvironment(parallelism=2, cluster=cluster.cluster_dir)
+    stream = env.from_generator(lambda seq: pd.DataFrame({"k": seq % 5, "v": seq}), count=2_000, batch_size=150)
+    if exchange:
+        stream = stream.key_by("k").map_batches(lambda df: df, name="rekeyed")
+    stream.sink_to(FileSink.parquet(tmp_path / "out", rows_per_file=700))
+    assert not env.get_job_graph("probe").config.get("execution.checkpointing.interval")
+    assert env.execute_async("bounded to files", client=client).wait(60).state == JobState.FINISHED
+    assert sorted(pd.read_parquet(tmp_path / "out").v) == list(range(2_000))
+    assert all(not n.startswith(".") for n in parts(tmp_path / "out"))  # no in-progress file left
+
+
 def test_csv_key_by_count_to_parquet_equals_pandas(cluster, client, tmp_path):
     expected = order_files(tmp_path / "in", "csv")
     env = StreamEnvironment(parallelism=2, cluster=cluster.cluster_dir)
