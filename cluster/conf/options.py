@@ -14,8 +14,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Generic, Mapping, TypeVar
 
-from cluster.conf.parsers import (boolean, constant_of, int_in, load_yaml, non_empty_str, number_at_least, one_of,
-                                  parse_duration_ms, port_range, positive_duration_ms, seconds, size_in,
+from cluster.conf.parsers import (boolean, constant_of, fraction, int_in, load_yaml, non_empty_str, number_at_least,
+                                  one_of, parse_duration_ms, port_range, positive_duration_ms, seconds, size_in,
                                   spark_master, spark_memory, spark_properties, str_list, str_or_empty)
 from cluster.protocol.codec import MAX_HEADER_BYTES
 
@@ -245,7 +245,13 @@ class RestartStrategyOptions:
         "Delay growth per restart.")
     EXPONENTIAL_DELAY_ATTEMPTS = ConfigOption(
         "restart-strategy.exponential-delay.attempts-before-reset-backoff", int_in(0),
-        "Restarts before the job fails.")
+        "Restarts before the job fails, counted since the backoff was last reset.")
+    EXPONENTIAL_DELAY_RESET_BACKOFF_THRESHOLD = ConfigOption(
+        "restart-strategy.exponential-delay.reset-backoff-threshold", parse_duration_ms,
+        "A run this long without a failure resets the backoff to its initial value.")
+    EXPONENTIAL_DELAY_JITTER = ConfigOption(
+        "restart-strategy.exponential-delay.jitter-factor", fraction,
+        "Each delay moved by up to this fraction of it, either way, at random.")
 
 
 class MetricOptions:

@@ -267,6 +267,14 @@ def number_at_least(minimum: float) -> Callable[[Any], float]:
     return parse
 
 
+def fraction(value: Any) -> float:
+    """A number from 0 to 1."""
+    number = number_at_least(0.0)(value)
+    if number > 1.0:
+        raise ValueError("a number from 0 to 1")
+    return number
+
+
 def flatten(data: Mapping, prefix: str = "", keep: Container[str] = ()) -> dict[str, Any]:
     # Flink accepts both "a.b.c: v" and nested maps; so do we. A map under a key in ``keep`` (a
     # map-valued option) stays a map.

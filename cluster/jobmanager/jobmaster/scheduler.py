@@ -247,7 +247,7 @@ class DefaultScheduler:
             self._allocations = []
             self.emit(ReleaseSlots())
             cannot_fix = failures.unrecoverable(self.graph.failure or "")
-            delay = None if cannot_fix else self.restart_strategy.next_delay_ms()
+            delay = None if cannot_fix else self.restart_strategy.next_delay_ms(self.now())
             if delay is None:
                 why = "no restart can fix its failure" if cannot_fix else self.restart_strategy.describe()
                 self.graph.failure = failures.add_note(self.graph.failure or "", f"The job was not restarted: {why}.")
