@@ -18,107 +18,33 @@ Under ``<high-availability.zookeeper.path.root>/<high-availability.cluster-id>``
   new leader deploys the next one, never the number whose tasks (and data channels, named by it)
   may still be cancelling on the TaskManagers.
 
-The leadership decisions are ``Leadership``'s, a pure class (tested without a server); the
+The leadership decisions are ``Leadership``'s (cluster.ha.leadership), a pure class tested without a server; the
 ZooKeeper I/O is ``ZooKeeperHaServices``'s. Losing the session (SUSPENDED or LOST) revokes
 leadership at once: a leader that cannot prove it still holds the latch must not commit anything.
 """
 from __future__ import annotations
-from cluster.conf.options import HighAvailabilityOptions
 
 import json
 import logging
 import os
 import pickle
 import threading
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
+from cluster.conf.options import HighAvailabilityOptions
+# (Granted, JoinElection, Revoked are also read from here, where they were first defined)
+from cluster.ha.leadership import LATCH_PREFIX, Granted, JoinElection, Leadership, Revoked  # noqa: F401
 log = logging.getLogger(__name__)
-
-LATCH_PREFIX = "latch-"
 
 
 class HaConfigError(ValueError):
     pass
 
 
-@dataclass(frozen=True)
-class Granted:
-    pass
-
-
-@dataclass(frozen=True)
-class Revoked:
-    reason: str
-
-
-@dataclass(frozen=True)
-class JoinElection:
-    """Create a latch node (again): a standby whose session expired lost its node with it."""
-
-    reason: str
-
-
-class Leadership:
-    """Whether this contender leads, from the latch children it sees and its session's state.
-
-    A leader revokes on SUSPENDED already (the session may live, but it cannot know whether a
-    standby leads by now), and leadership is granted once per contender: after a revocation the
-    process stops (``exit_on_revocation``). A standby merely waits through SUSPENDED; when its
-    session is LOST (its latch node went with it) it joins the election again once the client
-    has a new session, so a ZooKeeper outage never leaves a cluster without standbys. One
-    ``JoinElection`` at a time: another is asked for only after ``latch_created``.
-
-    Not thread-safe: the caller serialises the calls (kazoo calls back on several threads).
-    """
-
-    def __init__(self) -> None:
-        self.own_node: Optional[str] = None
-        self.leading = False
-        self.ended = False
-        self.joining = True  # the first latch node is being created (contend)
-        self.lost = False  # the session expired: join again once connected
-
-    def latch_created(self, node: str) -> None:
-        self.own_node, self.joining = node.rsplit("/", 1)[-1], False
-
-    def children_changed(self, children: list[str]) -> list:
-        if self.own_node is None or self.ended:
-            return []
-        latches = sorted(c for c in children if c.startswith(LATCH_PREFIX))
-        if self.own_node not in latches:
-            if self.leading:
-                return self._end("our latch node is gone (the session expired)")
-            return self._rejoin("our latch node is gone")
-        if latches[0] == self.own_node and not self.leading:
-            self.leading = True
-            return [Granted()]
-        return []
-
-    def session_state(self, state: str) -> list:
-        """kazoo's KazooState: SUSPENDED (connection lost, session may live), LOST (expired), CONNECTED."""
-        if self.ended:
-            return []
-        if self.leading and state in ("SUSPENDED", "LOST"):
-            return self._end(f"the ZooKeeper session is {state}")
-        if state == "LOST":
-            self.own_node, self.lost = None, True  # the node went with the session
-        elif state == "CONNECTED" and self.lost:
-            self.lost = False
-            return self._rejoin("the ZooKeeper session was LOST")
-        return []
-
-    def _rejoin(self, reason: str) -> list:
-        if self.joining:
-            return []
-        self.own_node, self.joining = None, True
-        return [JoinElection(f"standby: {reason}; joining the election again")]
-
-    def _end(self, reason: str) -> list:
-        self.ended = True
-        self.leading = False
-        return [Revoked(reason)]
+class NotLeader(RuntimeError):
+    """A leader's write refused by ZooKeeper: this JobManager's latch node is gone, so another
+    one leads by now (or will): nothing it writes may count."""
 
 
 def ha_enabled(conf) -> bool:
@@ -233,16 +159,65 @@ class ZooKeeperHaServices:
         return self._granted.wait(timeout)
 
     def publish_leader(self, info: dict) -> None:
-        path = f"{self.root}/leader"
-        data = json.dumps(info).encode()
+        from kazoo.exceptions import NodeExistsError, NoNodeError
+        path, data = f"{self.root}/leader", json.dumps(info).encode()
+        for last_try in (False, True):
+            # the last leader's node lives on until its session expires: replaced in the same transaction
+            # (it may expire between the look and the transaction: then once more)
+            there = self.client.exists(path) is not None
+            try:
+                self._fenced(lambda tx: (tx.delete(path) if there else None, tx.create(path, data, ephemeral=True)))
+                return
+            except (NodeExistsError, NoNodeError):
+                if last_try:
+                    raise
+
+    # ------------------------------------------------------------------ fenced writes
+    def _fenced(self, ops: Callable[[Any], object]) -> None:
+        """The leader's writes ``ops(transaction)`` in one ZooKeeper transaction that first checks
+        that this JobManager's latch node still exists (Flink's ZooKeeperStateHandleStore checks
+        its leader latch's node the same way). A leader deposed while it was cut off from
+        ZooKeeper (a long pause, a partition) learns of it only when its session's end reaches
+        it: until then, its revocation has not run, and only this check keeps its writes (a
+        checkpoint pointer, a job graph, an attempt number) from overwriting the new leader's.
+        Raises NotLeader then, and nothing of the transaction is applied."""
+        tx = self.client.transaction()
+        tx.check(self._latch_path(), -1)  # -1: any version; the node must exist
+        ops(tx)
+        self._raise_failure(tx.commit())
+
+    def _fenced_async(self, ops: Callable[[Any], object]) -> None:
+        """``_fenced`` without waiting for ZooKeeper's answer: a refusal is only logged."""
         try:
-            self.client.create(path, data, ephemeral=True)
-        except Exception as exc:  # NodeExistsError: the last leader's session is not expired yet
-            from kazoo.exceptions import NodeExistsError
-            if not isinstance(exc, NodeExistsError):
-                raise
-            self.client.delete(path)
-            self.client.create(path, data, ephemeral=True)
+            latch = self._latch_path()
+        except NotLeader as exc:
+            log.warning("a leader's write was not sent: %s", exc)
+            return
+        tx = self.client.transaction()
+        tx.check(latch, -1)
+        ops(tx)
+
+        def answered(result) -> None:
+            try:
+                self._raise_failure(result.get())
+            except Exception as exc:
+                log.warning("a leader's write was not applied: %s", exc)
+        tx.commit_async().rawlink(answered)
+
+    def _latch_path(self) -> str:
+        node = self.leadership.own_node
+        if node is None:
+            raise NotLeader("this JobManager has no latch node (its session expired): it does not lead")
+        return f"{self.root}/leaderlatch/{node}"
+
+    @staticmethod
+    def _raise_failure(results: list) -> None:
+        from kazoo.exceptions import NoNodeError, RolledBackError
+        if results and isinstance(results[0], NoNodeError):
+            raise NotLeader("ZooKeeper refused the write: this JobManager's latch node is gone, another leads")
+        for result in results:
+            if isinstance(result, Exception) and not isinstance(result, RolledBackError):
+                raise result
 
     # ------------------------------------------------------------------ job graphs
     def put_job_graph(self, job_id: str, submission: dict) -> None:
@@ -250,16 +225,19 @@ class ZooKeeperHaServices:
         tmp = path.with_suffix(".tmp")
         tmp.write_bytes(pickle.dumps(submission))
         tmp.replace(path)  # a reader never sees half a file
-        for sub in ("checkpoint-counter", "attempt"):
-            if not self.client.exists(f"{self.root}/{sub}/{job_id}"):
-                self.client.create(f"{self.root}/{sub}/{job_id}", b"0")
-        self._set(f"{self.root}/jobgraphs/{job_id}", str(path).encode())
+        missing = [sub for sub in ("checkpoint-counter", "attempt") if not self.client.exists(f"{self.root}/{sub}/{job_id}")]
+
+        def ops(tx) -> None:
+            for sub in missing:
+                tx.create(f"{self.root}/{sub}/{job_id}", b"0")
+            self._set(tx, f"{self.root}/jobgraphs/{job_id}", str(path).encode())
+        self._fenced(ops)
 
     def remove_job(self, job_id: str) -> None:
         """A job that reached a globally terminal state is not recovered by the next leader."""
-        for sub in ("jobgraphs", "checkpoints", "checkpoint-counter", "attempt"):
-            self.client.delete(f"{self.root}/{sub}/{job_id}") if self.client.exists(
-                f"{self.root}/{sub}/{job_id}") else None
+        present = [f"{self.root}/{sub}/{job_id}" for sub in ("jobgraphs", "checkpoints", "checkpoint-counter", "attempt")
+                   if self.client.exists(f"{self.root}/{sub}/{job_id}")]
+        self._fenced(lambda tx: [tx.delete(node) for node in present])
         (self.storage / f"jobgraph-{job_id}").unlink(missing_ok=True)
 
     def job_graphs(self) -> dict[str, dict]:
@@ -271,8 +249,8 @@ class ZooKeeperHaServices:
 
     # ------------------------------------------------------------------ checkpoints
     def checkpoint_completed(self, job_id: str, checkpoint_id: int, directory: str) -> None:
-        self._set(f"{self.root}/checkpoints/{job_id}",
-                  json.dumps({"id": checkpoint_id, "directory": directory}).encode())
+        pointer = json.dumps({"id": checkpoint_id, "directory": directory}).encode()
+        self._fenced(lambda tx: self._set(tx, f"{self.root}/checkpoints/{job_id}", pointer))
 
     def latest_checkpoint(self, job_id: str) -> Optional[tuple[int, str]]:
         path = f"{self.root}/checkpoints/{job_id}"
@@ -284,12 +262,13 @@ class ZooKeeperHaServices:
     def checkpoint_triggered(self, job_id: str, checkpoint_id: int) -> None:
         """Non-blocking (kazoo's async set): the trigger must not wait for ZooKeeper."""
         # the node exists: put_job_graph made it
-        self.client.set_async(f"{self.root}/checkpoint-counter/{job_id}", str(checkpoint_id).encode())
+        self._fenced_async(lambda tx: tx.set_data(f"{self.root}/checkpoint-counter/{job_id}",
+                                                  str(checkpoint_id).encode()))
 
     def attempt_deployed(self, job_id: str, attempt: int) -> None:
         """Blocking, on the loop, and only at a deployment: the number must be in ZooKeeper before
         any task of it runs (a leader that cannot reach ZooKeeper is revoked anyway)."""
-        self.client.set(f"{self.root}/attempt/{job_id}", str(attempt).encode())
+        self._fenced(lambda tx: tx.set_data(f"{self.root}/attempt/{job_id}", str(attempt).encode()))
 
     def last_attempt(self, job_id: str) -> int:
         path = f"{self.root}/attempt/{job_id}"
@@ -299,18 +278,15 @@ class ZooKeeperHaServices:
         path = f"{self.root}/checkpoint-counter/{job_id}"
         return int(self.client.get(path)[0]) if self.client.exists(path) else 0
 
-    def _set(self, path: str, data: bytes) -> None:
+    def _set(self, tx, path: str, data: bytes) -> None:
+        """Set or create ``path`` in the transaction ``tx`` (its parent exists: ``start`` made it)."""
         if self.client.exists(path):
-            self.client.set(path, data)
+            tx.set_data(path, data)
         else:
-            self.client.create(path, data, makepath=True)
+            tx.create(path, data)
 
     def close(self) -> None:
-        try:
-            self.client.stop()
-            self.client.close()
-        except Exception:  # a session already gone: nothing to release
-            pass
+        close_client(self.client)
 
 
 class LeaderRetriever:
@@ -374,11 +350,15 @@ class LeaderRetriever:
             return self._current
 
     def close(self) -> None:
-        try:
-            self.client.stop()
-            self.client.close()
-        except Exception:
-            pass
+        close_client(self.client)
+
+
+def close_client(client) -> None:
+    try:
+        client.stop()
+        client.close()
+    except Exception:  # a session already gone: nothing to release
+        pass
 
 
 def exit_on_revocation(reason: str) -> None:

@@ -176,3 +176,36 @@ def test_a_follower_that_never_closed_its_retriever_exits_after_zookeeper_stoppe
             follower.wait()
     finally:
         server.stop()
+
+
+def test_with_zookeeper_a_deposed_leaders_writes_are_refused_whole(zookeeper, tmp_path):
+    # A leader cut off from ZooKeeper (frozen, partitioned) learns that it was deposed only when its
+    # session's end reaches it; its latch node is gone before that. Its writes are checked
+    # against that node in the same transaction, so none lands over the new leader's.
+    from cluster.ha.services import NotLeader
+    conf = ha_conf(zookeeper, "fencing")
+    revoked: list[str] = []
+    old, new = leader_and_standby(conf, tmp_path, revoked)
+    old.put_job_graph("job-f", {"job_graph": {"name": "f"}, "result_address": None})
+    old.checkpoint_completed("job-f", 4, "/x/chk-4")
+    old.attempt_deployed("job-f", 2)
+    old.checkpoint_triggered("job-f", 5)
+    wait_for(lambda: new.checkpoint_counter("job-f") == 5, 10, "the counter written asynchronously")
+    # the old leader's node goes as with an expired session, seen by the standby first
+    new.client.delete(f"{old.root}/leaderlatch/{old.leadership.own_node}")
+    assert new.wait_for_leadership(10)
+    new.checkpoint_completed("job-f", 6, "/y/chk-6")
+    for write in (lambda: old.checkpoint_completed("job-f", 5, "/x/chk-5"),
+                  lambda: old.attempt_deployed("job-f", 3),
+                  lambda: old.put_job_graph("job-g", {"job_graph": {"name": "g"}, "result_address": None}),
+                  lambda: old.remove_job("job-f"),
+                  lambda: old.publish_leader({"rpc": "tcp://127.0.0.1:9"})):
+        with pytest.raises(NotLeader):
+            write()
+    old.checkpoint_triggered("job-f", 9)  # refused too, without an answer awaited
+    old.client.sync(f"{old.root}/checkpoint-counter/job-f")  # a session's requests are answered in order
+    assert new.checkpoint_counter("job-f") == 5
+    assert new.latest_checkpoint("job-f") == (6, "/y/chk-6") and new.last_attempt("job-f") == 2
+    assert sorted(new.job_graphs()) == ["job-f"] and not new.client.exists(f"{new.root}/leader")
+    old.close()
+    new.close()

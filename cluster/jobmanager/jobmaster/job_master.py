@@ -26,6 +26,7 @@ from cluster.connectors import submission_checks
 from cluster.graph.deployment import (InputGateDescriptor, OutputDescriptor,
                                       TaskDeploymentDescriptor, channel_id)
 from cluster.graph.execution_graph import Execution
+from cluster.ha.services import NotLeader
 from cluster.protocol.states import ExecutionState, JobState
 from cluster.graph.job_graph import JobGraph, ShipStrategy
 from cluster.protocol import messages as m
@@ -302,7 +303,11 @@ class JobMaster:
             self._feed(ev.DeploymentFailed(gone[0].execution_id, f"TaskManager {gone[1].task_manager_id} is gone"))
             return
         if self.ha is not None:
-            self.ha.attempt_deployed(self.job_id, i.attempt)
+            try:
+                self.ha.attempt_deployed(self.job_id, i.attempt)
+            except NotLeader as exc:  # deposed, and not yet told: another leader runs the job
+                log.warning("job %s: attempt %d not deployed: %s", self.job_id, i.attempt, exc)
+                return
         # the wire form of every vertex and the configuration, once for all subtasks
         vertices = {v["id"]: v for v in self.job_graph.to_dict()["vertices"]}
         job_config = self.conf.to_dict()
