@@ -192,10 +192,26 @@ class KafkaBroker:
         if formatted.returncode != 0:
             raise KafkaSetupError(f"Kafka's StorageTool could not format {data} ({self.properties_file}):\n"
                                   f"{formatted.stdout}{formatted.stderr}")
+        self._launch(libs, timeout)
+        return self
+
+    def restart(self, timeout: float = START_TIMEOUT_S) -> "KafkaBroker":
+        """Stop the broker cleanly and start it again on the same port and storage: its topics,
+        records, committed offsets and transactions' outcomes survive (a broker's restart, as in
+        an upgrade or a crash without data loss, for the fault benchmarks)."""
+        if self.port is None:
+            raise KafkaSetupError(f"the Kafka broker in {self.directory} has not started")
+        self.stop()
+        self._launch(ensure_kafka_jars(), timeout)
+        return self
+
+    def _launch(self, libs: Path, timeout: float) -> None:
+        """Run the broker of the properties file written by ``start`` and wait until it answers."""
         launched = time.monotonic()
-        with open(self.directory / "broker.out", "wb") as out:
+        with open(self.directory / "broker.out", "ab") as out:
             # a session of its own: a terminal's Ctrl-C in the CLI that started it does not reach it
-            self.process = subprocess.Popen(_java(libs, log_config, "kafka.Kafka", str(self.properties_file)),
+            self.process = subprocess.Popen(_java(libs, self.directory / "log4j2.properties", "kafka.Kafka",
+                                                  str(self.properties_file)),
                                             stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                             start_new_session=True)
         (self.directory / BROKER_FILE).write_text(json.dumps({"pid": self.process.pid, "port": self.port}))
@@ -203,7 +219,6 @@ class KafkaBroker:
         self.started_in = time.monotonic() - launched
         log.info("Kafka broker %s answers at %s (pid %d, %.1f s after launch)", KAFKA_VERSION, self.bootstrap,
                  self.process.pid, self.started_in)
-        return self
 
     def _wait_ready(self, timeout: float) -> None:
         from confluent_kafka.admin import AdminClient

@@ -104,3 +104,23 @@ def test_a_cluster_id_that_begins_with_a_dash_formats_and_starts(tmp_path, monke
         assert broker.answers()
     finally:
         broker.stop()
+
+
+def test_a_restarted_broker_keeps_its_address_topics_and_committed_records(tmp_path):
+    broker = KafkaBroker(tmp_path / "restarted").start()
+    try:
+        address, topic = broker.bootstrap, f"kept-{uuid.uuid4().hex[:8]}"
+        admin = AdminClient({"bootstrap.servers": address})  # held: its futures fail once it is collected
+        admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])[topic].result(30)
+        producer = Producer({"bootstrap.servers": address, "transactional.id": f"tx-{topic}"})
+        producer.init_transactions(30)
+        producer.begin_transaction()
+        for i in range(5):
+            producer.produce(topic, value=f"v{i}".encode(), key=f"k{i}".encode())
+        producer.commit_transaction(30)
+        before = broker.pid()
+        broker.restart()
+        assert broker.pid() != before and broker.bootstrap == address and broker.answers()
+        assert read_to_end(address, topic, "read_committed") == [(f"k{i}".encode(), f"v{i}".encode()) for i in range(5)]
+    finally:
+        broker.stop()
