@@ -246,7 +246,8 @@ def latency(peer, servers: str, offsets: Offsets, rate: int, warm_s: float, run_
     lat = (out_ts - in_ts)[measured]
     p50, p90, p99 = np.percentile(lat, [50, 90, 99]) if len(lat) else (float("nan"),) * 3
     return {"p50": p50, "p90": p90, "p99": p99, "rows": int(len(lat)), "delivered": len(seqs) / (want - 1),
-            "offered": sent / report["seconds"]}
+            "offered": sent / report["seconds"],
+            "samples": lat[np.argsort(in_ts[measured], kind="stable")]}  # in the order the rows were made
 
 
 def measure(name: str, peer, args, servers: str, offsets: Offsets, topics: dict) -> dict:

@@ -42,7 +42,13 @@ def archive_path(conf: dict[str, str]) -> Optional[Path]:
     if java is None:
         return None
     from pyspark import __version__ as spark_version
-    digest = hashlib.sha256(f"{spark_version}\0{spark_jars().resolve()}".encode())
+    jars = spark_jars().resolve()
+    digest = hashlib.sha256(f"{spark_version}\0{jars}".encode())
+    # the JVM refuses an archive when a jar of its class path is not the file it was made with (its
+    # size and time): Spark's jars installed again at the same path (a venv made anew) need a new one
+    for jar in sorted(os.scandir(jars), key=lambda entry: entry.name):
+        stat = jar.stat()
+        digest.update(f"\0{jar.name}\0{stat.st_size}\0{stat.st_mtime_ns}".encode())
     # the JVM's own library decides whether an archive fits, and the jars added before Spark's
     parts = [str(java), str(java.parent.parent / "lib" / "server" / "libjvm.so"),
              *filter(None, conf.get(CLASS_PATH, "").split(os.pathsep))]

@@ -36,6 +36,21 @@ def test_an_archive_is_named_for_its_class_path_and_given_to_the_driver_once_mad
     assert with_class_data(conf) == conf
 
 
+def test_spark_jars_installed_again_at_the_same_path_look_for_an_archive_of_their_own(monkeypatch, tmp_path: Path):
+    # a venv made anew at the same path: the JVM refuses the old archive (its jars' times changed),
+    # so the archive made for the old jars must not be named for the new ones (CI's clone of a path
+    # used before mapped no archive at all)
+    from cluster.spark import class_data
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    jars = tmp_path / "jars"
+    jars.mkdir()
+    (jars / "spark-core.jar").write_bytes(b"core")
+    monkeypatch.setattr(class_data, "spark_jars", lambda: jars)
+    before = archive_path({})
+    os.utime(jars / "spark-core.jar", ns=(0, 10**9))  # the same bytes, installed at another time
+    assert archive_path({}) != before
+
+
 def mapped_archives(pid: int) -> set[str]:
     with open(f"/proc/{pid}/maps") as maps:
         return {line.split()[-1] for line in maps if line.rstrip().endswith(".jsa")}
