@@ -66,10 +66,13 @@ def test_the_taskmanagers_spark_jvms_map_this_machines_archive(cluster, client):
     rows = env.execute_async("class data", client=client).wait(180).to_pandas()
     assert sorted(rows.w) == list(range(0, 20, 2))
 
-    def jvms() -> list[psutil.Process]:
+    def drivers() -> list[psutil.Process]:
+        # the drivers only: spark-submit first runs a short-lived JVM of its own (Spark's launcher,
+        # which computes the driver's command), which maps the JDK's archive alone
         return [child for tm in cluster.taskmanagers for child in psutil.Process(tm.pid).children(recursive=True)
-                if child.name() == "java"]
-    found = wait_for(lambda: len(jvms()) == len(cluster.taskmanagers) and jvms(), 120, "every TaskManager's JVM")
+                if child.name() == "java" and "org.apache.spark.launcher.Main" not in child.cmdline()]
+    found = wait_for(lambda: len(drivers()) == len(cluster.taskmanagers) and drivers(), 120,
+                     "every TaskManager's Spark driver JVM")
     for jvm in found:
         # the JDK's own base archive, and ours on top of it
         assert str(archive) in mapped_archives(jvm.pid), (jvm.pid, os.readlink(f"/proc/{jvm.pid}/exe"))
