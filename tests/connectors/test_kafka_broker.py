@@ -40,16 +40,23 @@ def read_to_end(bootstrap: str, topic: str, isolation: str) -> list[tuple[bytes,
     return records
 
 
-def test_a_committed_transaction_is_read_and_an_aborted_one_is_not(kafka_bootstrap):
-    topic = f"txn-{uuid.uuid4().hex[:8]}"
-    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+def committed_in_a_new_topic(bootstrap: str, prefix: str, records: int) -> tuple[str, Producer]:
+    """A new topic of one partition with ``records`` records (k<i>, v<i>) committed in one
+    transaction; the topic and its transactional producer."""
+    topic = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # held: its futures fail once it is collected
     admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])[topic].result(30)
-    producer = Producer({"bootstrap.servers": kafka_bootstrap, "transactional.id": f"tx-{topic}"})
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"tx-{topic}"})
     producer.init_transactions(30)
     producer.begin_transaction()
-    for i in range(10):
+    for i in range(records):
         producer.produce(topic, value=f"v{i}".encode(), key=f"k{i}".encode())
     producer.commit_transaction(30)
+    return topic, producer
+
+
+def test_a_committed_transaction_is_read_and_an_aborted_one_is_not(kafka_bootstrap):
+    topic, producer = committed_in_a_new_topic(kafka_bootstrap, "txn", 10)
     producer.begin_transaction()
     for i in range(10, 15):
         producer.produce(topic, value=f"v{i}".encode(), key=f"k{i}".encode())
@@ -109,15 +116,8 @@ def test_a_cluster_id_that_begins_with_a_dash_formats_and_starts(tmp_path, monke
 def test_a_restarted_broker_keeps_its_address_topics_and_committed_records(tmp_path):
     broker = KafkaBroker(tmp_path / "restarted").start()
     try:
-        address, topic = broker.bootstrap, f"kept-{uuid.uuid4().hex[:8]}"
-        admin = AdminClient({"bootstrap.servers": address})  # held: its futures fail once it is collected
-        admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])[topic].result(30)
-        producer = Producer({"bootstrap.servers": address, "transactional.id": f"tx-{topic}"})
-        producer.init_transactions(30)
-        producer.begin_transaction()
-        for i in range(5):
-            producer.produce(topic, value=f"v{i}".encode(), key=f"k{i}".encode())
-        producer.commit_transaction(30)
+        address = broker.bootstrap
+        topic, _ = committed_in_a_new_topic(address, "kept", 5)
         before = broker.pid()
         broker.restart()
         assert broker.pid() != before and broker.bootstrap == address and broker.answers()
