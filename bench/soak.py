@@ -220,7 +220,7 @@ class Soak:
         return filler
 
     def running_again(self, within: float = 180.0) -> float:
-        """Seconds until every task of the job runs again (a fault may not have stopped it)."""
+        """Seconds until every task of the job runs (again: a fault may not have stopped it)."""
         start = time.monotonic()
         while time.monotonic() - start < within:
             try:  # a JobManager between two leaders answers late or not at all: asked again
@@ -318,10 +318,12 @@ def main() -> None:
                 next_sample = time.monotonic() + 15
             if time.monotonic() >= next_fault:
                 kind = random.choice(kinds)
-                at = (time.monotonic() - soak.started) / 60
+                began = time.monotonic()
                 soak.inject(kind)
-                recoveries.append(soak.running_again())
-                print(f"{at:6.1f} min  {kind:20s} running again {recoveries[-1]:5.1f} s after it ended", flush=True)
+                soak.running_again()
+                recoveries.append(time.monotonic() - began)
+                print(f"{(began - soak.started) / 60:6.1f} min  {kind:20s} every task running "
+                      f"{recoveries[-1]:5.1f} s after the fault began", flush=True)
                 next_fault = time.monotonic() + random.uniform(30, 90)
             time.sleep(1)
         got = soak.finish()
