@@ -57,7 +57,7 @@ from kernel_runtime.api import KafkaSink, KafkaSource  # noqa: E402
 from kernel_runtime.client.cluster_info import ClusterInfo  # noqa: E402
 from kernel_runtime.deploy.kafka_broker import KafkaBroker  # noqa: E402
 from tests.connectors.kafka_topics import new_topic, read_committed  # noqa: E402
-from tests.e2e.test_exactly_once import running_total  # noqa: E402  the job of the exactly-once tests
+from tests.e2e.test_exactly_once import expected as running_totals, running_total  # noqa: E402  the exactly-once tests' job
 
 STREAMLAB = str(Path(sys.executable).parent / "streamlab")
 KEYS = 20
@@ -119,11 +119,10 @@ class Soak:
         seq, next_at = 0, time.monotonic()
         while not self.stopping.is_set():
             for _ in range(max(1, self.rate // 10)):
-                k = seq % KEYS
-                row = {"k": k, "v": seq % 97, "seq": seq}
+                row = rows_of(seq)
                 while True:
                     try:
-                        producer.produce(self.source, json.dumps(row).encode(), str(k).encode())
+                        producer.produce(self.source, json.dumps(row).encode(), str(row["k"]).encode())
                         break
                     except BufferError:
                         producer.poll(0.1)
@@ -276,10 +275,9 @@ def _status(pid: int) -> str:
         return psutil.STATUS_ZOMBIE
 
 
-def expected(rows: int) -> pd.DataFrame:
-    seq = pd.Series(range(rows), dtype="int64")
-    frame = pd.DataFrame({"k": seq % KEYS, "v": seq % 97, "seq": seq})
-    return pd.DataFrame({"k": frame.k, "seq": frame.seq, "total": frame.groupby("k")["v"].cumsum()})
+def rows_of(seq):
+    """The input rows of sequence numbers ``seq`` (a scalar or an array), as the producer makes them."""
+    return {"k": seq % KEYS, "v": seq % 97, "seq": seq}
 
 
 def report_rss(soak: Soak, minutes: float) -> None:
@@ -332,7 +330,7 @@ def main() -> None:
         raise
     finally:
         orphans = soak.stop()
-    want = expected(soak.produced)
+    want = running_totals(lambda seq: pd.DataFrame(rows_of(seq)), soak.produced)
     lost = len(set(want.seq) - set(got.seq)) if len(got) else len(want)
     doubled = int(got.seq.duplicated().sum()) if len(got) else 0
     merged = want.merge(got.drop_duplicates("seq"), on="seq", suffixes=("", "_got")) if len(got) else want.iloc[:0]

@@ -181,21 +181,15 @@ class ZooKeeperHaServices:
         it: until then, its revocation has not run, and only this check keeps its writes (a
         checkpoint pointer, a job graph, an attempt number) from overwriting the new leader's.
         Raises NotLeader then, and nothing of the transaction is applied."""
-        tx = self.client.transaction()
-        tx.check(self._latch_path(), -1)  # -1: any version; the node must exist
-        ops(tx)
-        self._raise_failure(tx.commit())
+        self._raise_failure(self._transaction(ops).commit())
 
     def _fenced_async(self, ops: Callable[[Any], object]) -> None:
         """``_fenced`` without waiting for ZooKeeper's answer: a refusal is only logged."""
         try:
-            latch = self._latch_path()
+            tx = self._transaction(ops)
         except NotLeader as exc:
             log.warning("a leader's write was not sent: %s", exc)
             return
-        tx = self.client.transaction()
-        tx.check(latch, -1)
-        ops(tx)
 
         def answered(result) -> None:
             try:
@@ -203,6 +197,14 @@ class ZooKeeperHaServices:
             except Exception as exc:
                 log.warning("a leader's write was not applied: %s", exc)
         tx.commit_async().rawlink(answered)
+
+    def _transaction(self, ops: Callable[[Any], object]):
+        """A transaction of ``ops`` after the check of this JobManager's latch node (NotLeader
+        at once when it has none)."""
+        tx = self.client.transaction()
+        tx.check(self._latch_path(), -1)  # -1: any version; the node must exist
+        ops(tx)
+        return tx
 
     def _latch_path(self) -> str:
         node = self.leadership.own_node
